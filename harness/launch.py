@@ -1,0 +1,123 @@
+"""Rank launcher: starts one worker process per rank and reports each rank's fate (stdlib only).
+
+Run as `python -m harness.launch` inside the sandbox with the job configuration as JSON on stdin.
+Each worker gets its own configuration (with its rank and the trial seeds) through its stdin pipe,
+so seeds never touch the job directory. The launcher watches the workers: when one fails, the
+others get a short grace period to finish (they are usually stuck in a collective) and are then
+killed; at the deadline everything left is killed. It writes launch.json:
+  {"ranks": [{"rank", "state", "exit_code", "signal", "error", "stage", "traceback", "elapsed_s"}],
+   "wall_s": ...}
+where state is one of ok, error, crashed, timeout, aborted, exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PEER_GRACE_S = 5.0
+POLL_S = 0.02
+
+
+def _worker_env(rank: int, cfg: dict[str, Any]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg["world_size"])})
+    if cfg["device"] == "cpu":
+        env["OMP_NUM_THREADS"] = str(cfg.get("threads_per_rank", 1))
+    return env
+
+
+def _read_status(job_dir: Path, rank: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads((job_dir / f"rank{rank}.status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def launch(cfg: dict[str, Any]) -> dict[str, Any]:
+    job_dir = Path(cfg["job_dir"])
+    world_size = int(cfg["world_size"])
+    deadline = time.monotonic() + float(cfg["timeout_s"])
+    t0 = time.monotonic()
+    procs: list[subprocess.Popen[bytes]] = []
+    for rank in range(world_size):
+        log = open(job_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.worker"],
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+            env=_worker_env(rank, cfg), cwd=job_dir,
+        )
+        log.close()
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({**cfg, "rank": rank}).encode())
+        proc.stdin.close()
+        procs.append(proc)
+
+    ended: dict[int, float] = {}
+    first_failure: float | None = None
+    timed_out = False
+    while len(ended) < world_size:
+        now = time.monotonic()
+        for rank, proc in enumerate(procs):
+            if rank not in ended and proc.poll() is not None:
+                ended[rank] = now - t0
+                finished = proc.returncode == 0 and (_read_status(job_dir, rank) or {}).get("state") == "ok"
+                if not finished and first_failure is None:
+                    first_failure = now
+        if len(ended) == world_size:
+            break
+        if now > deadline:
+            timed_out = True
+        if timed_out or (first_failure is not None and now - first_failure > PEER_GRACE_S):
+            for rank, proc in enumerate(procs):
+                if rank not in ended:
+                    proc.kill()
+            for rank, proc in enumerate(procs):
+                if rank not in ended:
+                    proc.wait()
+                    ended[rank] = time.monotonic() - t0
+            break
+        time.sleep(POLL_S)
+
+    ranks = []
+    for rank, proc in enumerate(procs):
+        status = _read_status(job_dir, rank) or {}
+        entry: dict[str, Any] = {"rank": rank, "exit_code": proc.returncode, "signal": None,
+                                 "elapsed_s": round(ended.get(rank, 0.0), 3)}
+        rc = proc.returncode
+        if status.get("state") == "ok" and rc == 0:
+            entry["state"] = "ok"
+        elif status.get("state") == "error":
+            entry.update(state="error", error=status.get("error"), stage=status.get("stage"),
+                         traceback=status.get("traceback"))
+        elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
+            entry.update(state="crashed", signal=signal.Signals(-rc).name)
+        elif rc == -signal.SIGKILL:
+            entry["state"] = "timeout" if timed_out else ("aborted" if first_failure is not None else "crashed")
+            entry["signal"] = "SIGKILL"
+        elif rc == 0:
+            entry["state"] = "exited"  # returned without finishing the job
+        else:
+            entry.update(state="crashed", error=f"exit status {rc}")
+        ranks.append(entry)
+    return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
+
+
+def main() -> None:
+    cfg = json.loads(sys.stdin.read())
+    result = launch(cfg)
+    path = Path(cfg["job_dir"]) / "launch.json"
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The safe tensor file: a JSON header and raw little-endian bytes; never pickle.
+
+Workers write outputs with `save`; the host reads them with `load`, which trusts nothing in the file:
+the magic, header size, dtype names, shapes, offsets and the total size are all checked against caps
+before a byte of data is interpreted. Imports torch and the standard library only.
+
+Layout: b"PKBT1\\n" | u64 header length | header JSON | data. The header holds
+{"structure": "tensor" | "tuple", "tensors": [{"dtype", "shape", "offset", "nbytes"}...], "meta": {...}}.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"PKBT1\n"
+MAX_HEADER_BYTES = 1 << 20
+MAX_TENSORS = 64
+
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+_NAME_OF = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+class TensorFileError(ValueError):
+    """The file is not a well-formed tensor file within the caps."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    if dtype not in _NAME_OF:
+        raise TensorFileError(f"dtype {dtype} cannot be stored")
+    return _NAME_OF[dtype]
+
+
+def save(path: Path, tensors: list[torch.Tensor], structure: str = "tuple", meta: dict | None = None) -> None:
+    """Write tensors (any device) to `path` atomically."""
+    entries = []
+    blobs = []
+    offset = 0
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        entries.append({"dtype": dtype_name(t.dtype), "shape": list(t.shape), "offset": offset,
+                        "nbytes": raw.numel()})
+        blobs.append(raw)
+        offset += raw.numel()
+    header = json.dumps({"structure": structure, "tensors": entries, "meta": meta or {}}).encode()
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC)
+        f.write(struct.pack("<Q", len(header)))
+        f.write(header)
+        for raw in blobs:
+            if raw.numel():
+                # zero-copy view of the contiguous CPU bytes (no numpy in the sandbox image)
+                f.write(memoryview((ctypes.c_char * raw.numel()).from_address(raw.data_ptr())))
+    os.replace(tmp, path)
+
+
+def load(path: Path, max_bytes: int) -> tuple[str, list[torch.Tensor], dict[str, Any]]:
+    """Read a tensor file written by anyone; returns (structure, tensors, meta) or raises TensorFileError."""
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise TensorFileError(f"{path.name} is {size} bytes, over the cap of {max_bytes}")
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise TensorFileError(f"{path.name} is not a tensor file")
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        if hlen > MAX_HEADER_BYTES:
+            raise TensorFileError(f"{path.name} has an oversized header")
+        try:
+            header = json.loads(f.read(hlen))
+        except ValueError as exc:
+            raise TensorFileError(f"{path.name} has a malformed header") from exc
+        data = bytearray(f.read())
+    if not isinstance(header, dict) or header.get("structure") not in ("tensor", "tuple"):
+        raise TensorFileError(f"{path.name} has a malformed header")
+    entries = header.get("tensors")
+    if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
+        raise TensorFileError(f"{path.name} lists too many tensors")
+    buf = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    tensors = []
+    for e in entries:
+        try:
+            dtype = DTYPE_NAMES[e["dtype"]]
+            shape = [int(s) for s in e["shape"]]
+            offset, nbytes = int(e["offset"]), int(e["nbytes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TensorFileError(f"{path.name} has a malformed tensor entry") from exc
+        if any(s < 0 for s in shape) or math.prod(shape) * dtype.itemsize != nbytes:
+            raise TensorFileError(f"{path.name}: shape and byte count disagree")
+        if offset < 0 or offset + nbytes > len(data):
+            raise TensorFileError(f"{path.name}: tensor data runs past the end of the file")
+        chunk = buf[offset : offset + nbytes].clone()
+        tensors.append(chunk.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype))
+    meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
+    return header["structure"], tensors, meta

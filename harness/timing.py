@@ -1,0 +1,165 @@
+"""Timing of one solution on every rank, run inside the worker (torch + stdlib only).
+
+Per iteration (GPU): a short device sleep lets every host queue its launches, a one-element
+all-reduce then releases all GPUs together, a start event is recorded, the solution runs, an end
+event is recorded and the device is synchronized (all streams, so work hidden on side streams is
+waited for). The iteration's time is the maximum over ranks of the event interval; the host
+wall-clock of the same region is kept as a cross-check. On CPU the host clock is the only clock.
+
+Inputs rotate through enough distinct sets to exceed the L2 cache twice over. The first output of
+each set is written for the host to judge; every later timed output is compared on the device with
+that judged output, so a solution cannot be right once and wrong afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+SLEEP_CYCLES = 100_000  # about 50 us at H200 clocks: longer than the hosts' launch skew
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_ci_halfwidth(samples: Sequence[float]) -> float:
+    """Half the width of a ~95% distribution-free confidence interval of the median."""
+    n = len(samples)
+    if n < 8:
+        return math.inf
+    xs = sorted(samples)
+    half = 1.96 * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return (xs[hi] - xs[lo]) / 2
+
+
+def outputs_match(out: Sequence[torch.Tensor], ref: Sequence[torch.Tensor], tol: dict[str, float]) -> bool:
+    """Device-side check of a timed output against the judged first output of the same inputs."""
+    if len(out) != len(ref):
+        return False
+    for o, r in zip(out, ref, strict=True):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return False
+        if not (o.dtype.is_floating_point or o.dtype.is_complex):
+            if not torch.equal(o, r):
+                return False
+            continue
+        o64 = o.to(torch.complex128 if o.dtype.is_complex else torch.float64)
+        r64 = r.to(o64.dtype)
+        if torch.isnan(o64).any().item() or not torch.allclose(o64, r64, atol=tol["atol"], rtol=tol["rtol"]):
+            return False
+    return True
+
+
+class Timer:
+    """Times one call with everything aligned across ranks."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.token = torch.zeros(1, device=device)
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+
+    def time(self, call: Callable[[], Any]) -> tuple[Any, float, float]:
+        """Returns (output, device ms, host wall ms) for one aligned call on this rank."""
+        if self.cuda:
+            torch.cuda._sleep(SLEEP_CYCLES)
+            dist.all_reduce(self.token)
+            h0 = time.perf_counter()
+            self.start.record()
+            out = call()
+            self.end.record()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - h0) * 1e3
+            return out, self.start.elapsed_time(self.end), wall
+        dist.barrier()
+        h0 = time.perf_counter()
+        out = call()
+        wall = (time.perf_counter() - h0) * 1e3
+        return out, wall, wall
+
+
+def max_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def run_timing(
+    prepare: Callable[[int], None],
+    call_on_set: Callable[[int], Any],
+    normalize: Callable[[Any], list[torch.Tensor]],
+    judged: list[list[torch.Tensor]],
+    device: torch.device,
+    cfg: dict[str, Any],
+    tolerance: dict[str, float],
+) -> dict[str, Any]:
+    """Warm up, then sample until precision, budget or cap; every rank returns the same record.
+
+    `prepare(i)` runs before each call on input set i, outside the timed region.
+    """
+    timer = Timer(device)
+    n_sets = len(judged)
+
+    def timed(i: int) -> tuple[Any, float, float]:
+        prepare(i)
+        return timer.time(lambda: call_on_set(i))
+
+    # Warm-up: enough calls to cover warmup_ms, sized from the slowest rank's first calls.
+    probe = []
+    for i in range(3):
+        _, ev, _ = timed(i % n_sets)
+        probe.append(ev)
+    per_call = max(max_over_ranks([statistics.median(probe)], device)[0], 1e-3)
+    warmup = int(min(max(cfg["warmup_ms"] / per_call, 3), cfg["max_warmup"]))
+    for i in range(warmup):
+        timed(i % n_sets)
+
+    events: list[float] = []
+    walls: list[float] = []
+    mismatches: list[int] = []
+    spent = 0.0
+    stop = "sample cap"
+    for i in range(cfg["max_samples"]):
+        s = i % n_sets
+        out, ev, wall = timed(s)
+        bad = 0.0 if outputs_match(normalize(out), judged[s], tolerance) else 1.0
+        del out
+        ev, wall, bad = max_over_ranks([ev, wall, bad], device)
+        events.append(ev)
+        walls.append(wall)
+        if bad:
+            mismatches.append(i)
+            if len(mismatches) >= 3:
+                stop = "outputs changed while timing"
+                break
+        spent += wall
+        n = len(events)
+        if n < cfg["min_samples"]:
+            continue
+        if median_ci_halfwidth(events) <= cfg["precision"] * statistics.median(events):
+            stop = "precision reached"
+            break
+        if spent >= cfg["budget_ms"]:
+            stop = "time budget spent"
+            break
+    return {
+        "device_ms": events,
+        "wall_ms": walls,
+        "warmup_calls": warmup + len(probe),
+        "stop_reason": stop,
+        "timed_output_mismatches": mismatches,
+        "input_sets": n_sets,
+        "clock": "cuda events" if device.type == "cuda" else "host perf_counter",
+    }

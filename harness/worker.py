@@ -1,0 +1,257 @@
+"""One rank of a job: process group, inputs, the solution, outputs and timings (torch + stdlib only).
+
+Started by harness.launch with its configuration on stdin (the only place this rank's seeds
+exist), it writes into the job directory:
+  out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
+  out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
+  timing.json                 samples, written by rank 0 (mode "benchmark")
+  rank{rank}.status.json      "ok", or the failure with a trimmed traceback
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HARNESS_DIR = Path(__file__).resolve().parent
+
+
+class SolutionError(Exception):
+    """The solution returned something outside the contract."""
+
+
+def _trimmed_traceback(exc: BaseException) -> str:
+    """The traceback without the harness's own frames: what the candidate's author needs."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(str(HARNESS_DIR))]
+    text = "".join(traceback.format_list(frames[-12:]))
+    text += "".join(traceback.format_exception_only(type(exc), exc))
+    return text[-6000:]
+
+
+def _write_status(job_dir: Path, rank: int, status: dict[str, Any]) -> None:
+    path = job_dir / f"rank{rank}.status.json"
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
+
+
+def load_module(path: str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _connect_store(job_dir: Path, rank: int, world_size: int, timeout_s: float):
+    """Rank 0 opens a TCP store on a port the kernel picks; the others read it from the job dir."""
+    import datetime
+
+    import torch.distributed as dist
+
+    port_file = job_dir / "store_port"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        tmp = job_dir / "store_port.part"
+        tmp.write_text(str(store.port))
+        os.replace(tmp, port_file)
+        return store
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("rank 0 never published the store port")
+        time.sleep(0.01)
+    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world_size, is_master=False, timeout=timeout)
+
+
+def normalize_output(out: Any) -> tuple[str, list]:
+    """A tensor or a tuple/list of tensors -> (structure, tensors); anything else breaks the contract."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return "tensor", [out]
+    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
+        return "tuple", list(out)
+    kind = type(out).__name__
+    raise SolutionError(f"solution must return a tensor or a tuple of tensors, not {kind}")
+
+
+def _storage_span(t) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def aliased_inputs(outputs: list, inputs: list) -> list[int]:
+    """Indices of outputs whose memory overlaps any input's memory."""
+    import torch
+
+    spans = [_storage_span(t) for t in inputs if isinstance(t, torch.Tensor) and t.numel()]
+    hits = []
+    for i, o in enumerate(outputs):
+        if not o.numel():
+            continue
+        lo, hi = _storage_span(o)
+        if any(lo < b and a < hi for a, b in spans):
+            hits.append(i)
+    return hits
+
+
+def mutated_inputs(inputs: list, snapshots: list) -> list[int]:
+    import torch
+
+    return [i for i, (t, s) in enumerate(zip(inputs, snapshots, strict=True))
+            if isinstance(t, torch.Tensor) and not torch.equal(t, s)]
+
+
+def _snapshot(inputs: tuple) -> list:
+    import torch
+
+    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+
+
+def run(cfg: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from harness import tensorfile, timing
+    from harness.context import DTYPES, ProblemContext, derive_seed
+
+    rank, world_size = cfg["rank"], cfg["world_size"]
+    job_dir = Path(cfg["job_dir"])
+    out_dir = job_dir / "out"
+    stage = "setup"
+    t_start = time.monotonic()
+    try:
+        if cfg["device"] == "cuda":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+            backend = "nccl"
+        else:
+            device = torch.device("cpu")
+            torch.set_num_threads(max(1, int(cfg.get("threads_per_rank", 1))))
+            backend = "gloo"
+        stage = "process group"
+        store = _connect_store(job_dir, rank, world_size, cfg["timeout_s"])
+        init_kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **init_kwargs)
+
+        problem = load_module(cfg["problem_path"], "pkb_problem")
+        stage = "import"
+        if cfg["solution_path"] == cfg["problem_path"]:
+            solution = problem.solution
+        else:
+            candidate = load_module(cfg["solution_path"], "solution")
+            solution = getattr(candidate, "solution", None)
+            if not callable(solution):
+                raise SolutionError("the solution file defines no callable named solution")
+
+        dtype = DTYPES[cfg["dtype"]]
+        mutates = bool(getattr(problem, "MUTATES_INPUTS", False))
+
+        def make(seed: int) -> tuple:
+            ctx = ProblemContext(rank=rank, world_size=world_size, size=cfg["size"], dtype=dtype,
+                                 device=device, seed=seed)
+            inputs = problem.make_inputs(ctx)
+            return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+        def judge_call(inputs: tuple) -> tuple[str, list, dict[str, Any]]:
+            """One checked call: outputs plus what the host must know (aliasing, mutation)."""
+            snaps = None if mutates else _snapshot(inputs)
+            structure, outs = normalize_output(solution(*inputs))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dist.barrier()  # every rank's writes, remote ones included, have landed
+            meta: dict[str, Any] = {"aliased_outputs": aliased_inputs(outs, list(inputs))}
+            meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), snaps)
+            if mutates:
+                # the in-place result is part of the output
+                outs = outs + [t for t in inputs if isinstance(t, torch.Tensor)]
+            return structure, outs, meta
+
+        out_dir.mkdir(exist_ok=True)
+        if cfg["mode"] == "outputs":
+            for trial, seed in enumerate(cfg["seeds"]):
+                stage = f"trial {trial}"
+                inputs = make(seed)
+                dist.barrier()
+                structure, outs, meta = judge_call(inputs)
+                tensorfile.save(out_dir / f"t{trial}_r{rank}.pkbt", outs, structure, meta)
+                del inputs, outs
+        else:
+            stage = "benchmark inputs"
+            tcfg = cfg["timing"]
+            base = cfg["seeds"][0]
+            first = make(derive_seed(base, "set", 0))
+            nbytes = sum(t.numel() * t.element_size() for t in first if isinstance(t, torch.Tensor))
+            nbytes = int(timing.max_over_ranks([float(nbytes)], device)[0])
+            per_set = max(nbytes * (1 if mutates else 2), 1)
+            want = max(2, -(-2 * tcfg["l2_bytes"] // max(nbytes, 1)))
+            n_sets = int(max(2, min(want, tcfg["max_sets"], tcfg["rotation_bytes"] // per_set)))
+            sets = [first] + [make(derive_seed(base, "set", i)) for i in range(1, n_sets)]
+            stage = "benchmark first calls"
+            judged: list[list] = []
+            mutation_flags: dict[str, Any] = {"aliased_outputs": [], "mutated_inputs": []}
+            for i, inputs in enumerate(sets):
+                work = _snapshot(inputs) if mutates else inputs
+                structure, outs, meta = judge_call(work)
+                for key in mutation_flags:
+                    mutation_flags[key] += meta[key]
+                tensorfile.save(out_dir / f"s{i}_r{rank}.pkbt", outs, structure, meta)
+                judged.append([o.clone() for o in outs])
+            pristine = [_snapshot(s) for s in sets] if not mutates else None
+            working: dict[int, tuple] = {}
+
+            def prepare(i: int) -> None:
+                # in-place workloads are timed on fresh copies, made outside the timed region
+                working[i] = _snapshot(sets[i]) if mutates else sets[i]
+
+            def call_on_set(i: int):
+                return solution(*working[i])
+
+            def normalize(out: Any) -> list:
+                return normalize_output(out)[1]
+
+            stage = "benchmark timing"
+            record = timing.run_timing(prepare, call_on_set, normalize, judged, device, tcfg, cfg["tolerance"])
+            if pristine is not None:
+                changed = [i for i, (s, p) in enumerate(zip(sets, pristine, strict=True)) if mutated_inputs(
+                    list(s), p)]
+                record["inputs_mutated_while_timing"] = bool(
+                    timing.max_over_ranks([1.0 if changed else 0.0], device)[0])
+            record["per_set_bytes"] = nbytes
+            if rank == 0:
+                tmp = job_dir / "timing.part"
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, job_dir / "timing.json")
+        stage = "teardown"
+        dist.barrier()
+        dist.destroy_process_group()
+        _write_status(job_dir, rank, {"state": "ok", "elapsed_s": time.monotonic() - t_start})
+    except BaseException as exc:  # report every failure of this rank, then exit non-zero
+        _write_status(job_dir, rank, {
+            "state": "error", "stage": stage, "error": f"{type(exc).__name__}: {exc}"[:2000],
+            "traceback": _trimmed_traceback(exc), "elapsed_s": time.monotonic() - t_start,
+        })
+        sys.stderr.write(_trimmed_traceback(exc))
+        sys.stderr.flush()
+        os._exit(3)
+
+
+def main() -> None:
+    cfg = json.loads(sys.stdin.read())
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Where things live: the problem suite, the cache, job directories. Environment overrides only.
+
+PKB_PROBLEMS_DIR   the suite (default: problems/ beside the package in a checkout, else the packaged copy)
+PKB_CACHE_DIR      compile cache and node calibration (default: $XDG_CACHE_HOME/pkb or ~/.cache/pkb)
+PKB_JOBS_DIR       where job directories are made and removed (default: the system temp dir)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+HARNESS_ROOT = PACKAGE_DIR.parent  # the folder that holds the `harness` package
+
+
+def problems_dir() -> Path:
+    env = os.environ.get("PKB_PROBLEMS_DIR")
+    if env:
+        return Path(env)
+    checkout = PACKAGE_DIR.parent / "problems"
+    return checkout if checkout.is_dir() else PACKAGE_DIR / "_problems"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("PKB_CACHE_DIR")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pkb"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def jobs_dir() -> Path:
+    path = Path(os.environ.get("PKB_JOBS_DIR", tempfile.gettempdir()))
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,146 @@
+"""One job end to end: make the job dir, run the harness in a sandbox, collect what it left, clean up.
+
+The job directory holds copies of the problem and solution files (so the sandbox sees nothing else of
+the host's), the launcher's and each rank's logs, outputs and timings. Everything read back is capped
+and parsed without trusting it; the directory is removed before this returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import tensorfile
+from pkb_mcp import config
+from pkb_mcp.judge import Outputs
+from pkb_mcp.log import get
+from sandbox.base import Backend, SandboxJob, tail
+
+log = get(__name__)
+
+OUTPUT_FILE_CAP = 8 << 30
+RANK_LOG_CAP = 8 * 1024
+OUTPUT_NAME = re.compile(r"^([ts])(\d+)_r(\d+)\.pkbt$")
+
+
+@dataclass
+class RankFate:
+    rank: int
+    state: str  # ok, error, crashed, timeout, aborted, exited
+    error: str = ""
+    stage: str = ""
+    traceback: str = ""
+    signal: str | None = None
+    log_tail: str = ""
+
+
+@dataclass
+class JobOutcome:
+    ranks: list[RankFate]
+    wall_s: float
+    timed_out: bool
+    outputs: dict[tuple[int, int], Outputs] = field(default_factory=dict)  # (trial or set, rank)
+    output_errors: dict[tuple[int, int], str] = field(default_factory=dict)
+    timing: dict[str, Any] | None = None
+    launcher_log: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(r.state == "ok" for r in self.ranks)
+
+
+@dataclass
+class JobRequest:
+    mode: str  # "outputs" or "benchmark"
+    problem_path: Path
+    solution_path: Path
+    world_size: int
+    device: str
+    gpus: list[int]
+    size: dict[str, Any]
+    dtype: str
+    seeds: list[int]
+    tolerance: dict[str, float]
+    timeout_s: float
+    timing: dict[str, Any] | None = None
+    threads_per_rank: int = 1
+
+
+def run_job(request: JobRequest, backend: Backend) -> JobOutcome:
+    job_id = uuid.uuid4().hex[:16]
+    job_dir = Path(tempfile.mkdtemp(prefix=f"pkb-job-{job_id}-", dir=config.jobs_dir()))
+    try:
+        os.chmod(job_dir, 0o755)
+        src = job_dir / "src"
+        src.mkdir()
+        problem_copy = src / f"problem_{request.problem_path.name}"
+        shutil.copyfile(request.problem_path, problem_copy)
+        if request.solution_path == request.problem_path:
+            solution_copy = problem_copy
+        else:
+            solution_copy = src / "solution.py"
+            shutil.copyfile(request.solution_path, solution_copy)
+        cfg = {
+            "mode": request.mode, "job_dir": str(job_dir), "problem_path": str(problem_copy),
+            "solution_path": str(solution_copy), "world_size": request.world_size, "device": request.device,
+            "size": request.size, "dtype": request.dtype, "seeds": request.seeds,
+            "tolerance": request.tolerance, "timeout_s": request.timeout_s, "timing": request.timing,
+            "threads_per_rank": request.threads_per_rank,
+        }
+        job = SandboxJob(job_id=job_id, job_dir=job_dir, config=cfg, device=request.device, gpus=request.gpus,
+                         timeout_s=request.timeout_s, harness_root=config.HARNESS_ROOT,
+                         threads=request.threads_per_rank)
+        log.info("job.start", job=job_id, mode=request.mode, backend=backend.name, world_size=request.world_size)
+        run = backend.run(job)
+        outcome = _collect(job_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
+        log.info("job.end", job=job_id, wall_s=round(run.wall_s, 3), ok=outcome.ok)
+        return outcome
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _collect(job_dir: Path, request: JobRequest, launcher_log: str, killed: bool, wall_s: float) -> JobOutcome:
+    try:
+        launch = json.loads((job_dir / "launch.json").read_text())
+        entries = launch["ranks"]
+        timed_out = bool(launch.get("timed_out")) or killed
+    except (OSError, ValueError, KeyError):
+        # the launcher itself never reported: everything it ran is lost
+        state = "timeout" if killed else "crashed"
+        entries = [{"rank": r, "state": state} for r in range(request.world_size)]
+        timed_out = killed
+    ranks = []
+    for e in entries[: request.world_size]:
+        rank = int(e.get("rank", len(ranks)))
+        ranks.append(RankFate(
+            rank=rank, state=str(e.get("state", "crashed")), error=str(e.get("error") or ""),
+            stage=str(e.get("stage") or ""), traceback=str(e.get("traceback") or ""), signal=e.get("signal"),
+            log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP),
+        ))
+    outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])
+    out_dir = job_dir / "out"
+    if out_dir.is_dir():
+        for path in out_dir.iterdir():
+            m = OUTPUT_NAME.match(path.name)
+            if not m:
+                continue
+            key = (int(m.group(2)), int(m.group(3)))
+            try:
+                structure, tensors, meta = tensorfile.load(path, OUTPUT_FILE_CAP)
+                outcome.outputs[key] = Outputs(structure, tensors, meta)
+            except (tensorfile.TensorFileError, OSError) as exc:
+                outcome.output_errors[key] = str(exc)
+    timing_path = job_dir / "timing.json"
+    if timing_path.is_file() and timing_path.stat().st_size < (64 << 20):
+        try:
+            outcome.timing = json.loads(timing_path.read_text())
+        except ValueError:
+            outcome.timing = None
+    return outcome

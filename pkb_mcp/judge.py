@@ -1,0 +1,103 @@
+"""Correctness on the host: a candidate's outputs against the reference's, for one rank of one trial.
+
+Shape and dtype must match exactly. Floating and complex outputs must pass an elementwise allclose
+(|out − ref| <= atol + rtol·|ref|, in float64 / complex128) AND a relative-norm bound
+‖out − ref‖ / ‖ref‖ <= rel_norm over all outputs together; a NaN or infinity the reference does not
+have fails. Integer and boolean outputs must be equal. Outputs aliasing inputs, and inputs changed by
+a solution that must not change them, fail whatever the values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from pkb_mcp.models import Mismatch, RankResult
+
+CHUNK = 1 << 22  # elements compared at a time, to bound host memory on large outputs
+
+
+@dataclass
+class Outputs:
+    structure: str
+    tensors: list[torch.Tensor]
+    meta: dict
+
+
+def _fmt(value: torch.Tensor) -> str:
+    v = value.item()
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, float]) -> RankResult:
+    """The verdict for one rank's outputs in one trial."""
+
+    def wrong(message: str, **fields: object) -> RankResult:
+        return RankResult(rank=rank, trial=trial, state="wrong", message=message, **fields)  # type: ignore[arg-type]
+
+    if got.meta.get("aliased_outputs"):
+        return wrong(f"output {got.meta['aliased_outputs'][0]} shares memory with an input; return new tensors")
+    if got.meta.get("mutated_inputs"):
+        return wrong(f"input {got.meta['mutated_inputs'][0]} was changed by the solution; inputs are read-only")
+    if got.structure != want.structure or len(got.tensors) != len(want.tensors):
+        return wrong(f"returned {_describe(got)}, expected {_describe(want)}")
+    for i, (g, w) in enumerate(zip(got.tensors, want.tensors, strict=True)):
+        if g.dtype != w.dtype or g.shape != w.shape:
+            return wrong(f"output {i} is {str(g.dtype)[6:]}{list(g.shape)}, expected "
+                         f"{str(w.dtype)[6:]}{list(w.shape)}")
+
+    max_abs = 0.0
+    max_rel = 0.0
+    err_sq = 0.0
+    ref_sq = 0.0
+    mismatched = 0
+    first: Mismatch | None = None
+    for i, (g, w) in enumerate(zip(got.tensors, want.tensors, strict=True)):
+        exact = not (w.dtype.is_floating_point or w.dtype.is_complex)
+        wide = torch.complex128 if w.dtype.is_complex else torch.float64
+        gf, wf = g.reshape(-1), w.reshape(-1)
+        for start in range(0, gf.numel(), CHUNK):
+            gc = gf[start : start + CHUNK]
+            wc = wf[start : start + CHUNK]
+            if exact:
+                bad = gc != wc
+                diff = (gc.to(torch.float64) - wc.to(torch.float64)).abs()
+                ref_abs = wc.to(torch.float64).abs()
+            else:
+                g64, w64 = gc.to(wide), wc.to(wide)
+                diff = (g64 - w64).abs()
+                ref_abs = w64.abs()
+                nonfinite = ~torch.isfinite(g64) & torch.isfinite(w64)
+                close = diff <= tol["atol"] + tol["rtol"] * ref_abs
+                bad = ~close | nonfinite
+                diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, math.inf))
+            n_bad = int(bad.sum())
+            if n_bad and first is None:
+                flat = start + int(bad.nonzero()[0, 0])
+                index = list(torch.unravel_index(torch.tensor(flat), g.shape)) if g.dim() else []
+                first = Mismatch(output=i, index=[int(x) for x in index],
+                                 expected=_fmt(wf[flat]), got=_fmt(gf[flat]))
+            mismatched += n_bad
+            if diff.numel():
+                max_abs = max(max_abs, float(diff.max()))
+                rel = diff / ref_abs.clamp_min(1e-30)
+                max_rel = max(max_rel, float(rel.max()))
+                err_sq += float((diff.double() ** 2).sum())
+                ref_sq += float((ref_abs.double() ** 2).sum())
+    rel_norm = math.sqrt(err_sq) / math.sqrt(ref_sq) if ref_sq > 0 else (0.0 if err_sq == 0 else math.inf)
+    fields = {"max_abs_error": max_abs, "max_rel_error": max_rel, "rel_norm_error": rel_norm,
+              "mismatched": mismatched, "first_mismatch": first}
+    if mismatched:
+        total = sum(t.numel() for t in want.tensors)
+        assert first is not None
+        return wrong(f"{mismatched} of {total} elements differ; first at output {first.output} "
+                     f"index {first.index}: expected {first.expected}, got {first.got}", **fields)
+    if not rel_norm <= tol["rel_norm"]:  # written so that NaN fails
+        return wrong(f"relative error norm {rel_norm:.3g} exceeds {tol['rel_norm']:.3g}", **fields)
+    return RankResult(rank=rank, trial=trial, state="pass", **fields)  # type: ignore[arg-type]
+
+
+def _describe(out: Outputs) -> str:
+    return "a tensor" if out.structure == "tensor" else f"a tuple of {len(out.tensors)} tensors"

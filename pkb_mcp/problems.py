@@ -1,0 +1,181 @@
+"""The problem suite: discover `problems/NNN_slug.py`, validate each file's metadata, look problems up.
+
+A malformed problem is refused with one error naming the file and what is wrong (docs/problem-format.md
+is the contract). Problem files are ours and trusted; candidate code never comes through here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from harness.context import DTYPES, ProblemContext
+from pkb_mcp import config
+from pkb_mcp.errors import UserError
+
+FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.py$")
+REQUIRED_PRESETS = ("pkb", "large")
+TRAFFIC_KEYS = ("nvlink_bytes", "hbm_bytes", "flops")
+
+
+class ProblemFormatError(ValueError):
+    """A problem file breaks the format."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: int
+    name: str
+    category: str
+    source: str
+    summary: str
+    description: str
+    dtype: str
+    world_sizes: str
+    sizes: dict[str, dict[str, Any]]
+    tolerance: dict[str, float]
+    mutates_inputs: bool
+    path: Path
+    module: ModuleType
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def signature(self) -> str:
+        return f"solution{inspect.signature(self.module.solution)}"
+
+    def size(self, preset: str) -> dict[str, Any]:
+        if preset not in self.sizes:
+            raise UserError(f"problem {self.id} has no size preset {preset!r}; choose one of "
+                            f"{', '.join(self.sizes)}")
+        return self.sizes[preset]
+
+    def world_size_error(self, world_size: int, preset: str) -> str | None:
+        reason = self.module.check_world_size(world_size, self.size(preset))
+        return str(reason) if reason else None
+
+    def context(self, world_size: int, preset: str, rank: int = 0, device: str = "meta") -> ProblemContext:
+        return ProblemContext(rank=rank, world_size=world_size, size=self.size(preset),
+                              dtype=self.torch_dtype, device=torch.device(device))
+
+    def input_shapes(self, world_size: int, preset: str, rank: int = 0) -> list[dict[str, Any]]:
+        """Per-rank inputs as shapes and dtypes, built on the meta device (nothing allocated)."""
+        inputs = self.module.make_inputs(self.context(world_size, preset, rank))
+        inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+        params = list(inspect.signature(self.module.solution).parameters)
+        described = []
+        for i, value in enumerate(inputs):
+            name = params[i] if i < len(params) else f"arg{i}"
+            if isinstance(value, torch.Tensor):
+                described.append({"name": name, "shape": list(value.shape), "dtype": str(value.dtype)[6:]})
+            else:
+                described.append({"name": name, "value": repr(value)})
+        return described
+
+    def traffic(self, world_size: int, preset: str) -> dict[str, float]:
+        t = dict(self.module.traffic(self.context(world_size, preset)))
+        t.setdefault("rounds", 1 if t.get("nvlink_bytes", 0) > 0 else 0)
+        return {k: float(v) for k, v in t.items()}
+
+
+def _load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"pkb_problems.p{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_problem(path: Path) -> Problem:
+    """Load and validate one problem file, or raise ProblemFormatError naming the file."""
+    match = FILE_PATTERN.match(path.name)
+    if not match:
+        raise ProblemFormatError(f"{path.name}: problem files are named NNN_slug.py")
+    try:
+        module = _load_module(path)
+    except Exception as exc:
+        raise ProblemFormatError(f"{path.name}: cannot be imported ({type(exc).__name__}: {exc})") from exc
+
+    def need(name: str, kind: type | tuple[type, ...]) -> Any:
+        if not hasattr(module, name):
+            raise ProblemFormatError(f"{path.name}: missing {name}")
+        value = getattr(module, name)
+        if not isinstance(value, kind):
+            raise ProblemFormatError(f"{path.name}: {name} must be {kind}")
+        return value
+
+    pid, name = need("ID", int), need("NAME", str)
+    if pid != int(match.group(1)) or name != match.group(2):
+        raise ProblemFormatError(f"{path.name}: ID/NAME ({pid}, {name!r}) do not match the file name")
+    for fn in ("check_world_size", "make_inputs", "solution", "traffic"):
+        if not callable(getattr(module, fn, None)):
+            raise ProblemFormatError(f"{path.name}: missing function {fn}()")
+    dtype = need("DTYPE", str)
+    if dtype not in DTYPES:
+        raise ProblemFormatError(f"{path.name}: DTYPE {dtype!r} is not one of {sorted(DTYPES)}")
+    sizes = need("SIZES", dict)
+    for preset in REQUIRED_PRESETS:
+        if not isinstance(sizes.get(preset), dict):
+            raise ProblemFormatError(f"{path.name}: SIZES needs a {preset!r} preset")
+    tolerance = need("TOLERANCE", dict)
+    for key in ("atol", "rtol", "rel_norm"):
+        if not isinstance(tolerance.get(key), (int, float)) or tolerance[key] < 0:
+            raise ProblemFormatError(f"{path.name}: TOLERANCE needs a non-negative {key!r}")
+    if not (module.__doc__ or "").strip():
+        raise ProblemFormatError(f"{path.name}: needs a docstring saying what it computes and where it is from")
+    problem = Problem(
+        id=pid, name=name, category=need("CATEGORY", str), source=need("SOURCE", str),
+        summary=need("SUMMARY", str), description=inspect.cleandoc(module.__doc__ or ""), dtype=dtype,
+        world_sizes=need("WORLD_SIZES", str), sizes=sizes,
+        tolerance={k: float(tolerance[k]) for k in ("atol", "rtol", "rel_norm")},
+        mutates_inputs=bool(getattr(module, "MUTATES_INPUTS", False)), path=path.resolve(), module=module,
+    )
+    try:
+        traffic = problem.traffic(2, "pkb")
+    except Exception as exc:
+        raise ProblemFormatError(f"{path.name}: traffic() failed ({type(exc).__name__}: {exc})") from exc
+    missing = [k for k in TRAFFIC_KEYS if k not in traffic]
+    if missing:
+        raise ProblemFormatError(f"{path.name}: traffic() lacks {', '.join(missing)}")
+    return problem
+
+
+@cache
+def _suite(directory: Path) -> dict[int, Problem]:
+    if not directory.is_dir():
+        raise UserError(f"the problem suite {directory} does not exist; set PKB_PROBLEMS_DIR")
+    problems: dict[int, Problem] = {}
+    for path in sorted(directory.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        problem = load_problem(path)
+        if problem.id in problems:
+            raise ProblemFormatError(f"{path.name}: id {problem.id} is also {problems[problem.id].path.name}")
+        problems[problem.id] = problem
+    return problems
+
+
+def suite() -> dict[int, Problem]:
+    return _suite(config.problems_dir())
+
+
+def resolve(ref: int | str) -> Problem:
+    """A problem by id (1, "1", "001") or name ("allreduce")."""
+    problems = suite()
+    key = str(ref).strip()
+    if key.isdigit() and int(key) in problems:
+        return problems[int(key)]
+    for problem in problems.values():
+        if problem.name == key.lower():
+            return problem
+    raise UserError(f"problem {key} does not exist; see pkb problems")

@@ -1,0 +1,73 @@
+"""The communication-aware roofline: the least time a problem can take on this node.
+
+floor = max(NVLink bytes / peer bandwidth, HBM bytes / HBM bandwidth, FLOPs / peak rate)
+        + rounds x per-round latency
+with the per-GPU traffic from the problem's `traffic(ctx)`. Ceilings come from the node's
+calibration (a JSON file in the cache directory, written by a calibration run) when present, and
+otherwise from H200 datasheet figures; the result names its source. % of floor = floor / time: 100%
+is the speed of light, and a time below the floor means the traffic model or the timing is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from pkb_mcp import config
+from pkb_mcp.models import Ceilings, RooflineResult, Traffic
+
+# NVIDIA H200 SXM datasheet: NVLink 4 at 900 GB/s both directions, HBM3e 4.8 TB/s, dense rates.
+# The per-round latency is our assumption: about what one symmetric-memory exchange costs.
+DATASHEET_H200 = Ceilings(
+    nvlink_gbps=450.0,
+    hbm_gbps=4800.0,
+    tflops={"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float64": 67.0, "complex64": 67.0,
+            "int64": 67.0, "int32": 67.0},
+    round_latency_us=5.0,
+    source="H200 datasheet (no calibration of this node found)",
+)
+
+
+def calibration_path():
+    return config.cache_dir() / f"calibration-{socket.gethostname()}.json"
+
+
+def ceilings() -> Ceilings:
+    """This node's measured ceilings when a calibration is cached, else the datasheet's."""
+    path = calibration_path()
+    if path.is_file():
+        try:
+            return Ceilings.model_validate(json.loads(path.read_text()))
+        except ValueError:
+            pass
+    return DATASHEET_H200
+
+
+def floor(problem_id: int, problem: str, world_size: int, size: str, traffic: dict[str, float],
+          dtype: str, time_ms: float | None = None, limits: Ceilings | None = None) -> RooflineResult:
+    c = limits or ceilings()
+    t = Traffic(nvlink_bytes=traffic["nvlink_bytes"], hbm_bytes=traffic["hbm_bytes"], flops=traffic["flops"],
+                rounds=traffic.get("rounds", 0.0))
+    terms = {
+        "NVLink": t.nvlink_bytes / (c.nvlink_gbps * 1e9) * 1e3,
+        "HBM": t.hbm_bytes / (c.hbm_gbps * 1e9) * 1e3,
+        "compute": t.flops / (c.tflops.get(dtype, c.tflops["float32"]) * 1e12) * 1e3,
+    }
+    latency_ms = t.rounds * c.round_latency_us / 1e3
+    bound = max(terms, key=lambda k: terms[k])
+    floor_ms = terms[bound] + latency_ms
+    if latency_ms > terms[bound]:
+        bound = "latency"
+    pct = None
+    note = ""
+    if time_ms is not None:
+        if time_ms <= 0:
+            raise ValueError("time must be positive")
+        pct = 100.0 * floor_ms / time_ms
+        if time_ms < floor_ms:
+            note = "the time is below the floor: suspect the measurement or the traffic model"
+    return RooflineResult(
+        problem_id=problem_id, problem=problem, world_size=world_size, size=size, traffic=t, ceilings=c,
+        nvlink_ms=terms["NVLink"], hbm_ms=terms["HBM"], compute_ms=terms["compute"], latency_ms=latency_ms,
+        floor_ms=floor_ms, bound=bound, time_ms=time_ms, pct_of_floor=pct, note=note,
+    )

@@ -1,0 +1,347 @@
+"""The service layer: one function per verb, shared by the CLI and the MCP server.
+
+Each function validates its input (raising UserError with one actionable sentence), runs the
+needed jobs through a sandbox backend, judges on the host and returns a model from pkb_mcp.models.
+"""
+
+from __future__ import annotations
+
+import ast
+import secrets
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pkb_mcp import config, judge, problems, roofline, stats
+from pkb_mcp.errors import UserError
+from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, run_job
+from pkb_mcp.models import (
+    BenchResult,
+    CheckResult,
+    InputSpec,
+    ProblemDetail,
+    ProblemSummary,
+    RankResult,
+    RooflineResult,
+    SandboxInfo,
+    Traffic,
+)
+from sandbox import select_backend
+from sandbox.base import Backend
+
+Progress = Callable[[float, float | None, str], None]
+MAX_SOLUTION_BYTES = 1 << 20
+MAX_TRIALS = 100
+RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
+
+
+def _noop(progress: float, total: float | None, message: str) -> None:
+    return None
+
+
+# ---------------------------------------------------------------- problems
+
+
+def _summary(p: problems.Problem) -> ProblemSummary:
+    return ProblemSummary(id=p.id, name=p.name, category=p.category, source=p.source, dtype=p.dtype,
+                          world_sizes=p.world_sizes, summary=p.summary)
+
+
+def list_problems(category: str | None = None, text: str | None = None) -> list[ProblemSummary]:
+    """Problems in id order, filtered by category (exact, case-insensitive) and free text."""
+    found = []
+    for p in problems.suite().values():
+        if category and p.category.lower() != category.lower():
+            continue
+        haystack = " ".join([p.name, p.summary, p.source, p.category, p.description]).lower()
+        if text and text.lower() not in haystack:
+            continue
+        found.append(_summary(p))
+    return found
+
+
+def _check_world_size(p: problems.Problem, world_size: int, size: str) -> None:
+    if world_size < 1:
+        raise UserError(f"world size {world_size} is not positive; pass --world-size 2 or more")
+    reason = p.world_size_error(world_size, size)
+    if reason:
+        raise UserError(f"problem {p.id} ({p.name}) cannot run at world size {world_size} with size {size!r}: "
+                        f"{reason} (rule: {p.world_sizes})")
+
+
+def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> ProblemDetail:
+    p = problems.resolve(ref)
+    _check_world_size(p, world_size, size)
+    t = p.traffic(world_size, size)
+    return ProblemDetail(
+        **_summary(p).model_dump(), description=p.description, signature=p.signature, world_size=world_size,
+        size_preset=size, size=p.size(size), sizes=p.sizes, tolerance=p.tolerance,
+        mutates_inputs=p.mutates_inputs,
+        inputs=[InputSpec(**spec) for spec in p.input_shapes(world_size, size)],
+        traffic=Traffic(nvlink_bytes=t["nvlink_bytes"], hbm_bytes=t["hbm_bytes"], flops=t["flops"],
+                        rounds=t["rounds"]),
+        reference_source=p.path.read_text(),
+    )
+
+
+def roofline_of(ref: int | str, world_size: int = 4, size: str = "pkb",
+                time_ms: float | None = None) -> RooflineResult:
+    p = problems.resolve(ref)
+    _check_world_size(p, world_size, size)
+    if time_ms is not None and time_ms <= 0:
+        raise UserError(f"time {time_ms} ms is not positive; pass --time-ms with a measured time")
+    return roofline.floor(p.id, p.name, world_size, size, p.traffic(world_size, size), p.dtype, time_ms)
+
+
+# ---------------------------------------------------------------- compile
+
+
+def compile_file(path: Path) -> Any:
+    from pkb_mcp import compile as nvcc
+
+    try:
+        return nvcc.compile_file(path, cache_dir=config.cache_dir() / "compile")
+    except nvcc.CompileError as exc:
+        raise UserError(str(exc)) from exc
+
+
+# ---------------------------------------------------------------- running candidates
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _gpus_for(device: str, world_size: int) -> list[int]:
+    if device == "cpu":
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA GPU is visible on this machine; pass --device cpu")
+    count = torch.cuda.device_count()
+    if world_size > count:
+        raise UserError(f"world size {world_size} needs {world_size} GPUs and this node has {count}; "
+                        f"pass --world-size {count} or fewer")
+    return list(range(world_size))
+
+
+def _read_solution(path: Path) -> str | None:
+    """Validates the solution file; returns a syntax-error message (a candidate failure) or None."""
+    if not path.is_file():
+        raise UserError(f"solution file {path} does not exist; pass the path of a .py file defining solution()")
+    size = path.stat().st_size
+    if size == 0:
+        raise UserError(f"solution file {path} is empty; it must define solution() with the reference's signature")
+    if size > MAX_SOLUTION_BYTES:
+        raise UserError(f"solution file {path} is {size} bytes, over the {MAX_SOLUTION_BYTES}-byte limit")
+    try:
+        ast.parse(path.read_bytes(), filename=path.name)
+    except SyntaxError as exc:
+        return f"{path.name}:{exc.lineno}: {exc.msg}"
+    except ValueError as exc:
+        return f"{path.name}: {exc}"
+    return None
+
+
+class _Run:
+    """Common set-up of check and bench: problem, sizes, device, backend."""
+
+    def __init__(self, ref: int | str, solution: Path, world_size: int, device: str | None, size: str,
+                 timeout_s: float, sandbox: str):
+        self.t0 = time.monotonic()
+        self.problem = problems.resolve(ref)
+        _check_world_size(self.problem, world_size, size)
+        if timeout_s <= 0:
+            raise UserError(f"timeout {timeout_s} s is not positive; pass --timeout in seconds")
+        self.device = device or default_device()
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"device {self.device!r} is not cpu or cuda")
+        self.gpus = _gpus_for(self.device, world_size)
+        self.world_size = world_size
+        self.size = size
+        self.timeout_s = timeout_s
+        self.solution = solution.resolve()
+        self.syntax_error = _read_solution(self.solution)
+        self.backend: Backend = select_backend(sandbox)
+        self.sandbox = SandboxInfo(backend=self.backend.name, isolated=self.backend.isolated,
+                                   note=self.backend.note)
+        self.warnings = [] if self.backend.isolated else [self.backend.note]
+
+    def request(self, mode: str, solution: Path, seeds: list[int], timing: dict | None = None) -> JobRequest:
+        import os
+
+        threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)
+        return JobRequest(
+            mode=mode, problem_path=self.problem.path, solution_path=solution, world_size=self.world_size,
+            device=self.device, gpus=self.gpus, size=self.problem.size(self.size), dtype=self.problem.dtype,
+            seeds=seeds, tolerance=self.problem.tolerance, timeout_s=self.timeout_s, timing=timing,
+            threads_per_rank=threads,
+        )
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+
+def _fate_result(fate: RankFate) -> RankResult:
+    messages = {
+        "error": f"raised {fate.error}" + (f" during {fate.stage}" if fate.stage else ""),
+        "crashed": f"crashed ({fate.signal or fate.error or 'no status'})",
+        "timeout": "still running at the deadline (deadlock or too slow); killed",
+        "aborted": "killed after another rank failed (it was likely waiting in a collective)",
+        "exited": "exited with status 0 before finishing the job",
+    }
+    return RankResult(rank=fate.rank, state=fate.state, message=messages.get(fate.state, fate.state),  # type: ignore[arg-type]
+                      traceback=fate.traceback or None, log_tail=fate.log_tail[-2000:] or None)
+
+
+def _reference_failed(p: problems.Problem, outcome: JobOutcome) -> UserError:
+    bad = next(r for r in outcome.ranks if r.state != "ok")
+    detail = bad.error or bad.state
+    return UserError(f"the reference of problem {p.id} failed on rank {bad.rank} ({detail}); the environment "
+                     f"cannot run this problem here: check the device and world size. Log: {bad.log_tail[-400:]}")
+
+
+def _judge(p: problems.Problem, world_size: int, keys: list[int], cand: JobOutcome,
+           ref: JobOutcome) -> list[RankResult]:
+    """Each rank's worst outcome over the trials (or timed input sets), in rank order."""
+    results = []
+    for rank in range(world_size):
+        fate = cand.ranks[rank]
+        if fate.state != "ok":
+            results.append(_fate_result(fate))
+            continue
+        worst: RankResult | None = None
+        for key in keys:
+            want = ref.outputs.get((key, rank))
+            got = cand.outputs.get((key, rank))
+            if want is None:
+                raise UserError(f"the reference of problem {p.id} left no output for rank {rank}; "
+                                "the job directory may be full")
+            if got is None:
+                err = cand.output_errors.get((key, rank), "no output file")
+                res = RankResult(rank=rank, trial=key, state="wrong", message=f"unreadable output: {err}")
+            else:
+                res = judge.compare(rank, key, got, want, p.tolerance)
+            if worst is None or RANK_STATE_ORDER.index(res.state) > RANK_STATE_ORDER.index(worst.state):
+                worst = res
+            if res.state != "pass":
+                break
+        assert worst is not None
+        results.append(worst)
+    return results
+
+
+def _verdict(ranks: list[RankResult]) -> tuple[str, str]:
+    failed = [r for r in ranks if r.state != "pass"]
+    if not failed:
+        return "pass", ""
+    verdict = "timeout" if any(r.state == "timeout" for r in failed) else "fail"
+    lead = next((r for r in failed if r.state not in ("aborted",)), failed[0])
+    where = f"rank {lead.rank}" + (f", trial {lead.trial}" if lead.trial is not None else "")
+    return verdict, f"{where}: {lead.message}"
+
+
+def check(ref: int | str, solution: Path, *, world_size: int = 4, device: str | None = None, size: str = "pkb",
+          trials: int = 5, timeout_s: float = 120.0, sandbox: str = "auto",
+          progress: Progress = _noop) -> CheckResult:
+    """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
+    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
+    p = run.problem
+    if not 1 <= trials <= MAX_TRIALS:
+        raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
+
+    def result(verdict: str, message: str, ranks: list[RankResult]) -> CheckResult:
+        return CheckResult(problem_id=p.id, problem=p.name, world_size=world_size, size=size, device=run.device,
+                           trials=trials, verdict=verdict, message=message, ranks=ranks,  # type: ignore[arg-type]
+                           wall_s=run.elapsed(), sandbox=run.sandbox, warnings=run.warnings)
+
+    if run.syntax_error:
+        ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
+        return result("fail", f"the solution does not parse: {run.syntax_error}", ranks)
+    seeds = [secrets.randbits(62) for _ in range(trials)]
+    progress(0, 3, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        ref_future = pool.submit(run_job, run.request("outputs", p.path, seeds), run.backend)
+        cand_future = pool.submit(run_job, run.request("outputs", run.solution, seeds), run.backend)
+        ref_outcome, cand_outcome = ref_future.result(), cand_future.result()
+    if not ref_outcome.ok:
+        raise _reference_failed(p, ref_outcome)
+    progress(2, 3, "judging outputs")
+    ranks = _judge(p, world_size, list(range(trials)), cand_outcome, ref_outcome)
+    verdict, why = _verdict(ranks)
+    message = (f"all {world_size} ranks match the reference in {trials} trials" if verdict == "pass"
+               else f"{verdict}: {why}")
+    progress(3, 3, message)
+    return result(verdict, message, ranks)
+
+
+def timing_config(device: str) -> dict[str, Any]:
+    """How long and how much to sample; GPUs get more samples and a cache-sized input rotation."""
+    if device == "cuda":
+        import torch
+
+        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
+        return {"warmup_ms": 200.0, "max_warmup": 2000, "min_samples": 30, "max_samples": 3000,
+                "budget_ms": 2000.0, "precision": 0.005, "l2_bytes": l2, "max_sets": 64,
+                "rotation_bytes": 8 << 30}
+    return {"warmup_ms": 20.0, "max_warmup": 50, "min_samples": 10, "max_samples": 200, "budget_ms": 500.0,
+            "precision": 0.01, "l2_bytes": 32 << 20, "max_sets": 4, "rotation_bytes": 1 << 30}
+
+
+def bench(ref: int | str, solution: Path, *, world_size: int = 4, device: str | None = None, size: str = "pkb",
+          timeout_s: float = 300.0, sandbox: str = "auto", progress: Progress = _noop) -> BenchResult:
+    """Time the reference and the candidate the same way on the same inputs; re-check every timed output."""
+    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
+    p = run.problem
+
+    def result(verdict: str, message: str, **fields: Any) -> BenchResult:
+        return BenchResult(problem_id=p.id, problem=p.name, world_size=world_size, size=size, device=run.device,
+                           verdict=verdict, message=message, wall_s=run.elapsed(),  # type: ignore[arg-type]
+                           sandbox=run.sandbox, warnings=run.warnings, **fields)
+
+    if run.syntax_error:
+        ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
+        return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
+    seeds = [secrets.randbits(62)]
+    tcfg = timing_config(run.device)
+    progress(0, 3, "timing the reference")
+    ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend)
+    if not ref_outcome.ok or ref_outcome.timing is None:
+        raise _reference_failed(p, ref_outcome)
+    ref_stats, _ = stats.summarize(ref_outcome.timing)
+    progress(1, 3, f"reference: {ref_stats.median_ms:.4g} ms; timing the candidate")
+    cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend)
+    sets = int(ref_outcome.timing["input_sets"])
+    ranks = _judge(p, world_size, list(range(sets)), cand_outcome, ref_outcome)
+    verdict, why = _verdict(ranks)
+    fields: dict[str, Any] = {"reference": ref_stats, "ranks": ranks}
+    if verdict != "pass" or cand_outcome.timing is None:
+        return result(verdict, f"{verdict}: {why or 'no timing was recorded'}", **fields)
+    timing = cand_outcome.timing
+    if timing.get("timed_output_mismatches"):
+        first = timing["timed_output_mismatches"][0]
+        return result("fail", f"fail: a timed call's output (call {first}) differs from the judged output of "
+                      "the same inputs; results must be right on every call", **fields)
+    if timing.get("inputs_mutated_while_timing"):
+        return result("fail", "fail: the solution changed its inputs while being timed; inputs are read-only",
+                      **fields)
+    cand_stats, warnings = stats.summarize(timing)
+    run.warnings.extend(warnings)
+    speed, low, high = stats.speedup(ref_stats, cand_stats)
+    time_ms = cand_stats.median_ms if run.device == "cuda" else None
+    roof = roofline.floor(p.id, p.name, world_size, size, p.traffic(world_size, size), p.dtype, time_ms)
+    if run.device != "cuda":
+        roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
+    elif roof.note:
+        run.warnings.append(f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
+                            f"{roof.floor_ms:.4g} ms: the measurement is suspect")
+    progress(3, 3, f"speedup {speed:.3f}x")
+    message = (f"pass: {speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
+               f"reference {ref_stats.median_ms:.4g} ms")
+    return result("pass", message, candidate=cand_stats, speedup=speed, speedup_low=low, speedup_high=high,
+                  roofline=roof, **fields)

@@ -1,0 +1,56 @@
+"""Timing statistics from the harness's samples, and the speedup between two of them.
+
+A sample is one timed call: the slowest rank's time (device events on GPU, host clock on CPU).
+The reported time is the median; the spread is the interquartile range. Speedup = reference
+median / candidate median, with a range from the quartiles (reference q1 / candidate q3 up to
+reference q3 / candidate q1).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from pkb_mcp.models import TimingStats
+
+# The device clock missed work the host waited for (side streams, threads): the wall-clock median
+# exceeds the event median by more than this fraction plus the alignment overhead.
+EVENT_GAP_FRACTION = 0.25
+EVENT_GAP_FLOOR_MS = 0.2
+
+
+def quartiles(samples: list[float]) -> tuple[float, float, float]:
+    if len(samples) < 2:
+        v = samples[0]
+        return v, v, v
+    q = statistics.quantiles(samples, n=4, method="inclusive")
+    return q[0], q[1], q[2]
+
+
+def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
+    """TimingStats from a harness timing record, plus warnings about the measurement itself."""
+    events = [float(x) for x in record["device_ms"]]
+    walls = [float(x) for x in record["wall_ms"]]
+    if not events:
+        raise ValueError("the timing record holds no samples")
+    q1, med, q3 = quartiles(events)
+    wall_med = statistics.median(walls)
+    warnings = []
+    if wall_med > med * (1 + EVENT_GAP_FRACTION) + EVENT_GAP_FLOOR_MS:
+        warnings.append(
+            f"device events ({med:.4g} ms) missed work the host waited for ({wall_med:.4g} ms): work on a "
+            "side stream or thread? The wall-clock figures are reported instead.")
+        q1, med, q3 = quartiles(walls)
+        events = walls
+    stats = TimingStats(
+        median_ms=med, q1_ms=q1, q3_ms=q3, iqr_ms=q3 - q1, min_ms=min(events), samples=len(events),
+        stop_reason=str(record["stop_reason"]), warmup_calls=int(record["warmup_calls"]),
+        input_sets=int(record["input_sets"]), clock=str(record["clock"]), wall_median_ms=wall_med,
+    )
+    return stats, warnings
+
+
+def speedup(reference: TimingStats, candidate: TimingStats) -> tuple[float, float, float]:
+    """(speedup, low, high): medians' ratio, and the ratio range from the quartiles."""
+    return (reference.median_ms / candidate.median_ms, reference.q1_ms / candidate.q3_ms,
+            reference.q3_ms / candidate.q1_ms)
