@@ -23,6 +23,7 @@ from typing import Any
 
 PEER_GRACE_S = 5.0
 POLL_S = 0.02
+STACK_DUMP_WAIT_S = 0.3
 
 
 def _worker_env(rank: int, cfg: dict[str, Any]) -> dict[str, str]:
@@ -76,6 +77,11 @@ def launch(cfg: dict[str, Any]) -> dict[str, Any]:
         if now > deadline:
             timed_out = True
         if timed_out or (first_failure is not None and now - first_failure > PEER_GRACE_S):
+            # each stuck rank writes its Python stacks to its log (faulthandler), then dies
+            for rank, proc in enumerate(procs):
+                if rank not in ended:
+                    proc.send_signal(signal.SIGUSR1)
+            time.sleep(STACK_DUMP_WAIT_S)
             for rank, proc in enumerate(procs):
                 if rank not in ended:
                     proc.kill()

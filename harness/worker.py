@@ -10,9 +10,11 @@ exist), it writes into the job directory:
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -249,6 +251,8 @@ def run(cfg: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    # the launcher sends SIGUSR1 before killing a stuck rank: its stacks land in the rank's log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     cfg = json.loads(sys.stdin.read())
     run(cfg)
 

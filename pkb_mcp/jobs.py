@@ -39,6 +39,7 @@ class RankFate:
     traceback: str = ""
     signal: str | None = None
     log_tail: str = ""
+    ended_s: float = 0.0  # when the launcher saw it end: the first failure is usually the cause
 
 
 @dataclass
@@ -122,7 +123,7 @@ def _collect(job_dir: Path, request: JobRequest, launcher_log: str, killed: bool
         ranks.append(RankFate(
             rank=rank, state=str(e.get("state", "crashed")), error=str(e.get("error") or ""),
             stage=str(e.get("stage") or ""), traceback=str(e.get("traceback") or ""), signal=e.get("signal"),
-            log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP),
+            log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP), ended_s=float(e.get("elapsed_s") or 0.0),
         ))
     outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])
     out_dir = job_dir / "out"

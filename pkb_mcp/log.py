@@ -21,5 +21,8 @@ def configure(level: str = "warning") -> None:
     )
 
 
+configure()  # quiet JSON on stderr until a command line or server asks for more
+
+
 def get(name: str) -> structlog.typing.FilteringBoundLogger:
     return structlog.get_logger(name)

@@ -71,6 +71,7 @@ class RankResult(BaseModel):
     first_mismatch: Mismatch | None = None
     traceback: str | None = None
     log_tail: str | None = None
+    ended_s: float | None = Field(None, description="seconds into the job when this rank failed")
 
 
 class SandboxInfo(BaseModel):

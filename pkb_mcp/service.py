@@ -188,15 +188,17 @@ class _Run:
 
 
 def _fate_result(fate: RankFate) -> RankResult:
+    error = fate.error.strip().splitlines()[0][:300] if fate.error.strip() else ""
     messages = {
-        "error": f"raised {fate.error}" + (f" during {fate.stage}" if fate.stage else ""),
-        "crashed": f"crashed ({fate.signal or fate.error or 'no status'})",
+        "error": f"raised {error}" + (f" during {fate.stage}" if fate.stage else ""),
+        "crashed": f"crashed ({fate.signal or error or 'no status'})",
         "timeout": "still running at the deadline (deadlock or too slow); killed",
         "aborted": "killed after another rank failed (it was likely waiting in a collective)",
         "exited": "exited with status 0 before finishing the job",
     }
     return RankResult(rank=fate.rank, state=fate.state, message=messages.get(fate.state, fate.state),  # type: ignore[arg-type]
-                      traceback=fate.traceback or None, log_tail=fate.log_tail[-2000:] or None)
+                      traceback=fate.traceback or None, log_tail=fate.log_tail[-2000:] or None,
+                      ended_s=fate.ended_s or None)
 
 
 def _reference_failed(p: problems.Problem, outcome: JobOutcome) -> UserError:
@@ -232,6 +234,8 @@ def _judge(p: problems.Problem, world_size: int, keys: list[int], cand: JobOutco
             if res.state != "pass":
                 break
         assert worst is not None
+        if worst.state == "pass":
+            worst.trial = None
         results.append(worst)
     return results
 
@@ -241,7 +245,8 @@ def _verdict(ranks: list[RankResult]) -> tuple[str, str]:
     if not failed:
         return "pass", ""
     verdict = "timeout" if any(r.state == "timeout" for r in failed) else "fail"
-    lead = next((r for r in failed if r.state not in ("aborted",)), failed[0])
+    # the root cause is the first rank to fail; ranks that then lost a peer fail later
+    lead = min(failed, key=lambda r: (r.state == "aborted", r.ended_s if r.ended_s is not None else 1e9))
     where = f"rank {lead.rank}" + (f", trial {lead.trial}" if lead.trial is not None else "")
     return verdict, f"{where}: {lead.message}"
 
@@ -274,8 +279,7 @@ def check(ref: int | str, solution: Path, *, world_size: int = 4, device: str | 
     progress(2, 3, "judging outputs")
     ranks = _judge(p, world_size, list(range(trials)), cand_outcome, ref_outcome)
     verdict, why = _verdict(ranks)
-    message = (f"all {world_size} ranks match the reference in {trials} trials" if verdict == "pass"
-               else f"{verdict}: {why}")
+    message = f"all {world_size} ranks match the reference in {trials} trials" if verdict == "pass" else why
     progress(3, 3, message)
     return result(verdict, message, ranks)
 
@@ -321,14 +325,14 @@ def bench(ref: int | str, solution: Path, *, world_size: int = 4, device: str | 
     verdict, why = _verdict(ranks)
     fields: dict[str, Any] = {"reference": ref_stats, "ranks": ranks}
     if verdict != "pass" or cand_outcome.timing is None:
-        return result(verdict, f"{verdict}: {why or 'no timing was recorded'}", **fields)
+        return result(verdict, why or "the candidate recorded no timing", **fields)
     timing = cand_outcome.timing
     if timing.get("timed_output_mismatches"):
         first = timing["timed_output_mismatches"][0]
-        return result("fail", f"fail: a timed call's output (call {first}) differs from the judged output of "
+        return result("fail", f"a timed call's output (call {first}) differs from the judged output of "
                       "the same inputs; results must be right on every call", **fields)
     if timing.get("inputs_mutated_while_timing"):
-        return result("fail", "fail: the solution changed its inputs while being timed; inputs are read-only",
+        return result("fail", "the solution changed its inputs while being timed; inputs are read-only",
                       **fields)
     cand_stats, warnings = stats.summarize(timing)
     run.warnings.extend(warnings)
@@ -341,7 +345,7 @@ def bench(ref: int | str, solution: Path, *, world_size: int = 4, device: str | 
         run.warnings.append(f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
                             f"{roof.floor_ms:.4g} ms: the measurement is suspect")
     progress(3, 3, f"speedup {speed:.3f}x")
-    message = (f"pass: {speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
+    message = (f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
                f"reference {ref_stats.median_ms:.4g} ms")
     return result("pass", message, candidate=cand_stats, speedup=speed, speedup_low=low, speedup_high=high,
                   roofline=roof, **fields)

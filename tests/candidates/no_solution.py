@@ -1,0 +1,5 @@
+"""Defines no solution()."""
+
+
+def solve(x):
+    return x

@@ -1,0 +1,81 @@
+"""The command line: exit codes, one-sentence errors, tables and JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pkb_mcp.cli import main
+
+from .conftest import CANDIDATES, ROOT
+
+
+def run(*args):
+    proc = subprocess.run([sys.executable, "-m", "pkb_mcp.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["show", "99"], "problem 99 does not exist; see pkb problems"),
+        (["check", "99", "x.py", "--device", "cpu"], "problem 99 does not exist"),
+        (["check", "12", str(CANDIDATES / "hangs.py"), "--world-size", "3", "--device", "cpu"],
+         "cannot run at world size 3"),
+        (["check", "1", "missing.py", "--device", "cpu", "--world-size", "2"], "does not exist"),
+        (["check", "1", str(CANDIDATES / "hangs.py"), "--device", "cpu", "--world-size", "2", "--trials", "0"],
+         "trials must be between"),
+        (["roofline", "1", "--time-ms", "-1"], "not positive"),
+        (["show", "1", "--size", "huge"], "no size preset 'huge'"),
+        (["bogus"], "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2_with_one_sentence(capsys, args, message):
+    code = main(args) if args[0] != "bogus" else run(*args)[0]
+    err = capsys.readouterr().err
+    assert code == 2
+    if args[0] != "bogus":
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cuda_without_gpu_is_an_environment_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["check", "1", str(CANDIDATES / "hangs.py"), "--device", "cuda", "--world-size", "2"]) == 2
+    assert "--device cpu" in capsys.readouterr().err
+
+
+def test_problems_show_roofline_print_tables_and_json(capsys):
+    assert main(["problems"]) == 0
+    assert "allgather_gemm" in capsys.readouterr().out
+    assert main(["problems", "--json", "--category", "primitive"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {p["id"] for p in listed} == {1, 2, 3, 4, 5, 6, 7, 8}
+    assert main(["show", "12", "--world-size", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "a_local" in text and "[256, 512]" in text
+    assert main(["roofline", "1", "--world-size", "4", "--time-ms", "0.05", "--json"]) == 0
+    roof = json.loads(capsys.readouterr().out)
+    assert roof["floor_ms"] > 0 and roof["pct_of_floor"] == pytest.approx(100 * roof["floor_ms"] / 0.05)
+
+
+def test_syntax_error_is_a_candidate_failure_with_file_and_line(capsys):
+    code = main(["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2"])
+    assert code == 1
+    assert "syntax_error.py:2: invalid syntax" in capsys.readouterr().out
+
+
+def test_check_through_a_real_subprocess_exit_codes():
+    code, out, err = run("check", "1", "problems/001_allreduce.py", "--device", "cpu", "--world-size", "2",
+                         "--trials", "2", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["verdict"] == "pass" and len(result["ranks"]) == 2
+    assert result["sandbox"] == {"backend": "process", "isolated": False, "note": result["sandbox"]["note"]}
+    code, out, _ = run("check", "1", "examples/wrong_allreduce_half.py", "--device", "cpu", "--world-size", "2",
+                       "--trials", "2")
+    assert code == 1 and "first mismatch" in out and "index [512, 0]" in out

@@ -1,0 +1,53 @@
+import pytest
+
+from harness.timing import median_ci_halfwidth
+from pkb_mcp import roofline, stats
+from pkb_mcp.models import Ceilings
+
+
+def record(device, wall=None):
+    return {"device_ms": device, "wall_ms": wall or device, "stop_reason": "precision reached",
+            "warmup_calls": 5, "input_sets": 2, "clock": "cuda events"}
+
+
+def test_summary_reports_median_quartiles_and_samples():
+    s, warnings = stats.summarize(record([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert (s.median_ms, s.q1_ms, s.q3_ms, s.samples, s.min_ms) == (3.0, 2.0, 4.0, 5, 1.0)
+    assert warnings == []
+
+
+def test_events_that_miss_work_fall_back_to_wall_clock():
+    s, warnings = stats.summarize(record([0.01] * 9, wall=[2.0] * 9))
+    assert s.median_ms == 2.0 and "side stream" in warnings[0]
+
+
+def test_speedup_and_range_from_quartiles():
+    ref, _ = stats.summarize(record([2.0, 2.0, 2.0, 2.0]))
+    cand, _ = stats.summarize(record([0.9, 1.0, 1.0, 1.1]))
+    speed, low, high = stats.speedup(ref, cand)
+    assert speed == pytest.approx(2.0) and low < speed < high
+
+
+def test_median_confidence_shrinks_with_samples():
+    few = median_ci_halfwidth([1.0, 2.0, 3.0] * 4)
+    many = median_ci_halfwidth([1.0, 2.0, 3.0] * 400 + [2.0] * 1000)
+    assert many < few and median_ci_halfwidth([1.0]) == float("inf")
+
+
+CEIL = Ceilings(nvlink_gbps=400.0, hbm_gbps=4000.0, tflops={"bfloat16": 800.0, "float32": 60.0},
+                round_latency_us=5.0, source="test")
+
+
+def test_floor_is_largest_term_plus_latency():
+    traffic = {"nvlink_bytes": 400e6, "hbm_bytes": 400e6, "flops": 8e12, "rounds": 2}
+    r = roofline.floor(1, "x", 4, "pkb", traffic, "bfloat16", time_ms=2.0, limits=CEIL)
+    assert r.nvlink_ms == pytest.approx(1.0) and r.hbm_ms == pytest.approx(0.1)
+    assert r.compute_ms == pytest.approx(10.0) and r.bound == "compute"
+    assert r.floor_ms == pytest.approx(10.01) and r.pct_of_floor == pytest.approx(500.5)
+    assert "below the floor" in r.note
+
+
+def test_latency_bound_when_traffic_is_tiny():
+    traffic = {"nvlink_bytes": 1e3, "hbm_bytes": 1e3, "flops": 1.0, "rounds": 2}
+    r = roofline.floor(1, "x", 4, "pkb", traffic, "bfloat16", limits=CEIL)
+    assert r.bound == "latency" and r.pct_of_floor is None

@@ -1,0 +1,81 @@
+"""The suite loads, every problem keeps the format's promises, and malformed files are refused by name."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pkb_mcp import problems
+from pkb_mcp.errors import UserError
+
+SUITE = problems.suite()
+IDS = sorted(SUITE)
+ISSUE_2_IDS = [1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 18]
+
+
+def test_the_first_twelve_are_present():
+    assert set(ISSUE_2_IDS) <= set(IDS)
+
+
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize("preset", ["pkb", "large"])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_inputs_shapes_and_traffic(pid, preset, world_size):
+    p = SUITE[pid]
+    if p.world_size_error(world_size, preset):
+        pytest.skip(f"world size {world_size} not allowed for {p.name} {preset}")
+    shapes = p.input_shapes(world_size, preset)
+    assert shapes and all("shape" in s or "value" in s for s in shapes)
+    traffic = p.traffic(world_size, preset)
+    assert traffic["hbm_bytes"] > 0 and traffic["nvlink_bytes"] > 0
+    assert p.world_size_error(1, preset), "a single rank has nothing to communicate"
+
+
+@pytest.mark.parametrize("pid", IDS)
+def test_inputs_are_random_and_differ_by_rank_and_seed(pid):
+    p = SUITE[pid]
+    ws = 2 if not p.world_size_error(2, "pkb") else 4
+
+    def inputs(rank, seed):
+        ctx = p.context(ws, "pkb", rank=rank, device="cpu")
+        ctx.seed = seed
+        return [t for t in p.module.make_inputs(ctx) if isinstance(t, torch.Tensor)]
+
+    a, b, c = inputs(0, 1), inputs(1, 1), inputs(0, 2)
+    for t in a:
+        if t.dtype.is_floating_point:
+            assert t.float().std() > 0, "no constant fills"
+    assert any(not torch.equal(x, y) for x, y in zip(a, b, strict=True)), "ranks get different inputs"
+    assert all(not torch.equal(x, y) for x, y in zip(a, c, strict=True)), "every trial gets new inputs"
+    assert all(torch.equal(x, y) for x, y in zip(a, inputs(0, 1), strict=True)), "seeded: reproducible"
+
+
+def test_lookup_by_id_name_and_padded_id():
+    assert problems.resolve(1).name == "allreduce"
+    assert problems.resolve("001").id == 1
+    assert problems.resolve("allgather_gemm").id == 12
+    with pytest.raises(UserError, match="problem 999 does not exist; see pkb problems"):
+        problems.resolve(999)
+
+
+GOOD = (Path(problems.config.problems_dir()) / "001_allreduce.py").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("001_allreduce.py", GOOD.replace("ID = 1\n", "ID = 2\n"), "do not match the file name"),
+        ("001_allreduce.py", GOOD.replace('"large"', '"huge"'), "needs a 'large' preset"),
+        ("001_allreduce.py", GOOD.replace("def traffic(ctx):", "def _traffic(ctx):"), "missing function traffic"),
+        ("001_allreduce.py", GOOD.replace('DTYPE = "bfloat16"', 'DTYPE = "bf16"'), "DTYPE 'bf16'"),
+        ("001_allreduce.py", GOOD.replace('"rel_norm": 0.005', '"rel_norm": -1'), "non-negative 'rel_norm'"),
+        ("001_allreduce.py", GOOD + "\nimport nonexistent_module\n", "cannot be imported"),
+        ("1_allreduce.py", GOOD, "named NNN_slug.py"),
+    ],
+)
+def test_malformed_problem_is_refused_naming_the_file(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(problems.ProblemFormatError, match=message) as info:
+        problems.load_problem(path)
+    assert str(info.value).startswith(name)
