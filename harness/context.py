@@ -58,8 +58,9 @@ class ProblemContext:
             self._generators[key] = gen
         return self._generators[key]
 
-    def randn(self, *shape: int, dtype: torch.dtype | None = None, shared: bool = False,
-              scale: float = 1.0) -> torch.Tensor:
+    def randn(
+        self, *shape: int, dtype: torch.dtype | None = None, shared: bool = False, scale: float = 1.0
+    ) -> torch.Tensor:
         """Standard normal values (times `scale`); `shared=True` gives every rank the same tensor."""
         dtype = dtype or self.dtype
         if self.is_meta:
@@ -70,8 +71,14 @@ class ProblemContext:
             out.mul_(scale)
         return out.to(dtype)
 
-    def rand(self, *shape: int, low: float = 0.0, high: float = 1.0, dtype: torch.dtype | None = None,
-             shared: bool = False) -> torch.Tensor:
+    def rand(
+        self,
+        *shape: int,
+        low: float = 0.0,
+        high: float = 1.0,
+        dtype: torch.dtype | None = None,
+        shared: bool = False,
+    ) -> torch.Tensor:
         """Uniform values in [low, high)."""
         dtype = dtype or self.dtype
         if self.is_meta:

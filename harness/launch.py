@@ -52,8 +52,11 @@ def launch(cfg: dict[str, Any]) -> dict[str, Any]:
         log = open(job_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
             [sys.executable, "-m", "harness.worker"],
-            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-            env=_worker_env(rank, cfg), cwd=job_dir,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_worker_env(rank, cfg),
+            cwd=job_dir,
         )
         log.close()
         assert proc.stdin is not None
@@ -95,18 +98,28 @@ def launch(cfg: dict[str, Any]) -> dict[str, Any]:
     ranks = []
     for rank, proc in enumerate(procs):
         status = _read_status(job_dir, rank) or {}
-        entry: dict[str, Any] = {"rank": rank, "exit_code": proc.returncode, "signal": None,
-                                 "elapsed_s": round(ended.get(rank, 0.0), 3)}
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "exit_code": proc.returncode,
+            "signal": None,
+            "elapsed_s": round(ended.get(rank, 0.0), 3),
+        }
         rc = proc.returncode
         if status.get("state") == "ok" and rc == 0:
             entry["state"] = "ok"
         elif status.get("state") == "error":
-            entry.update(state="error", error=status.get("error"), stage=status.get("stage"),
-                         traceback=status.get("traceback"))
+            entry.update(
+                state="error",
+                error=status.get("error"),
+                stage=status.get("stage"),
+                traceback=status.get("traceback"),
+            )
         elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
             entry.update(state="crashed", signal=signal.Signals(-rc).name)
         elif rc == -signal.SIGKILL:
-            entry["state"] = "timeout" if timed_out else ("aborted" if first_failure is not None else "crashed")
+            entry["state"] = (
+                "timeout" if timed_out else ("aborted" if first_failure is not None else "crashed")
+            )
             entry["signal"] = "SIGKILL"
         elif rc == 0:
             entry["state"] = "exited"  # returned without finishing the job

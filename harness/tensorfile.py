@@ -61,8 +61,9 @@ def save(path: Path, tensors: list[torch.Tensor], structure: str = "tuple", meta
     for t in tensors:
         t = t.detach().to("cpu").contiguous()
         raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-        entries.append({"dtype": dtype_name(t.dtype), "shape": list(t.shape), "offset": offset,
-                        "nbytes": raw.numel()})
+        entries.append(
+            {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "offset": offset, "nbytes": raw.numel()}
+        )
         blobs.append(raw)
         offset += raw.numel()
     header = json.dumps({"structure": structure, "tensors": entries, "meta": meta or {}}).encode()
@@ -114,5 +115,5 @@ def load(path: Path, max_bytes: int) -> tuple[str, list[torch.Tensor], dict[str,
             raise TensorFileError(f"{path.name}: tensor data runs past the end of the file")
         chunk = buf[offset : offset + nbytes].clone()
         tensors.append(chunk.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype))
-    meta = header.get("meta") if isinstance(header.get("meta"), dict) else {}
-    return header["structure"], tensors, meta
+    meta = header.get("meta")
+    return str(header["structure"]), tensors, meta if isinstance(meta, dict) else {}

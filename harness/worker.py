@@ -31,7 +31,9 @@ class SolutionError(Exception):
 
 def _trimmed_traceback(exc: BaseException) -> str:
     """The traceback without the harness's own frames: what the candidate's author needs."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(str(HARNESS_DIR))]
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(str(HARNESS_DIR))
+    ]
     text = "".join(traceback.format_list(frames[-12:]))
     text += "".join(traceback.format_exception_only(type(exc), exc))
     return text[-6000:]
@@ -63,8 +65,9 @@ def _connect_store(job_dir: Path, rank: int, world_size: int, timeout_s: float):
     port_file = job_dir / "store_port"
     timeout = datetime.timedelta(seconds=timeout_s)
     if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            "127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False
+        )
         tmp = job_dir / "store_port.part"
         tmp.write_text(str(store.port))
         os.replace(tmp, port_file)
@@ -74,7 +77,9 @@ def _connect_store(job_dir: Path, rank: int, world_size: int, timeout_s: float):
         if time.monotonic() > deadline:
             raise TimeoutError("rank 0 never published the store port")
         time.sleep(0.01)
-    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world_size, is_master=False, timeout=timeout)
+    return dist.TCPStore(
+        "127.0.0.1", int(port_file.read_text()), world_size, is_master=False, timeout=timeout
+    )
 
 
 def normalize_output(out: Any) -> tuple[str, list]:
@@ -112,14 +117,17 @@ def aliased_inputs(outputs: list, inputs: list) -> list[int]:
 def mutated_inputs(inputs: list, snapshots: list) -> list[int]:
     import torch
 
-    return [i for i, (t, s) in enumerate(zip(inputs, snapshots, strict=True))
-            if isinstance(t, torch.Tensor) and not torch.equal(t, s)]
+    return [
+        i
+        for i, (t, s) in enumerate(zip(inputs, snapshots, strict=True))
+        if isinstance(t, torch.Tensor) and not torch.equal(t, s)
+    ]
 
 
-def _snapshot(inputs: tuple) -> list:
+def _snapshot(inputs: tuple) -> tuple:
     import torch
 
-    return [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
 
 
 def run(cfg: dict[str, Any]) -> None:
@@ -162,8 +170,9 @@ def run(cfg: dict[str, Any]) -> None:
         mutates = bool(getattr(problem, "MUTATES_INPUTS", False))
 
         def make(seed: int) -> tuple:
-            ctx = ProblemContext(rank=rank, world_size=world_size, size=cfg["size"], dtype=dtype,
-                                 device=device, seed=seed)
+            ctx = ProblemContext(
+                rank=rank, world_size=world_size, size=cfg["size"], dtype=dtype, device=device, seed=seed
+            )
             inputs = problem.make_inputs(ctx)
             return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
@@ -175,7 +184,7 @@ def run(cfg: dict[str, Any]) -> None:
                 torch.cuda.synchronize()
             dist.barrier()  # every rank's writes, remote ones included, have landed
             meta: dict[str, Any] = {"aliased_outputs": aliased_inputs(outs, list(inputs))}
-            meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), snaps)
+            meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), list(snaps))
             if mutates:
                 # the in-place result is part of the output
                 outs = outs + [t for t in inputs if isinstance(t, torch.Tensor)]
@@ -203,12 +212,9 @@ def run(cfg: dict[str, Any]) -> None:
             sets = [first] + [make(derive_seed(base, "set", i)) for i in range(1, n_sets)]
             stage = "benchmark first calls"
             judged: list[list] = []
-            mutation_flags: dict[str, Any] = {"aliased_outputs": [], "mutated_inputs": []}
             for i, inputs in enumerate(sets):
                 work = _snapshot(inputs) if mutates else inputs
                 structure, outs, meta = judge_call(work)
-                for key in mutation_flags:
-                    mutation_flags[key] += meta[key]
                 tensorfile.save(out_dir / f"s{i}_r{rank}.pkbt", outs, structure, meta)
                 judged.append([o.clone() for o in outs])
             pristine = [_snapshot(s) for s in sets] if not mutates else None
@@ -225,12 +231,18 @@ def run(cfg: dict[str, Any]) -> None:
                 return normalize_output(out)[1]
 
             stage = "benchmark timing"
-            record = timing.run_timing(prepare, call_on_set, normalize, judged, device, tcfg, cfg["tolerance"])
+            record = timing.run_timing(
+                prepare, call_on_set, normalize, judged, device, tcfg, cfg["tolerance"]
+            )
             if pristine is not None:
-                changed = [i for i, (s, p) in enumerate(zip(sets, pristine, strict=True)) if mutated_inputs(
-                    list(s), p)]
+                changed = [
+                    i
+                    for i, (s, p) in enumerate(zip(sets, pristine, strict=True))
+                    if mutated_inputs(list(s), list(p))
+                ]
                 record["inputs_mutated_while_timing"] = bool(
-                    timing.max_over_ranks([1.0 if changed else 0.0], device)[0])
+                    timing.max_over_ranks([1.0 if changed else 0.0], device)[0]
+                )
             record["per_set_bytes"] = nbytes
             if rank == 0:
                 tmp = job_dir / "timing.part"
@@ -241,10 +253,17 @@ def run(cfg: dict[str, Any]) -> None:
         dist.destroy_process_group()
         _write_status(job_dir, rank, {"state": "ok", "elapsed_s": time.monotonic() - t_start})
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
-        _write_status(job_dir, rank, {
-            "state": "error", "stage": stage, "error": f"{type(exc).__name__}: {exc}"[:2000],
-            "traceback": _trimmed_traceback(exc), "elapsed_s": time.monotonic() - t_start,
-        })
+        _write_status(
+            job_dir,
+            rank,
+            {
+                "state": "error",
+                "stage": stage,
+                "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "traceback": _trimmed_traceback(exc),
+                "elapsed_s": time.monotonic() - t_start,
+            },
+        )
         sys.stderr.write(_trimmed_traceback(exc))
         sys.stderr.flush()
         os._exit(3)

@@ -71,13 +71,16 @@ def _render_ranks(ranks: list[RankResult]) -> str:
             text += "\n" + "\n".join("    " + line for line in r.traceback.rstrip().splitlines()[-12:])
         elif r.state in ("crashed", "timeout", "exited") and r.log_tail:
             text += "\n  last log lines:\n" + "\n".join(
-                "    " + line for line in r.log_tail.rstrip().splitlines()[-8:])
+                "    " + line for line in r.log_tail.rstrip().splitlines()[-8:]
+            )
     return text
 
 
 def _render_check(r: CheckResult) -> str:
-    head = (f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size}, device {r.device}, "
-            f"{r.trials} trials, {r.wall_s:.1f} s, sandbox {r.sandbox.backend}")
+    head = (
+        f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size}, device {r.device}, "
+        f"{r.trials} trials, {r.wall_s:.1f} s, sandbox {r.sandbox.backend}"
+    )
     return "\n".join([head, _render_ranks(r.ranks), f"{r.verdict.upper()}: {r.message}", *_warn(r.warnings)])
 
 
@@ -94,9 +97,11 @@ def _render_roofline(r: RooflineResult) -> str:
         ["compute", f"{t.flops:.4g} FLOP", "peak", f"{r.compute_ms * 1e3:.2f}"],
         ["latency", f"{t.rounds:g} rounds", f"{c.round_latency_us:g} us/round", f"{r.latency_ms * 1e3:.2f}"],
     ]
-    lines = [f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size} (per GPU)",
-             _table(rows, ["term", "traffic", "ceiling", "time (us)"]),
-             f"floor {r.floor_ms * 1e3:.2f} us ({r.bound}-bound); ceilings: {c.source}"]
+    lines = [
+        f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size} (per GPU)",
+        _table(rows, ["term", "traffic", "ceiling", "time (us)"]),
+        f"floor {r.floor_ms * 1e3:.2f} us ({r.bound}-bound); ceilings: {c.source}",
+    ]
     if r.pct_of_floor is not None and r.time_ms is not None:
         lines.append(f"measured {r.time_ms * 1e3:.2f} us = {r.pct_of_floor:.1f}% of the floor")
     if r.note:
@@ -105,15 +110,28 @@ def _render_roofline(r: RooflineResult) -> str:
 
 
 def _render_bench(r: BenchResult) -> str:
-    lines = [f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size}, device {r.device}, "
-             f"{r.wall_s:.1f} s, sandbox {r.sandbox.backend}"]
+    lines = [
+        f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size}, device {r.device}, "
+        f"{r.wall_s:.1f} s, sandbox {r.sandbox.backend}"
+    ]
     rows = []
     for label, s in (("reference", r.reference), ("candidate", r.candidate)):
         if s is not None:
-            rows.append([label, f"{s.median_ms:.4g}", f"{s.iqr_ms:.3g}", f"{s.min_ms:.4g}", str(s.samples),
-                         str(s.input_sets), s.stop_reason])
+            rows.append(
+                [
+                    label,
+                    f"{s.median_ms:.4g}",
+                    f"{s.iqr_ms:.3g}",
+                    f"{s.min_ms:.4g}",
+                    str(s.samples),
+                    str(s.input_sets),
+                    s.stop_reason,
+                ]
+            )
     if rows:
-        lines.append(_table(rows, ["", "median ms", "IQR ms", "min ms", "samples", "input sets", "stopped on"]))
+        lines.append(
+            _table(rows, ["", "median ms", "IQR ms", "min ms", "samples", "input sets", "stopped on"])
+        )
     if r.verdict != "pass":
         lines.append(_render_ranks(r.ranks))
     if r.speedup is not None:
@@ -121,26 +139,34 @@ def _render_bench(r: BenchResult) -> str:
     if r.roofline is not None:
         roof = r.roofline
         pct = f", {roof.pct_of_floor:.1f}% of floor" if roof.pct_of_floor is not None else ""
-        lines.append(f"floor {roof.floor_ms * 1e3:.2f} us ({roof.bound}-bound){pct}"
-                     + (f"; {roof.note}" if roof.note else ""))
+        lines.append(
+            f"floor {roof.floor_ms * 1e3:.2f} us ({roof.bound}-bound){pct}"
+            + (f"; {roof.note}" if roof.note else "")
+        )
     lines.append(f"{r.verdict.upper()}: {r.message}")
     return "\n".join(lines + _warn(r.warnings))
 
 
 def _render_show(d: ProblemDetail) -> str:
-    inputs = [[i.name, str(i.shape) if i.shape is not None else "", i.dtype or "", i.value or ""]
-              for i in d.inputs]
+    inputs = [
+        [i.name, str(i.shape) if i.shape is not None else "", i.dtype or "", i.value or ""] for i in d.inputs
+    ]
     t = d.traffic
-    return "\n".join([
-        f"problem {d.id} {d.name} [{d.category}] from {d.source}", "", d.description, "",
-        f"contract: {d.signature}",
-        f"world sizes: {d.world_sizes}; dtype {d.dtype}; tolerance {d.tolerance}",
-        f"sizes: " + "; ".join(f"{k} {v}" for k, v in d.sizes.items()),
-        f"inputs per rank at world size {d.world_size}, size {d.size_preset}:",
-        _table(inputs, ["arg", "shape", "dtype", "value"]),
-        f"traffic per GPU: NVLink {_fmt_bytes(t.nvlink_bytes)} each way, HBM {_fmt_bytes(t.hbm_bytes)}, "
-        f"{t.flops:.4g} FLOP, {t.rounds:g} rounds",
-    ])
+    return "\n".join(
+        [
+            f"problem {d.id} {d.name} [{d.category}] from {d.source}",
+            "",
+            d.description,
+            "",
+            f"contract: {d.signature}",
+            f"world sizes: {d.world_sizes}; dtype {d.dtype}; tolerance {d.tolerance}",
+            "sizes: " + "; ".join(f"{k} {v}" for k, v in d.sizes.items()),
+            f"inputs per rank at world size {d.world_size}, size {d.size_preset}:",
+            _table(inputs, ["arg", "shape", "dtype", "value"]),
+            f"traffic per GPU: NVLink {_fmt_bytes(t.nvlink_bytes)} each way, HBM {_fmt_bytes(t.hbm_bytes)}, "
+            f"{t.flops:.4g} FLOP, {t.rounds:g} rounds",
+        ]
+    )
 
 
 # ---------------------------------------------------------------- commands
@@ -181,17 +207,32 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    result = service.check(args.problem, Path(args.file), world_size=args.world_size, device=args.device,
-                           size=args.size, trials=args.trials, timeout_s=args.timeout, sandbox=args.sandbox,
-                           progress=_progress(args.json))
+    result = service.check(
+        args.problem,
+        Path(args.file),
+        world_size=args.world_size,
+        device=args.device,
+        size=args.size,
+        trials=args.trials,
+        timeout_s=args.timeout,
+        sandbox=args.sandbox,
+        progress=_progress(args.json),
+    )
     _emit(args, result, _render_check(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    result = service.bench(args.problem, Path(args.file), world_size=args.world_size, device=args.device,
-                           size=args.size, timeout_s=args.timeout, sandbox=args.sandbox,
-                           progress=_progress(args.json))
+    result = service.bench(
+        args.problem,
+        Path(args.file),
+        world_size=args.world_size,
+        device=args.device,
+        size=args.size,
+        timeout_s=args.timeout,
+        sandbox=args.sandbox,
+        progress=_progress(args.json),
+    )
     _emit(args, result, _render_bench(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
@@ -212,9 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--world-size", type=int, default=4, help="number of ranks (default 4)")
         p.add_argument("--size", default="pkb", help="size preset: pkb (the original's) or large")
         if run:
-            p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                           help="cuda when a GPU is present, else cpu")
-            p.add_argument("--timeout", type=float, default=None, help="wall-clock limit of each job, seconds")
+            p.add_argument(
+                "--device", choices=["cpu", "cuda"], default=None, help="cuda when a GPU is present, else cpu"
+            )
+            p.add_argument(
+                "--timeout", type=float, default=None, help="wall-clock limit of each job, seconds"
+            )
             p.add_argument("--sandbox", default="auto", help="isolation backend: auto or process")
 
     p = sub.add_parser("problems", help="list the problems")

@@ -89,16 +89,33 @@ def run_job(request: JobRequest, backend: Backend) -> JobOutcome:
             solution_copy = src / "solution.py"
             shutil.copyfile(request.solution_path, solution_copy)
         cfg = {
-            "mode": request.mode, "job_dir": str(job_dir), "problem_path": str(problem_copy),
-            "solution_path": str(solution_copy), "world_size": request.world_size, "device": request.device,
-            "size": request.size, "dtype": request.dtype, "seeds": request.seeds,
-            "tolerance": request.tolerance, "timeout_s": request.timeout_s, "timing": request.timing,
+            "mode": request.mode,
+            "job_dir": str(job_dir),
+            "problem_path": str(problem_copy),
+            "solution_path": str(solution_copy),
+            "world_size": request.world_size,
+            "device": request.device,
+            "size": request.size,
+            "dtype": request.dtype,
+            "seeds": request.seeds,
+            "tolerance": request.tolerance,
+            "timeout_s": request.timeout_s,
+            "timing": request.timing,
             "threads_per_rank": request.threads_per_rank,
         }
-        job = SandboxJob(job_id=job_id, job_dir=job_dir, config=cfg, device=request.device, gpus=request.gpus,
-                         timeout_s=request.timeout_s, harness_root=config.HARNESS_ROOT,
-                         threads=request.threads_per_rank)
-        log.info("job.start", job=job_id, mode=request.mode, backend=backend.name, world_size=request.world_size)
+        job = SandboxJob(
+            job_id=job_id,
+            job_dir=job_dir,
+            config=cfg,
+            device=request.device,
+            gpus=request.gpus,
+            timeout_s=request.timeout_s,
+            harness_root=config.HARNESS_ROOT,
+            threads=request.threads_per_rank,
+        )
+        log.info(
+            "job.start", job=job_id, mode=request.mode, backend=backend.name, world_size=request.world_size
+        )
         run = backend.run(job)
         outcome = _collect(job_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
         log.info("job.end", job=job_id, wall_s=round(run.wall_s, 3), ok=outcome.ok)
@@ -107,7 +124,9 @@ def run_job(request: JobRequest, backend: Backend) -> JobOutcome:
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
-def _collect(job_dir: Path, request: JobRequest, launcher_log: str, killed: bool, wall_s: float) -> JobOutcome:
+def _collect(
+    job_dir: Path, request: JobRequest, launcher_log: str, killed: bool, wall_s: float
+) -> JobOutcome:
     try:
         launch = json.loads((job_dir / "launch.json").read_text())
         entries = launch["ranks"]
@@ -117,14 +136,21 @@ def _collect(job_dir: Path, request: JobRequest, launcher_log: str, killed: bool
         state = "timeout" if killed else "crashed"
         entries = [{"rank": r, "state": state} for r in range(request.world_size)]
         timed_out = killed
-    ranks = []
+    ranks: list[RankFate] = []
     for e in entries[: request.world_size]:
         rank = int(e.get("rank", len(ranks)))
-        ranks.append(RankFate(
-            rank=rank, state=str(e.get("state", "crashed")), error=str(e.get("error") or ""),
-            stage=str(e.get("stage") or ""), traceback=str(e.get("traceback") or ""), signal=e.get("signal"),
-            log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP), ended_s=float(e.get("elapsed_s") or 0.0),
-        ))
+        ranks.append(
+            RankFate(
+                rank=rank,
+                state=str(e.get("state", "crashed")),
+                error=str(e.get("error") or ""),
+                stage=str(e.get("stage") or ""),
+                traceback=str(e.get("traceback") or ""),
+                signal=e.get("signal"),
+                log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP),
+                ended_s=float(e.get("elapsed_s") or 0.0),
+            )
+        )
     outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])
     out_dir = job_dir / "out"
     if out_dir.is_dir():

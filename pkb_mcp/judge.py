@@ -38,15 +38,20 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
         return RankResult(rank=rank, trial=trial, state="wrong", message=message, **fields)  # type: ignore[arg-type]
 
     if got.meta.get("aliased_outputs"):
-        return wrong(f"output {got.meta['aliased_outputs'][0]} shares memory with an input; return new tensors")
+        return wrong(
+            f"output {got.meta['aliased_outputs'][0]} shares memory with an input; return new tensors"
+        )
     if got.meta.get("mutated_inputs"):
-        return wrong(f"input {got.meta['mutated_inputs'][0]} was changed by the solution; inputs are read-only")
+        return wrong(
+            f"input {got.meta['mutated_inputs'][0]} was changed by the solution; inputs are read-only"
+        )
     if got.structure != want.structure or len(got.tensors) != len(want.tensors):
         return wrong(f"returned {_describe(got)}, expected {_describe(want)}")
     for i, (g, w) in enumerate(zip(got.tensors, want.tensors, strict=True)):
         if g.dtype != w.dtype or g.shape != w.shape:
-            return wrong(f"output {i} is {str(g.dtype)[6:]}{list(g.shape)}, expected "
-                         f"{str(w.dtype)[6:]}{list(w.shape)}")
+            return wrong(
+                f"output {i} is {str(g.dtype)[6:]}{list(g.shape)}, expected {str(w.dtype)[6:]}{list(w.shape)}"
+            )
 
     max_abs = 0.0
     max_rel = 0.0
@@ -77,8 +82,9 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
             if n_bad and first is None:
                 flat = start + int(bad.nonzero()[0, 0])
                 index = list(torch.unravel_index(torch.tensor(flat), g.shape)) if g.dim() else []
-                first = Mismatch(output=i, index=[int(x) for x in index],
-                                 expected=_fmt(wf[flat]), got=_fmt(gf[flat]))
+                first = Mismatch(
+                    output=i, index=[int(x) for x in index], expected=_fmt(wf[flat]), got=_fmt(gf[flat])
+                )
             mismatched += n_bad
             if diff.numel():
                 max_abs = max(max_abs, float(diff.max()))
@@ -87,13 +93,21 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
                 err_sq += float((diff.double() ** 2).sum())
                 ref_sq += float((ref_abs.double() ** 2).sum())
     rel_norm = math.sqrt(err_sq) / math.sqrt(ref_sq) if ref_sq > 0 else (0.0 if err_sq == 0 else math.inf)
-    fields = {"max_abs_error": max_abs, "max_rel_error": max_rel, "rel_norm_error": rel_norm,
-              "mismatched": mismatched, "first_mismatch": first}
+    fields = {
+        "max_abs_error": max_abs,
+        "max_rel_error": max_rel,
+        "rel_norm_error": rel_norm,
+        "mismatched": mismatched,
+        "first_mismatch": first,
+    }
     if mismatched:
         total = sum(t.numel() for t in want.tensors)
         assert first is not None
-        return wrong(f"{mismatched} of {total} elements differ; first at output {first.output} "
-                     f"index {first.index}: expected {first.expected}, got {first.got}", **fields)
+        return wrong(
+            f"{mismatched} of {total} elements differ; first at output {first.output} "
+            f"index {first.index}: expected {first.expected}, got {first.got}",
+            **fields,
+        )
     if not rel_norm <= tol["rel_norm"]:  # written so that NaN fails
         return wrong(f"relative error norm {rel_norm:.3g} exceeds {tol['rel_norm']:.3g}", **fields)
     return RankResult(rank=rank, trial=trial, state="pass", **fields)  # type: ignore[arg-type]

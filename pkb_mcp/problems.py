@@ -56,8 +56,9 @@ class Problem:
 
     def size(self, preset: str) -> dict[str, Any]:
         if preset not in self.sizes:
-            raise UserError(f"problem {self.id} has no size preset {preset!r}; choose one of "
-                            f"{', '.join(self.sizes)}")
+            raise UserError(
+                f"problem {self.id} has no size preset {preset!r}; choose one of {', '.join(self.sizes)}"
+            )
         return self.sizes[preset]
 
     def world_size_error(self, world_size: int, preset: str) -> str | None:
@@ -65,8 +66,13 @@ class Problem:
         return str(reason) if reason else None
 
     def context(self, world_size: int, preset: str, rank: int = 0, device: str = "meta") -> ProblemContext:
-        return ProblemContext(rank=rank, world_size=world_size, size=self.size(preset),
-                              dtype=self.torch_dtype, device=torch.device(device))
+        return ProblemContext(
+            rank=rank,
+            world_size=world_size,
+            size=self.size(preset),
+            dtype=self.torch_dtype,
+            device=torch.device(device),
+        )
 
     def input_shapes(self, world_size: int, preset: str, rank: int = 0) -> list[dict[str, Any]]:
         """Per-rank inputs as shapes and dtypes, built on the meta device (nothing allocated)."""
@@ -132,13 +138,23 @@ def load_problem(path: Path) -> Problem:
         if not isinstance(tolerance.get(key), (int, float)) or tolerance[key] < 0:
             raise ProblemFormatError(f"{path.name}: TOLERANCE needs a non-negative {key!r}")
     if not (module.__doc__ or "").strip():
-        raise ProblemFormatError(f"{path.name}: needs a docstring saying what it computes and where it is from")
+        raise ProblemFormatError(
+            f"{path.name}: needs a docstring saying what it computes and where it is from"
+        )
     problem = Problem(
-        id=pid, name=name, category=need("CATEGORY", str), source=need("SOURCE", str),
-        summary=need("SUMMARY", str), description=inspect.cleandoc(module.__doc__ or ""), dtype=dtype,
-        world_sizes=need("WORLD_SIZES", str), sizes=sizes,
+        id=pid,
+        name=name,
+        category=need("CATEGORY", str),
+        source=need("SOURCE", str),
+        summary=need("SUMMARY", str),
+        description=inspect.cleandoc(module.__doc__ or ""),
+        dtype=dtype,
+        world_sizes=need("WORLD_SIZES", str),
+        sizes=sizes,
         tolerance={k: float(tolerance[k]) for k in ("atol", "rtol", "rel_norm")},
-        mutates_inputs=bool(getattr(module, "MUTATES_INPUTS", False)), path=path.resolve(), module=module,
+        mutates_inputs=bool(getattr(module, "MUTATES_INPUTS", False)),
+        path=path.resolve(),
+        module=module,
     )
     try:
         traffic = problem.traffic(2, "pkb")

@@ -21,8 +21,15 @@ from pkb_mcp.models import Ceilings, RooflineResult, Traffic
 DATASHEET_H200 = Ceilings(
     nvlink_gbps=450.0,
     hbm_gbps=4800.0,
-    tflops={"bfloat16": 989.0, "float16": 989.0, "float32": 67.0, "float64": 67.0, "complex64": 67.0,
-            "int64": 67.0, "int32": 67.0},
+    tflops={
+        "bfloat16": 989.0,
+        "float16": 989.0,
+        "float32": 67.0,
+        "float64": 67.0,
+        "complex64": 67.0,
+        "int64": 67.0,
+        "int32": 67.0,
+    },
     round_latency_us=5.0,
     source="H200 datasheet (no calibration of this node found)",
 )
@@ -43,11 +50,23 @@ def ceilings() -> Ceilings:
     return DATASHEET_H200
 
 
-def floor(problem_id: int, problem: str, world_size: int, size: str, traffic: dict[str, float],
-          dtype: str, time_ms: float | None = None, limits: Ceilings | None = None) -> RooflineResult:
+def floor(
+    problem_id: int,
+    problem: str,
+    world_size: int,
+    size: str,
+    traffic: dict[str, float],
+    dtype: str,
+    time_ms: float | None = None,
+    limits: Ceilings | None = None,
+) -> RooflineResult:
     c = limits or ceilings()
-    t = Traffic(nvlink_bytes=traffic["nvlink_bytes"], hbm_bytes=traffic["hbm_bytes"], flops=traffic["flops"],
-                rounds=traffic.get("rounds", 0.0))
+    t = Traffic(
+        nvlink_bytes=traffic["nvlink_bytes"],
+        hbm_bytes=traffic["hbm_bytes"],
+        flops=traffic["flops"],
+        rounds=traffic.get("rounds", 0.0),
+    )
     terms = {
         "NVLink": t.nvlink_bytes / (c.nvlink_gbps * 1e9) * 1e3,
         "HBM": t.hbm_bytes / (c.hbm_gbps * 1e9) * 1e3,
@@ -67,7 +86,19 @@ def floor(problem_id: int, problem: str, world_size: int, size: str, traffic: di
         if time_ms < floor_ms:
             note = "the time is below the floor: suspect the measurement or the traffic model"
     return RooflineResult(
-        problem_id=problem_id, problem=problem, world_size=world_size, size=size, traffic=t, ceilings=c,
-        nvlink_ms=terms["NVLink"], hbm_ms=terms["HBM"], compute_ms=terms["compute"], latency_ms=latency_ms,
-        floor_ms=floor_ms, bound=bound, time_ms=time_ms, pct_of_floor=pct, note=note,
+        problem_id=problem_id,
+        problem=problem,
+        world_size=world_size,
+        size=size,
+        traffic=t,
+        ceilings=c,
+        nvlink_ms=terms["NVLink"],
+        hbm_ms=terms["HBM"],
+        compute_ms=terms["compute"],
+        latency_ms=latency_ms,
+        floor_ms=floor_ms,
+        bound=bound,
+        time_ms=time_ms,
+        pct_of_floor=pct,
+        note=note,
     )

@@ -45,8 +45,15 @@ def _noop(progress: float, total: float | None, message: str) -> None:
 
 
 def _summary(p: problems.Problem) -> ProblemSummary:
-    return ProblemSummary(id=p.id, name=p.name, category=p.category, source=p.source, dtype=p.dtype,
-                          world_sizes=p.world_sizes, summary=p.summary)
+    return ProblemSummary(
+        id=p.id,
+        name=p.name,
+        category=p.category,
+        source=p.source,
+        dtype=p.dtype,
+        world_sizes=p.world_sizes,
+        summary=p.summary,
+    )
 
 
 def list_problems(category: str | None = None, text: str | None = None) -> list[ProblemSummary]:
@@ -67,8 +74,10 @@ def _check_world_size(p: problems.Problem, world_size: int, size: str) -> None:
         raise UserError(f"world size {world_size} is not positive; pass --world-size 2 or more")
     reason = p.world_size_error(world_size, size)
     if reason:
-        raise UserError(f"problem {p.id} ({p.name}) cannot run at world size {world_size} with size {size!r}: "
-                        f"{reason} (rule: {p.world_sizes})")
+        raise UserError(
+            f"problem {p.id} ({p.name}) cannot run at world size {world_size} with size {size!r}: "
+            f"{reason} (rule: {p.world_sizes})"
+        )
 
 
 def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> ProblemDetail:
@@ -76,18 +85,26 @@ def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> Prob
     _check_world_size(p, world_size, size)
     t = p.traffic(world_size, size)
     return ProblemDetail(
-        **_summary(p).model_dump(), description=p.description, signature=p.signature, world_size=world_size,
-        size_preset=size, size=p.size(size), sizes=p.sizes, tolerance=p.tolerance,
+        **_summary(p).model_dump(),
+        description=p.description,
+        signature=p.signature,
+        world_size=world_size,
+        size_preset=size,
+        size=p.size(size),
+        sizes=p.sizes,
+        tolerance=p.tolerance,
         mutates_inputs=p.mutates_inputs,
         inputs=[InputSpec(**spec) for spec in p.input_shapes(world_size, size)],
-        traffic=Traffic(nvlink_bytes=t["nvlink_bytes"], hbm_bytes=t["hbm_bytes"], flops=t["flops"],
-                        rounds=t["rounds"]),
+        traffic=Traffic(
+            nvlink_bytes=t["nvlink_bytes"], hbm_bytes=t["hbm_bytes"], flops=t["flops"], rounds=t["rounds"]
+        ),
         reference_source=p.path.read_text(),
     )
 
 
-def roofline_of(ref: int | str, world_size: int = 4, size: str = "pkb",
-                time_ms: float | None = None) -> RooflineResult:
+def roofline_of(
+    ref: int | str, world_size: int = 4, size: str = "pkb", time_ms: float | None = None
+) -> RooflineResult:
     p = problems.resolve(ref)
     _check_world_size(p, world_size, size)
     if time_ms is not None and time_ms <= 0:
@@ -125,18 +142,24 @@ def _gpus_for(device: str, world_size: int) -> list[int]:
         raise UserError("no CUDA GPU is visible on this machine; pass --device cpu")
     count = torch.cuda.device_count()
     if world_size > count:
-        raise UserError(f"world size {world_size} needs {world_size} GPUs and this node has {count}; "
-                        f"pass --world-size {count} or fewer")
+        raise UserError(
+            f"world size {world_size} needs {world_size} GPUs and this node has {count}; "
+            f"pass --world-size {count} or fewer"
+        )
     return list(range(world_size))
 
 
 def _read_solution(path: Path) -> str | None:
     """Validates the solution file; returns a syntax-error message (a candidate failure) or None."""
     if not path.is_file():
-        raise UserError(f"solution file {path} does not exist; pass the path of a .py file defining solution()")
+        raise UserError(
+            f"solution file {path} does not exist; pass the path of a .py file defining solution()"
+        )
     size = path.stat().st_size
     if size == 0:
-        raise UserError(f"solution file {path} is empty; it must define solution() with the reference's signature")
+        raise UserError(
+            f"solution file {path} is empty; it must define solution() with the reference's signature"
+        )
     if size > MAX_SOLUTION_BYTES:
         raise UserError(f"solution file {path} is {size} bytes, over the {MAX_SOLUTION_BYTES}-byte limit")
     try:
@@ -151,8 +174,16 @@ def _read_solution(path: Path) -> str | None:
 class _Run:
     """Common set-up of check and bench: problem, sizes, device, backend."""
 
-    def __init__(self, ref: int | str, solution: Path, world_size: int, device: str | None, size: str,
-                 timeout_s: float, sandbox: str):
+    def __init__(
+        self,
+        ref: int | str,
+        solution: Path,
+        world_size: int,
+        device: str | None,
+        size: str,
+        timeout_s: float,
+        sandbox: str,
+    ):
         self.t0 = time.monotonic()
         self.problem = problems.resolve(ref)
         _check_world_size(self.problem, world_size, size)
@@ -168,8 +199,9 @@ class _Run:
         self.solution = solution.resolve()
         self.syntax_error = _read_solution(self.solution)
         self.backend: Backend = select_backend(sandbox)
-        self.sandbox = SandboxInfo(backend=self.backend.name, isolated=self.backend.isolated,
-                                   note=self.backend.note)
+        self.sandbox = SandboxInfo(
+            backend=self.backend.name, isolated=self.backend.isolated, note=self.backend.note
+        )
         self.warnings = [] if self.backend.isolated else [self.backend.note]
 
     def request(self, mode: str, solution: Path, seeds: list[int], timing: dict | None = None) -> JobRequest:
@@ -177,9 +209,18 @@ class _Run:
 
         threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)
         return JobRequest(
-            mode=mode, problem_path=self.problem.path, solution_path=solution, world_size=self.world_size,
-            device=self.device, gpus=self.gpus, size=self.problem.size(self.size), dtype=self.problem.dtype,
-            seeds=seeds, tolerance=self.problem.tolerance, timeout_s=self.timeout_s, timing=timing,
+            mode=mode,
+            problem_path=self.problem.path,
+            solution_path=solution,
+            world_size=self.world_size,
+            device=self.device,
+            gpus=self.gpus,
+            size=self.problem.size(self.size),
+            dtype=self.problem.dtype,
+            seeds=seeds,
+            tolerance=self.problem.tolerance,
+            timeout_s=self.timeout_s,
+            timing=timing,
             threads_per_rank=threads,
         )
 
@@ -196,20 +237,28 @@ def _fate_result(fate: RankFate) -> RankResult:
         "aborted": "killed after another rank failed (it was likely waiting in a collective)",
         "exited": "exited with status 0 before finishing the job",
     }
-    return RankResult(rank=fate.rank, state=fate.state, message=messages.get(fate.state, fate.state),  # type: ignore[arg-type]
-                      traceback=fate.traceback or None, log_tail=fate.log_tail[-2000:] or None,
-                      ended_s=fate.ended_s or None)
+    return RankResult(
+        rank=fate.rank,
+        state=fate.state,
+        message=messages.get(fate.state, fate.state),  # type: ignore[arg-type]
+        traceback=fate.traceback or None,
+        log_tail=fate.log_tail[-2000:] or None,
+        ended_s=fate.ended_s or None,
+    )
 
 
 def _reference_failed(p: problems.Problem, outcome: JobOutcome) -> UserError:
     bad = next(r for r in outcome.ranks if r.state != "ok")
     detail = bad.error or bad.state
-    return UserError(f"the reference of problem {p.id} failed on rank {bad.rank} ({detail}); the environment "
-                     f"cannot run this problem here: check the device and world size. Log: {bad.log_tail[-400:]}")
+    return UserError(
+        f"the reference of problem {p.id} failed on rank {bad.rank} ({detail}); the environment "
+        f"cannot run this problem here: check the device and world size. Log: {bad.log_tail[-400:]}"
+    )
 
 
-def _judge(p: problems.Problem, world_size: int, keys: list[int], cand: JobOutcome,
-           ref: JobOutcome) -> list[RankResult]:
+def _judge(
+    p: problems.Problem, world_size: int, keys: list[int], cand: JobOutcome, ref: JobOutcome
+) -> list[RankResult]:
     """Each rank's worst outcome over the trials (or timed input sets), in rank order."""
     results = []
     for rank in range(world_size):
@@ -222,8 +271,10 @@ def _judge(p: problems.Problem, world_size: int, keys: list[int], cand: JobOutco
             want = ref.outputs.get((key, rank))
             got = cand.outputs.get((key, rank))
             if want is None:
-                raise UserError(f"the reference of problem {p.id} left no output for rank {rank}; "
-                                "the job directory may be full")
+                raise UserError(
+                    f"the reference of problem {p.id} left no output for rank {rank}; "
+                    "the job directory may be full"
+                )
             if got is None:
                 err = cand.output_errors.get((key, rank), "no output file")
                 res = RankResult(rank=rank, trial=key, state="wrong", message=f"unreadable output: {err}")
@@ -251,9 +302,18 @@ def _verdict(ranks: list[RankResult]) -> tuple[str, str]:
     return verdict, f"{where}: {lead.message}"
 
 
-def check(ref: int | str, solution: Path, *, world_size: int = 4, device: str | None = None, size: str = "pkb",
-          trials: int = 5, timeout_s: float = 120.0, sandbox: str = "auto",
-          progress: Progress = _noop) -> CheckResult:
+def check(
+    ref: int | str,
+    solution: Path,
+    *,
+    world_size: int = 4,
+    device: str | None = None,
+    size: str = "pkb",
+    trials: int = 5,
+    timeout_s: float = 120.0,
+    sandbox: str = "auto",
+    progress: Progress = _noop,
+) -> CheckResult:
     """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
     run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
     p = run.problem
@@ -261,9 +321,20 @@ def check(ref: int | str, solution: Path, *, world_size: int = 4, device: str | 
         raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
 
     def result(verdict: str, message: str, ranks: list[RankResult]) -> CheckResult:
-        return CheckResult(problem_id=p.id, problem=p.name, world_size=world_size, size=size, device=run.device,
-                           trials=trials, verdict=verdict, message=message, ranks=ranks,  # type: ignore[arg-type]
-                           wall_s=run.elapsed(), sandbox=run.sandbox, warnings=run.warnings)
+        return CheckResult(
+            problem_id=p.id,
+            problem=p.name,
+            world_size=world_size,
+            size=size,
+            device=run.device,
+            trials=trials,
+            verdict=verdict,
+            message=message,
+            ranks=ranks,  # type: ignore[arg-type]
+            wall_s=run.elapsed(),
+            sandbox=run.sandbox,
+            warnings=run.warnings,
+        )
 
     if run.syntax_error:
         ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
@@ -290,23 +361,59 @@ def timing_config(device: str) -> dict[str, Any]:
         import torch
 
         l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
-        return {"warmup_ms": 200.0, "max_warmup": 2000, "min_samples": 30, "max_samples": 3000,
-                "budget_ms": 2000.0, "precision": 0.005, "l2_bytes": l2, "max_sets": 64,
-                "rotation_bytes": 8 << 30}
-    return {"warmup_ms": 20.0, "max_warmup": 50, "min_samples": 10, "max_samples": 200, "budget_ms": 500.0,
-            "precision": 0.01, "l2_bytes": 32 << 20, "max_sets": 4, "rotation_bytes": 1 << 30}
+        return {
+            "warmup_ms": 200.0,
+            "max_warmup": 2000,
+            "min_samples": 30,
+            "max_samples": 3000,
+            "budget_ms": 2000.0,
+            "precision": 0.005,
+            "l2_bytes": l2,
+            "max_sets": 64,
+            "rotation_bytes": 8 << 30,
+        }
+    return {
+        "warmup_ms": 20.0,
+        "max_warmup": 50,
+        "min_samples": 10,
+        "max_samples": 200,
+        "budget_ms": 500.0,
+        "precision": 0.01,
+        "l2_bytes": 32 << 20,
+        "max_sets": 4,
+        "rotation_bytes": 1 << 30,
+    }
 
 
-def bench(ref: int | str, solution: Path, *, world_size: int = 4, device: str | None = None, size: str = "pkb",
-          timeout_s: float = 300.0, sandbox: str = "auto", progress: Progress = _noop) -> BenchResult:
+def bench(
+    ref: int | str,
+    solution: Path,
+    *,
+    world_size: int = 4,
+    device: str | None = None,
+    size: str = "pkb",
+    timeout_s: float = 300.0,
+    sandbox: str = "auto",
+    progress: Progress = _noop,
+) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output."""
     run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
     p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> BenchResult:
-        return BenchResult(problem_id=p.id, problem=p.name, world_size=world_size, size=size, device=run.device,
-                           verdict=verdict, message=message, wall_s=run.elapsed(),  # type: ignore[arg-type]
-                           sandbox=run.sandbox, warnings=run.warnings, **fields)
+        return BenchResult(
+            problem_id=p.id,
+            problem=p.name,
+            world_size=world_size,
+            size=size,
+            device=run.device,
+            verdict=verdict,
+            message=message,
+            wall_s=run.elapsed(),  # type: ignore[arg-type]
+            sandbox=run.sandbox,
+            warnings=run.warnings,
+            **fields,
+        )
 
     if run.syntax_error:
         ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
@@ -329,11 +436,16 @@ def bench(ref: int | str, solution: Path, *, world_size: int = 4, device: str | 
     timing = cand_outcome.timing
     if timing.get("timed_output_mismatches"):
         first = timing["timed_output_mismatches"][0]
-        return result("fail", f"a timed call's output (call {first}) differs from the judged output of "
-                      "the same inputs; results must be right on every call", **fields)
+        return result(
+            "fail",
+            f"a timed call's output (call {first}) differs from the judged output of "
+            "the same inputs; results must be right on every call",
+            **fields,
+        )
     if timing.get("inputs_mutated_while_timing"):
-        return result("fail", "the solution changed its inputs while being timed; inputs are read-only",
-                      **fields)
+        return result(
+            "fail", "the solution changed its inputs while being timed; inputs are read-only", **fields
+        )
     cand_stats, warnings = stats.summarize(timing)
     run.warnings.extend(warnings)
     speed, low, high = stats.speedup(ref_stats, cand_stats)
@@ -342,10 +454,22 @@ def bench(ref: int | str, solution: Path, *, world_size: int = 4, device: str | 
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
     elif roof.note:
-        run.warnings.append(f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
-                            f"{roof.floor_ms:.4g} ms: the measurement is suspect")
+        run.warnings.append(
+            f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
+            f"{roof.floor_ms:.4g} ms: the measurement is suspect"
+        )
     progress(3, 3, f"speedup {speed:.3f}x")
-    message = (f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
-               f"reference {ref_stats.median_ms:.4g} ms")
-    return result("pass", message, candidate=cand_stats, speedup=speed, speedup_low=low, speedup_high=high,
-                  roofline=roof, **fields)
+    message = (
+        f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
+        f"reference {ref_stats.median_ms:.4g} ms"
+    )
+    return result(
+        "pass",
+        message,
+        candidate=cand_stats,
+        speedup=speed,
+        speedup_low=low,
+        speedup_high=high,
+        roofline=roof,
+        **fields,
+    )

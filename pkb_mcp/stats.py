@@ -39,18 +39,30 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
     if wall_med > med * (1 + EVENT_GAP_FRACTION) + EVENT_GAP_FLOOR_MS:
         warnings.append(
             f"device events ({med:.4g} ms) missed work the host waited for ({wall_med:.4g} ms): work on a "
-            "side stream or thread? The wall-clock figures are reported instead.")
+            "side stream or thread? The wall-clock figures are reported instead."
+        )
         q1, med, q3 = quartiles(walls)
         events = walls
     stats = TimingStats(
-        median_ms=med, q1_ms=q1, q3_ms=q3, iqr_ms=q3 - q1, min_ms=min(events), samples=len(events),
-        stop_reason=str(record["stop_reason"]), warmup_calls=int(record["warmup_calls"]),
-        input_sets=int(record["input_sets"]), clock=str(record["clock"]), wall_median_ms=wall_med,
+        median_ms=med,
+        q1_ms=q1,
+        q3_ms=q3,
+        iqr_ms=q3 - q1,
+        min_ms=min(events),
+        samples=len(events),
+        stop_reason=str(record["stop_reason"]),
+        warmup_calls=int(record["warmup_calls"]),
+        input_sets=int(record["input_sets"]),
+        clock=str(record["clock"]),
+        wall_median_ms=wall_med,
     )
     return stats, warnings
 
 
 def speedup(reference: TimingStats, candidate: TimingStats) -> tuple[float, float, float]:
     """(speedup, low, high): medians' ratio, and the ratio range from the quartiles."""
-    return (reference.median_ms / candidate.median_ms, reference.q1_ms / candidate.q3_ms,
-            reference.q3_ms / candidate.q1_ms)
+    return (
+        reference.median_ms / candidate.median_ms,
+        reference.q1_ms / candidate.q3_ms,
+        reference.q3_ms / candidate.q1_ms,
+    )

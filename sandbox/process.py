@@ -29,7 +29,7 @@ PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NCCL_DEBUG
 def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_CAP, FILE_SIZE_CAP))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(8192, hard), hard))
 
 
@@ -71,11 +71,17 @@ class ProcessBackend:
         tmp.mkdir(exist_ok=True)
         env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
         env.update(JOB_ENV)
-        env.update({
-            "HOME": str(job.job_dir), "TMPDIR": str(tmp), "PYTHONPATH": str(job.harness_root),
-            "PKB_JOB": job.job_id, "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"),
-            "TRITON_CACHE_DIR": str(tmp / "triton"), "OMP_NUM_THREADS": str(job.threads),
-        })
+        env.update(
+            {
+                "HOME": str(job.job_dir),
+                "TMPDIR": str(tmp),
+                "PYTHONPATH": str(job.harness_root),
+                "PKB_JOB": job.job_id,
+                "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"),
+                "TRITON_CACHE_DIR": str(tmp / "triton"),
+                "OMP_NUM_THREADS": str(job.threads),
+            }
+        )
         if job.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
         else:
@@ -85,8 +91,13 @@ class ProcessBackend:
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.launch"], stdin=subprocess.PIPE, stdout=log,
-                stderr=subprocess.STDOUT, cwd=job.job_dir, env=env, start_new_session=True,
+                [sys.executable, "-m", "harness.launch"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=job.job_dir,
+                env=env,
+                start_new_session=True,
                 preexec_fn=_limits,
             )
         assert proc.stdin is not None
@@ -103,5 +114,9 @@ class ProcessBackend:
         kill_job(proc.pid, marker)  # the session id is the launcher's pid
         proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-        return SandboxRun(exit_code=proc.returncode, wall_s=time.monotonic() - t0, killed_at_deadline=killed,
-                          launcher_log=tail(log_path))
+        return SandboxRun(
+            exit_code=proc.returncode,
+            wall_s=time.monotonic() - t0,
+            killed_at_deadline=killed,
+            launcher_log=tail(log_path),
+        )

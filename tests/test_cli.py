@@ -12,8 +12,9 @@ from .conftest import CANDIDATES, ROOT
 
 
 def run(*args):
-    proc = subprocess.run([sys.executable, "-m", "pkb_mcp.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pkb_mcp.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -22,11 +23,25 @@ def run(*args):
     [
         (["show", "99"], "problem 99 does not exist; see pkb problems"),
         (["check", "99", "x.py", "--device", "cpu"], "problem 99 does not exist"),
-        (["check", "12", str(CANDIDATES / "hangs.py"), "--world-size", "3", "--device", "cpu"],
-         "cannot run at world size 3"),
+        (
+            ["check", "12", str(CANDIDATES / "hangs.py"), "--world-size", "3", "--device", "cpu"],
+            "cannot run at world size 3",
+        ),
         (["check", "1", "missing.py", "--device", "cpu", "--world-size", "2"], "does not exist"),
-        (["check", "1", str(CANDIDATES / "hangs.py"), "--device", "cpu", "--world-size", "2", "--trials", "0"],
-         "trials must be between"),
+        (
+            [
+                "check",
+                "1",
+                str(CANDIDATES / "hangs.py"),
+                "--device",
+                "cpu",
+                "--world-size",
+                "2",
+                "--trials",
+                "0",
+            ],
+            "trials must be between",
+        ),
         (["roofline", "1", "--time-ms", "-1"], "not positive"),
         (["show", "1", "--size", "huge"], "no size preset 'huge'"),
         (["bogus"], "invalid choice"),
@@ -70,12 +85,31 @@ def test_syntax_error_is_a_candidate_failure_with_file_and_line(capsys):
 
 
 def test_check_through_a_real_subprocess_exit_codes():
-    code, out, err = run("check", "1", "problems/001_allreduce.py", "--device", "cpu", "--world-size", "2",
-                         "--trials", "2", "--json")
+    code, out, err = run(
+        "check",
+        "1",
+        "problems/001_allreduce.py",
+        "--device",
+        "cpu",
+        "--world-size",
+        "2",
+        "--trials",
+        "2",
+        "--json",
+    )
     assert code == 0, err
     result = json.loads(out)
     assert result["verdict"] == "pass" and len(result["ranks"]) == 2
     assert result["sandbox"] == {"backend": "process", "isolated": False, "note": result["sandbox"]["note"]}
-    code, out, _ = run("check", "1", "examples/wrong_allreduce_half.py", "--device", "cpu", "--world-size", "2",
-                       "--trials", "2")
+    code, out, _ = run(
+        "check",
+        "1",
+        "examples/wrong_allreduce_half.py",
+        "--device",
+        "cpu",
+        "--world-size",
+        "2",
+        "--trials",
+        "2",
+    )
     assert code == 1 and "first mismatch" in out and "index [512, 0]" in out

@@ -12,7 +12,7 @@ from .conftest import CANDIDATES, job_processes
 
 IDS = sorted(problems.suite())
 
-PERTURB = '''
+PERTURB = """
 
 _reference_solution = solution
 
@@ -24,7 +24,7 @@ def solution(*args):
     i = flat.numel() // 3
     flat[i] = flat[i] * 2 + 1  # one element clearly wrong
     return out
-'''
+"""
 
 
 def world_sizes(pid):
@@ -77,7 +77,9 @@ def test_failing_candidates_are_reported_per_rank(candidate, states, words, worl
     if world_size == 4 and candidate not in ("raises_on_rank1.py", "hangs.py"):
         pytest.skip("world size 4 covers one failure and one hang; the others need no second run")
     timeout = 6 * world_size if candidate == "hangs.py" else 120  # startup of 4 ranks on 2 cores is slow
-    r = service.check(1, CANDIDATES / candidate, world_size=world_size, device="cpu", trials=2, timeout_s=timeout)
+    r = service.check(
+        1, CANDIDATES / candidate, world_size=world_size, device="cpu", trials=2, timeout_s=timeout
+    )
     assert r.verdict == ("timeout" if candidate == "hangs.py" else "fail")
     for rank, state in states.items():
         assert r.ranks[rank].state == state

@@ -6,8 +6,14 @@ from pkb_mcp.models import Ceilings
 
 
 def record(device, wall=None):
-    return {"device_ms": device, "wall_ms": wall or device, "stop_reason": "precision reached",
-            "warmup_calls": 5, "input_sets": 2, "clock": "cuda events"}
+    return {
+        "device_ms": device,
+        "wall_ms": wall or device,
+        "stop_reason": "precision reached",
+        "warmup_calls": 5,
+        "input_sets": 2,
+        "clock": "cuda events",
+    }
 
 
 def test_summary_reports_median_quartiles_and_samples():
@@ -34,8 +40,13 @@ def test_median_confidence_shrinks_with_samples():
     assert many < few and median_ci_halfwidth([1.0]) == float("inf")
 
 
-CEIL = Ceilings(nvlink_gbps=400.0, hbm_gbps=4000.0, tflops={"bfloat16": 800.0, "float32": 60.0},
-                round_latency_us=5.0, source="test")
+CEIL = Ceilings(
+    nvlink_gbps=400.0,
+    hbm_gbps=4000.0,
+    tflops={"bfloat16": 800.0, "float32": 60.0},
+    round_latency_us=5.0,
+    source="test",
+)
 
 
 def test_floor_is_largest_term_plus_latency():

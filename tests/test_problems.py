@@ -66,7 +66,11 @@ GOOD = (Path(problems.config.problems_dir()) / "001_allreduce.py").read_text()
     [
         ("001_allreduce.py", GOOD.replace("ID = 1\n", "ID = 2\n"), "do not match the file name"),
         ("001_allreduce.py", GOOD.replace('"large"', '"huge"'), "needs a 'large' preset"),
-        ("001_allreduce.py", GOOD.replace("def traffic(ctx):", "def _traffic(ctx):"), "missing function traffic"),
+        (
+            "001_allreduce.py",
+            GOOD.replace("def traffic(ctx):", "def _traffic(ctx):"),
+            "missing function traffic",
+        ),
         ("001_allreduce.py", GOOD.replace('DTYPE = "bfloat16"', 'DTYPE = "bf16"'), "DTYPE 'bf16'"),
         ("001_allreduce.py", GOOD.replace('"rel_norm": 0.005', '"rel_norm": -1'), "non-negative 'rel_norm'"),
         ("001_allreduce.py", GOOD + "\nimport nonexistent_module\n", "cannot be imported"),

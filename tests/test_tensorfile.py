@@ -8,8 +8,13 @@ from harness import tensorfile
 
 
 def test_round_trip_keeps_dtype_shape_and_values(tmp_path):
-    tensors = [torch.randn(3, 5, dtype=torch.bfloat16), torch.arange(7), torch.randn(4, dtype=torch.complex64),
-               torch.empty(0, 2), torch.tensor(True)]
+    tensors = [
+        torch.randn(3, 5, dtype=torch.bfloat16),
+        torch.arange(7),
+        torch.randn(4, dtype=torch.complex64),
+        torch.empty(0, 2),
+        torch.tensor(True),
+    ]
     path = tmp_path / "a.pkbt"
     tensorfile.save(path, tensors, "tuple", {"note": 1})
     structure, loaded, meta = tensorfile.load(path, 1 << 20)
@@ -26,12 +31,27 @@ def _forge(path, header, data=b""):
 @pytest.mark.parametrize(
     ("header", "data", "message"),
     [
-        ({"structure": "tensor", "tensors": [{"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 16}]},
-         b"\0" * 8, "past the end"),
-        ({"structure": "tensor", "tensors": [{"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 12}]},
-         b"\0" * 16, "disagree"),
-        ({"structure": "tensor", "tensors": [{"dtype": "object", "shape": [1], "offset": 0, "nbytes": 8}]},
-         b"\0" * 8, "malformed"),
+        (
+            {
+                "structure": "tensor",
+                "tensors": [{"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 16}],
+            },
+            b"\0" * 8,
+            "past the end",
+        ),
+        (
+            {
+                "structure": "tensor",
+                "tensors": [{"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 12}],
+            },
+            b"\0" * 16,
+            "disagree",
+        ),
+        (
+            {"structure": "tensor", "tensors": [{"dtype": "object", "shape": [1], "offset": 0, "nbytes": 8}]},
+            b"\0" * 8,
+            "malformed",
+        ),
         ({"structure": "pickle", "tensors": []}, b"", "malformed"),
     ],
 )
