@@ -32,8 +32,12 @@ def check_world_size(world_size, size):
 
 
 def make_inputs(ctx):
-    """One random matrix per rank, different on every rank and in every trial."""
-    return (ctx.randn(ctx.size["rows"], ctx.size["cols"]),)
+    """One random matrix per rank, different on every rank and in every trial.
+
+    Scaled by 1/sqrt(W) so the sum stays O(1) at any world size and the bf16 rounding of
+    differently ordered sums stays well inside the tolerance.
+    """
+    return (ctx.randn(ctx.size["rows"], ctx.size["cols"], scale=ctx.world_size**-0.5),)
 
 
 def solution(x):

@@ -1,0 +1,58 @@
+"""All-gather of one bf16 matrix from every rank.
+
+Each rank holds a different random [rows, cols] matrix; every rank must return all of them
+stacked in rank order, [world_size, rows, cols] (slice r is rank r's matrix). The primitive under
+ZeRO/FSDP parameter gathering and the sequence-parallel regions of tensor parallelism.
+
+Source: torch.distributed all-gather into one tensor (ParallelKernelBench problem 2). Unlike the
+original, the inputs are random and differ per rank and per trial, so the answer cannot be known
+without communicating.
+"""
+
+import torch.distributed as dist
+
+ID = 2
+NAME = "allgather"
+CATEGORY = "primitive"
+SOURCE = "torch.distributed"
+SUMMARY = "Gather a bf16 [rows, cols] matrix from every rank; every rank returns [W, rows, cols]."
+DTYPE = "bfloat16"
+WORLD_SIZES = "any world size >= 2"
+SIZES = {
+    "pkb": {"rows": 1024, "cols": 1024},
+    "large": {"rows": 8192, "cols": 8192},
+}
+# Pure data movement: the output must be bit-exact.
+TOLERANCE = {"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0}
+
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single; both run the same collective.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def check_world_size(world_size, size):
+    """None when the world size works for this size preset, else the reason it does not."""
+    return None if world_size >= 2 else "needs at least 2 ranks"
+
+
+def make_inputs(ctx):
+    """One random matrix per rank, different on every rank and in every trial."""
+    return (ctx.randn(ctx.size["rows"], ctx.size["cols"]),)
+
+
+def solution(x):
+    out = x.new_empty(dist.get_world_size(), *x.shape)
+    # The concatenated [W * rows, cols] view of the stacked output: every backend accepts that form.
+    _all_gather(out.flatten(0, 1), x)
+    return out
+
+
+def traffic(ctx):
+    """Per GPU: its matrix goes to each of the W-1 peers (and W-1 matrices come back)."""
+    w = ctx.world_size
+    nbytes = ctx.size["rows"] * ctx.size["cols"] * ctx.dtype.itemsize
+    return {
+        "nvlink_bytes": (w - 1) * nbytes,
+        "hbm_bytes": (1 + w) * nbytes,  # read the input once, write the W-matrix output once
+        "flops": 0,
+        "rounds": 1,
+    }
