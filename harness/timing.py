@@ -22,7 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-SLEEP_CYCLES = 100_000  # about 50 us at H200 clocks: longer than the hosts' launch skew
+# The device sleep before each timed call must outlast the host's work of queueing the call, or
+# host overhead leaks into the device time. It is sized from the slowest rank's measured enqueue
+# time during warm-up: twice that plus a margin, at ~2 cycles per ns (H200 boost clock), capped.
+CYCLES_PER_US = 2000
+MIN_SLEEP_US = 50.0
+MAX_SLEEP_US = 20_000.0
 
 
 def _sync(device: torch.device) -> None:
@@ -66,6 +71,8 @@ class Timer:
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.sleep_us = MIN_SLEEP_US
+        self.enqueue_ms = 0.0  # host time to queue the last call (alignment + solution)
         if self.cuda:
             self.token = torch.zeros(1, device=device)
             self.start = torch.cuda.Event(enable_timing=True)
@@ -74,12 +81,14 @@ class Timer:
     def time(self, call: Callable[[], Any]) -> tuple[Any, float, float]:
         """Returns (output, device ms, host wall ms) for one aligned call on this rank."""
         if self.cuda:
-            torch.cuda._sleep(SLEEP_CYCLES)
+            q0 = time.perf_counter()
+            torch.cuda._sleep(int(self.sleep_us * CYCLES_PER_US))
             dist.all_reduce(self.token)
             h0 = time.perf_counter()
             self.start.record()
             out = call()
             self.end.record()
+            self.enqueue_ms = (time.perf_counter() - q0) * 1e3
             torch.cuda.synchronize()
             wall = (time.perf_counter() - h0) * 1e3
             return out, self.start.elapsed_time(self.end), wall
@@ -117,14 +126,20 @@ def run_timing(
         return timer.time(lambda: call_on_set(i))
 
     # Warm-up: enough calls to cover warmup_ms, sized from the slowest rank's first calls.
-    probe = []
-    for i in range(3):
+    probe: list[float] = []
+    enqueue: list[float] = []
+    for i in range(5):
         _, ev, _ = timed(i % n_sets)
         probe.append(ev)
+        enqueue.append(timer.enqueue_ms)
     per_call = max(max_over_ranks([statistics.median(probe)], device)[0], 1e-3)
     warmup = int(min(max(cfg["warmup_ms"] / per_call, 3), cfg["max_warmup"]))
     for i in range(warmup):
         timed(i % n_sets)
+        enqueue.append(timer.enqueue_ms)
+    # first calls carry one-off costs (allocation, rendezvous, JIT): size the sleep from the rest
+    slowest_enqueue = max_over_ranks([statistics.median(enqueue[len(probe) :])], device)[0]
+    timer.sleep_us = min(max(2e3 * slowest_enqueue + MIN_SLEEP_US, MIN_SLEEP_US), MAX_SLEEP_US)
 
     events: list[float] = []
     walls: list[float] = []
@@ -162,4 +177,5 @@ def run_timing(
         "timed_output_mismatches": mismatches,
         "input_sets": n_sets,
         "clock": "cuda events" if device.type == "cuda" else "host perf_counter",
+        "alignment_sleep_us": timer.sleep_us if device.type == "cuda" else 0.0,
     }
