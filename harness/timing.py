@@ -4,9 +4,11 @@ Per iteration (GPU): a short device sleep lets every host queue its launches, a 
 all-reduce then releases all GPUs together, a start event is recorded, the solution runs, an end
 event is recorded and the device is synchronized (all streams, so work hidden on side streams is
 waited for). The iteration's time is the maximum over ranks of the event interval; the host
-wall-clock of the same region is kept as a cross-check. On CPU the host clock is the only clock.
+wall-clock from the start event's completion to the device synchronization is kept as a
+cross-check. On CPU the host clock is the only clock.
 
-Inputs rotate through enough distinct sets to exceed the L2 cache twice over. The first output of
+Inputs rotate through several distinct sets (every argument), and a scratch buffer twice the size of
+L2 is written before each call, so inputs come from HBM as in a real step. The first output of
 each set is written for the host to judge; every later timed output is compared on the device with
 that judged output, so a solution cannot be right once and wrong afterwards.
 """
@@ -68,9 +70,11 @@ def outputs_match(out: Sequence[torch.Tensor], ref: Sequence[torch.Tensor], tol:
 class Timer:
     """Times one call with everything aligned across ranks."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, l2_bytes: int = 0):
         self.device = device
         self.cuda = device.type == "cuda"
+        # written before every timed call so that no input is still in L2 from an earlier call
+        self.scratch = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device=device) if self.cuda else None
         self.sleep_us = MIN_SLEEP_US
         self.enqueue_ms = 0.0  # host time to queue the last call (alignment + solution)
         if self.cuda:
@@ -81,14 +85,18 @@ class Timer:
     def time(self, call: Callable[[], Any]) -> tuple[Any, float, float]:
         """Returns (output, device ms, host wall ms) for one aligned call on this rank."""
         if self.cuda:
+            if self.scratch is not None and self.scratch.numel():
+                self.scratch.fill_(1)
             q0 = time.perf_counter()
             torch.cuda._sleep(int(self.sleep_us * CYCLES_PER_US))
             dist.all_reduce(self.token)
-            h0 = time.perf_counter()
             self.start.record()
             out = call()
             self.end.record()
             self.enqueue_ms = (time.perf_counter() - q0) * 1e3
+            # host wall-clock from the moment the device starts the call until every stream is idle
+            self.start.synchronize()
+            h0 = time.perf_counter()
             torch.cuda.synchronize()
             wall = (time.perf_counter() - h0) * 1e3
             return out, self.start.elapsed_time(self.end), wall
@@ -118,7 +126,7 @@ def run_timing(
 
     `prepare(i)` runs before each call on input set i, outside the timed region.
     """
-    timer = Timer(device)
+    timer = Timer(device, int(cfg.get("l2_bytes", 0)))
     n_sets = len(judged)
 
     def timed(i: int) -> tuple[Any, float, float]:

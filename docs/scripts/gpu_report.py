@@ -33,8 +33,12 @@ from pkb_mcp.errors import UserError  # noqa: E402
 def machine() -> dict:
     import torch
 
-    info = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__}
+    info = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
@@ -44,13 +48,22 @@ def machine() -> dict:
 def emit(out: Path, row: dict) -> None:
     with open(out, "a") as f:
         f.write(json.dumps(row) + "\n")
-    brief = {k: row[k] for k in ("part", "problem", "world_size", "size", "verdict", "speedup", "wall_s") if k in row}
+    brief = {
+        k: row[k]
+        for k in ("part", "problem", "world_size", "size", "verdict", "speedup", "wall_s")
+        if k in row
+    }
     print(json.dumps(brief), flush=True)
 
 
 def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
-    row: dict = {"part": part, "problem": pid, "solution": str(solution.relative_to(ROOT)), "world_size": ws,
-                 "size": size}
+    row: dict = {
+        "part": part,
+        "problem": pid,
+        "solution": str(solution.relative_to(ROOT)),
+        "world_size": ws,
+        "size": size,
+    }
     try:
         r = service.bench(pid, solution, world_size=ws, size=size, device="cuda")
     except UserError as exc:
@@ -63,30 +76,46 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
     if r.speedup is not None:
         row.update(speedup=r.speedup, speedup_low=r.speedup_low, speedup_high=r.speedup_high)
     if r.roofline:
-        row.update(floor_ms=r.roofline.floor_ms, bound=r.roofline.bound, pct_of_floor=r.roofline.pct_of_floor,
-                   ceilings=r.roofline.ceilings.source)
+        row.update(
+            floor_ms=r.roofline.floor_ms,
+            bound=r.roofline.bound,
+            pct_of_floor=r.roofline.pct_of_floor,
+            ceilings=r.roofline.ceilings.source,
+        )
     return row
 
 
 def check_row(part: str, pid: int, solution: Path, ws: int, size: str, trials: int) -> dict:
-    row: dict = {"part": part + "-check", "problem": pid, "solution": str(solution.relative_to(ROOT)),
-                 "world_size": ws, "size": size, "trials": trials}
+    row: dict = {
+        "part": part + "-check",
+        "problem": pid,
+        "solution": str(solution.relative_to(ROOT)),
+        "world_size": ws,
+        "size": size,
+        "trials": trials,
+    }
     try:
         r = service.check(pid, solution, world_size=ws, size=size, device="cuda", trials=trials)
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
-    return {**row, "verdict": r.verdict, "message": r.message, "wall_s": r.wall_s,
-            "max_rel_norm": max((x.rel_norm_error or 0.0) for x in r.ranks)}
+    return {
+        **row,
+        "verdict": r.verdict,
+        "message": r.message,
+        "wall_s": r.wall_s,
+        "max_rel_norm": max((x.rel_norm_error or 0.0) for x in r.ranks),
+    }
 
 
-def run_refs(out: Path, ids: list[int], world_sizes: list[int], sizes: list[str]) -> None:
+def run_refs(out: Path, ids: list[int], world_sizes: list[int], sizes: list[str], with_check: bool) -> None:
     for ws in world_sizes:
         for pid in ids:
             p = problems.resolve(pid)
             for size in sizes:
                 if p.world_size_error(ws, size):
                     continue
-                emit(out, check_row("refs", pid, p.path, ws, size, trials=3))
+                if with_check:
+                    emit(out, check_row("refs", pid, p.path, ws, size, trials=3))
                 emit(out, bench_row("refs", pid, p.path, ws, size))
 
 
@@ -106,15 +135,42 @@ def run_examples(out: Path, world_sizes: list[int], sizes: list[str], only: str 
 
 
 def run_wall(out: Path, repeats: int) -> None:
-    cmd = [sys.executable, "-m", "pkb_mcp.cli", "check", "1", "problems/001_allreduce.py", "--world-size", "4",
-           "--trials", "5", "--device", "cuda", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pkb_mcp.cli",
+        "check",
+        "1",
+        "problems/001_allreduce.py",
+        "--world-size",
+        "4",
+        "--trials",
+        "5",
+        "--device",
+        "cuda",
+        "--json",
+    ]
     for i in range(repeats):
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         wall = time.perf_counter() - t0
-        verdict = json.loads(proc.stdout)["verdict"] if proc.returncode in (0, 1) else f"exit {proc.returncode}"
-        emit(out, {"part": "wall", "problem": 1, "world_size": 4, "size": "pkb", "trials": 5, "repeat": i,
-                   "verdict": verdict, "wall_s": round(wall, 2), "command": " ".join(cmd[1:])})
+        verdict = (
+            json.loads(proc.stdout)["verdict"] if proc.returncode in (0, 1) else f"exit {proc.returncode}"
+        )
+        emit(
+            out,
+            {
+                "part": "wall",
+                "problem": 1,
+                "world_size": 4,
+                "size": "pkb",
+                "trials": 5,
+                "repeat": i,
+                "verdict": verdict,
+                "wall_s": round(wall, 2),
+                "command": " ".join(cmd[1:]),
+            },
+        )
 
 
 def summarize(path: Path) -> str:
@@ -123,21 +179,31 @@ def summarize(path: Path) -> str:
     meta = next((r for r in rows if r.get("part") == "machine"), None)
     if meta:
         lines.append(f"machine: {meta}")
-    lines.append("\n| part | problem | W | size | verdict | ref median ms | speedup (IQR range) | % of floor | "
-                 "samples | wall s |")
+    lines.append(
+        "\n| part | problem | W | size | verdict | ref median ms | speedup (IQR range) | % of floor | "
+        "samples | wall s |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("part") in ("machine",):
             continue
         ref = r.get("reference", {})
         cand = r.get("candidate", {})
-        speed = (f"{r['speedup']:.3f} ({r['speedup_low']:.3f}-{r['speedup_high']:.3f})" if "speedup" in r else "")
+        speed = (
+            f"{r['speedup']:.3f} ({r['speedup_low']:.3f}-{r['speedup_high']:.3f})" if "speedup" in r else ""
+        )
         pct = f"{r['pct_of_floor']:.1f}" if r.get("pct_of_floor") is not None else ""
         med = f"{ref['median_ms']:.4g}" if ref else ""
         samples = f"{ref.get('samples', '')}/{cand.get('samples', '')}" if ref else ""
-        name = re.sub(r"^examples/", "", r.get("solution", "")) if r.get("part", "").startswith("examples") else ""
-        lines.append(f"| {r['part']} | {r['problem']} {name} | {r['world_size']} | {r['size']} | {r['verdict']} | "
-                     f"{med} | {speed} | {pct} | {samples} | {r.get('wall_s', '')} |")
+        name = (
+            re.sub(r"^examples/", "", r.get("solution", ""))
+            if r.get("part", "").startswith("examples")
+            else ""
+        )
+        lines.append(
+            f"| {r['part']} | {r['problem']} {name} | {r['world_size']} | {r['size']} | {r['verdict']} | "
+            f"{med} | {speed} | {pct} | {samples} | {r.get('wall_s', '')} |"
+        )
         if r.get("verdict") not in ("pass",):
             lines.append(f"|  | message: {str(r.get('message', ''))[:300]} |||||||||")
     return "\n".join(lines)
@@ -154,6 +220,7 @@ def main() -> None:
     ap.add_argument("--example", default=None, help="only examples whose file name contains this")
     ap.add_argument("--wall-repeats", type=int, default=3)
     ap.add_argument("--summarize", type=Path, default=None)
+    ap.add_argument("--no-refs-check", action="store_true", help="refs: bench only (check done elsewhere)")
     args = ap.parse_args()
     if args.summarize:
         print(summarize(args.summarize))
@@ -165,7 +232,7 @@ def main() -> None:
     if "examples" in args.parts:
         run_examples(args.out, args.world_sizes, args.example_sizes, args.example)
     if "refs" in args.parts:
-        run_refs(args.out, ids, args.world_sizes, args.sizes)
+        run_refs(args.out, ids, args.world_sizes, args.sizes, not args.no_refs_check)
     print(summarize(args.out))
 
 
