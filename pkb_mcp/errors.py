@@ -3,3 +3,7 @@
 
 class UserError(ValueError):
     """Bad input or environment (CLI exit code 2; an MCP tool error later)."""
+
+
+class Cancelled(Exception):
+    """The job was cancelled (by the client, cancel_job, or its time limit); nothing was judged."""

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from harness import tensorfile
 from pkb_mcp import config
+from pkb_mcp.errors import Cancelled
 from pkb_mcp.judge import Outputs
 from pkb_mcp.log import get
 from sandbox.base import Backend, SandboxJob, tail
@@ -74,7 +76,10 @@ class JobRequest:
     threads_per_rank: int = 1
 
 
-def run_job(request: JobRequest, backend: Backend) -> JobOutcome:
+def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | None = None) -> JobOutcome:
+    """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed)."""
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("cancelled before it started")
     job_id = uuid.uuid4().hex[:16]
     job_dir = Path(tempfile.mkdtemp(prefix=f"pkb-job-{job_id}-", dir=config.jobs_dir()))
     try:
@@ -116,7 +121,10 @@ def run_job(request: JobRequest, backend: Backend) -> JobOutcome:
         log.info(
             "job.start", job=job_id, mode=request.mode, backend=backend.name, world_size=request.world_size
         )
-        run = backend.run(job)
+        run = backend.run(job, cancel)
+        if run.cancelled:
+            log.info("job.cancelled", job=job_id)
+            raise Cancelled("cancelled while running; every process of the job was killed")
         outcome = _collect(job_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
         log.info("job.end", job=job_id, wall_s=round(run.wall_s, 3), ok=outcome.ok)
         return outcome

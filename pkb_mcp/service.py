@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -313,6 +314,7 @@ def check(
     timeout_s: float = 120.0,
     sandbox: str = "auto",
     progress: Progress = _noop,
+    cancel: threading.Event | None = None,
 ) -> CheckResult:
     """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
     run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
@@ -342,8 +344,8 @@ def check(
     seeds = [secrets.randbits(62) for _ in range(trials)]
     progress(0, 3, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        ref_future = pool.submit(run_job, run.request("outputs", p.path, seeds), run.backend)
-        cand_future = pool.submit(run_job, run.request("outputs", run.solution, seeds), run.backend)
+        ref_future = pool.submit(run_job, run.request("outputs", p.path, seeds), run.backend, cancel)
+        cand_future = pool.submit(run_job, run.request("outputs", run.solution, seeds), run.backend, cancel)
         ref_outcome, cand_outcome = ref_future.result(), cand_future.result()
     if not ref_outcome.ok:
         raise _reference_failed(p, ref_outcome)
@@ -396,6 +398,7 @@ def bench(
     timeout_s: float = 300.0,
     sandbox: str = "auto",
     progress: Progress = _noop,
+    cancel: threading.Event | None = None,
 ) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output."""
     run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
@@ -422,12 +425,12 @@ def bench(
     seeds = [secrets.randbits(62)]
     tcfg = timing_config(run.device)
     progress(0, 3, "timing the reference")
-    ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend)
+    ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend, cancel)
     if not ref_outcome.ok or ref_outcome.timing is None:
         raise _reference_failed(p, ref_outcome)
     ref_stats, _ = stats.summarize(ref_outcome.timing)
     progress(1, 3, f"reference: {ref_stats.median_ms:.4g} ms; timing the candidate")
-    cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend)
+    cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
     sets = int(ref_outcome.timing["input_sets"])
     ranks = _judge(p, world_size, list(range(sets)), cand_outcome, ref_outcome)
     verdict, why = _verdict(ranks)

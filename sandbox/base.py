@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +31,7 @@ class SandboxRun:
     wall_s: float
     killed_at_deadline: bool
     launcher_log: str
+    cancelled: bool = False
 
 
 class Backend(Protocol):
@@ -37,7 +39,9 @@ class Backend(Protocol):
     isolated: bool
     note: str
 
-    def run(self, job: SandboxJob) -> SandboxRun: ...
+    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
+        """Run the job to its end, its deadline, or until `cancel` is set; always clean up."""
+        ...
 
 
 # Variables every job gets: NVLink multicast stays off (it can take a shared host's GPUs out of

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,7 +66,7 @@ class ProcessBackend:
     isolated = False
     note = "process backend: candidate code ran as this user without isolation"
 
-    def run(self, job: SandboxJob) -> SandboxRun:
+    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
         marker = f"PKB_JOB={job.job_id}"
         tmp = job.job_dir / "tmp"
         tmp.mkdir(exist_ok=True)
@@ -106,11 +107,16 @@ class ProcessBackend:
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        killed = False
-        try:
-            proc.wait(timeout=job.timeout_s + OUTER_GRACE_S)
-        except subprocess.TimeoutExpired:
-            killed = True
+        killed = cancelled = False
+        deadline = t0 + job.timeout_s + OUTER_GRACE_S
+        while proc.poll() is None:
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+            if time.monotonic() > deadline:
+                killed = True
+                break
+            time.sleep(0.05)
         kill_job(proc.pid, marker)  # the session id is the launcher's pid
         proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -119,4 +125,5 @@ class ProcessBackend:
             wall_s=time.monotonic() - t0,
             killed_at_deadline=killed,
             launcher_log=tail(log_path),
+            cancelled=cancelled,
         )

@@ -1,0 +1,145 @@
+"""Text renderings of service results: the CLI's tables and the MCP tools' `content` text.
+
+One rendering per result type, so what a person reads in a terminal and what an agent reads through
+a client that shows only `content` are the same facts.
+"""
+
+from __future__ import annotations
+
+from pkb_mcp.models import BenchResult, CheckResult, ProblemDetail, ProblemSummary, RankResult, RooflineResult
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.4g} {unit}"
+        n /= 1024
+    return f"{n:.4g}"
+
+
+def rank_table(results: list[RankResult]) -> str:
+    rows = []
+    for r in results:
+        err = "" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"
+        rel = "" if r.rel_norm_error is None else f"{r.rel_norm_error:.3g}"
+        where = "" if r.first_mismatch is None else f"out {r.first_mismatch.output} {r.first_mismatch.index}"
+        rows.append([str(r.rank), r.state, "" if r.trial is None else str(r.trial), err, rel, where])
+    text = table(rows, ["rank", "state", "trial", "max abs err", "rel norm", "first mismatch"])
+    for r in results:
+        if r.state != "pass" and r.message:
+            text += f"\nrank {r.rank}: {r.message}"
+        if r.traceback:
+            text += "\n" + "\n".join("    " + line for line in r.traceback.rstrip().splitlines()[-12:])
+        elif r.state in ("crashed", "timeout", "exited") and r.log_tail:
+            text += "\n  last log lines:\n" + "\n".join(
+                "    " + line for line in r.log_tail.rstrip().splitlines()[-8:]
+            )
+    return text
+
+
+def check(r: CheckResult) -> str:
+    head = (
+        f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size}, device {r.device}, "
+        f"{r.trials} trials, {r.wall_s:.1f} s, sandbox {r.sandbox.backend}"
+    )
+    return "\n".join(
+        [head, rank_table(r.ranks), f"{r.verdict.upper()}: {r.message}", *warning_lines(r.warnings)]
+    )
+
+
+def warning_lines(items: list[str]) -> list[str]:
+    return [f"warning: {w}" for w in items]
+
+
+def roofline(r: RooflineResult) -> str:
+    t = r.traffic
+    c = r.ceilings
+    rows = [
+        ["NVLink", fmt_bytes(t.nvlink_bytes), f"{c.nvlink_gbps:g} GB/s", f"{r.nvlink_ms * 1e3:.2f}"],
+        ["HBM", fmt_bytes(t.hbm_bytes), f"{c.hbm_gbps:g} GB/s", f"{r.hbm_ms * 1e3:.2f}"],
+        ["compute", f"{t.flops:.4g} FLOP", "peak", f"{r.compute_ms * 1e3:.2f}"],
+        ["latency", f"{t.rounds:g} rounds", f"{c.round_latency_us:g} us/round", f"{r.latency_ms * 1e3:.2f}"],
+    ]
+    lines = [
+        f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size} (per GPU)",
+        table(rows, ["term", "traffic", "ceiling", "time (us)"]),
+        f"floor {r.floor_ms * 1e3:.2f} us ({r.bound}-bound); ceilings: {c.source}",
+    ]
+    if r.pct_of_floor is not None and r.time_ms is not None:
+        lines.append(f"measured {r.time_ms * 1e3:.2f} us = {r.pct_of_floor:.1f}% of the floor")
+    if r.note:
+        lines.append(f"note: {r.note}")
+    return "\n".join(lines)
+
+
+def bench(r: BenchResult) -> str:
+    lines = [
+        f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size}, device {r.device}, "
+        f"{r.wall_s:.1f} s, sandbox {r.sandbox.backend}"
+    ]
+    rows = []
+    for label, s in (("reference", r.reference), ("candidate", r.candidate)):
+        if s is not None:
+            rows.append(
+                [
+                    label,
+                    f"{s.median_ms:.4g}",
+                    f"{s.iqr_ms:.3g}",
+                    f"{s.min_ms:.4g}",
+                    str(s.samples),
+                    str(s.input_sets),
+                    s.stop_reason,
+                ]
+            )
+    if rows:
+        lines.append(
+            table(rows, ["", "median ms", "IQR ms", "min ms", "samples", "input sets", "stopped on"])
+        )
+    if r.verdict != "pass":
+        lines.append(rank_table(r.ranks))
+    if r.speedup is not None:
+        lines.append(f"speedup {r.speedup:.3f}x (quartile range {r.speedup_low:.3f}-{r.speedup_high:.3f})")
+    if r.roofline is not None:
+        roof = r.roofline
+        pct = f", {roof.pct_of_floor:.1f}% of floor" if roof.pct_of_floor is not None else ""
+        lines.append(
+            f"floor {roof.floor_ms * 1e3:.2f} us ({roof.bound}-bound){pct}"
+            + (f"; {roof.note}" if roof.note else "")
+        )
+    lines.append(f"{r.verdict.upper()}: {r.message}")
+    return "\n".join(lines + warning_lines(r.warnings))
+
+
+def show(d: ProblemDetail) -> str:
+    inputs = [
+        [i.name, str(i.shape) if i.shape is not None else "", i.dtype or "", i.value or ""] for i in d.inputs
+    ]
+    t = d.traffic
+    return "\n".join(
+        [
+            f"problem {d.id} {d.name} [{d.category}] from {d.source}",
+            "",
+            d.description,
+            "",
+            f"contract: {d.signature}",
+            f"world sizes: {d.world_sizes}; dtype {d.dtype}; tolerance {d.tolerance}",
+            "sizes: " + "; ".join(f"{k} {v}" for k, v in d.sizes.items()),
+            f"inputs per rank at world size {d.world_size}, size {d.size_preset}:",
+            table(inputs, ["arg", "shape", "dtype", "value"]),
+            f"traffic per GPU: NVLink {fmt_bytes(t.nvlink_bytes)} each way, HBM {fmt_bytes(t.hbm_bytes)}, "
+            f"{t.flops:.4g} FLOP, {t.rounds:g} rounds",
+        ]
+    )
+
+
+def problems(found: list[ProblemSummary]) -> str:
+    rows = [[str(p.id), p.name, p.category, p.world_sizes, p.summary] for p in found]
+    return table(rows, ["id", "name", "category", "world sizes", "summary"])
