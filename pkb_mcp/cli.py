@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,6 +110,46 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from pkb_mcp import config
+    from pkb_mcp.scheduler import Scheduler
+    from pkb_mcp.server import build_server
+    from pkb_mcp.store import JobStore
+
+    token = args.token or os.environ.get("PKB_TOKEN")
+    if args.transport == "http" and not token and args.host not in LOOPBACK:
+        raise UserError(f"refusing to listen on {args.host} without a token; pass --token or set PKB_TOKEN")
+    state = config.state_dir()
+    gpus = 0
+    if service.default_device() == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus)
+    server = build_server(scheduler, state / "sources")
+    try:
+        if args.transport == "stdio":
+            anyio.run(server.run_stdio_async)
+        else:
+            import uvicorn
+
+            from pkb_mcp.httpauth import BearerAuth
+
+            app: Any = server.streamable_http_app(host=args.host)
+            if token:
+                app = BearerAuth(app, token)
+            print(f"pkb: serving MCP on http://{args.host}:{args.port}/mcp", file=sys.stderr)
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        scheduler.stop()
+    return EXIT_PASS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pkb", description="Multi-GPU kernel problems: check, benchmark, roofline.")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -162,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-ms", type=float, default=None, help="a measured time to place against the floor")
     common(p)
     p.set_defaults(func=cmd_roofline)
+
+    p = sub.add_parser("serve", help="run the MCP server (stdio, or streamable HTTP with a bearer token)")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--host", default="127.0.0.1", help="http: address to listen on (default loopback)")
+    p.add_argument("--port", type=int, default=8765, help="http: port (default 8765)")
+    p.add_argument("--token", default=None, help="http: bearer token clients must send (or env PKB_TOKEN)")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

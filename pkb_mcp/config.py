@@ -3,6 +3,8 @@
 PKB_PROBLEMS_DIR   the suite (default: problems/ beside the package in a checkout, else the packaged copy)
 PKB_CACHE_DIR      compile cache and node calibration (default: $XDG_CACHE_HOME/pkb or ~/.cache/pkb)
 PKB_JOBS_DIR       where job directories are made and removed (default: the system temp dir)
+PKB_STATE_DIR      the server's job database and submitted sources (default: $XDG_STATE_HOME/pkb or
+                   ~/.local/state/pkb)
 """
 
 from __future__ import annotations
@@ -34,3 +36,12 @@ def jobs_dir() -> Path:
     path = Path(os.environ.get("PKB_JOBS_DIR", tempfile.gettempdir()))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def state_dir() -> Path:
+    env = os.environ.get("PKB_STATE_DIR")
+    base = (
+        Path(env) if env else Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "pkb"
+    )
+    base.mkdir(parents=True, exist_ok=True)
+    return base

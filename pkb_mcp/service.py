@@ -172,6 +172,21 @@ def _read_solution(path: Path) -> str | None:
     return None
 
 
+def preflight(
+    ref: int | str, world_size: int, size: str, device: str | None, timeout_s: float = 60.0
+) -> tuple[problems.Problem, str]:
+    """Everything about a run request that can be refused before any work starts."""
+    problem = problems.resolve(ref)
+    _check_world_size(problem, world_size, size)
+    if timeout_s <= 0:
+        raise UserError(f"timeout {timeout_s} s is not positive; pass a time limit in seconds")
+    device = device or default_device()
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device {device!r} is not cpu or cuda")
+    _gpus_for(device, world_size)
+    return problem, device
+
+
 class _Run:
     """Common set-up of check and bench: problem, sizes, device, backend."""
 
@@ -184,16 +199,11 @@ class _Run:
         size: str,
         timeout_s: float,
         sandbox: str,
+        gpus: list[int] | None = None,
     ):
         self.t0 = time.monotonic()
-        self.problem = problems.resolve(ref)
-        _check_world_size(self.problem, world_size, size)
-        if timeout_s <= 0:
-            raise UserError(f"timeout {timeout_s} s is not positive; pass --timeout in seconds")
-        self.device = device or default_device()
-        if self.device not in ("cpu", "cuda"):
-            raise UserError(f"device {self.device!r} is not cpu or cuda")
-        self.gpus = _gpus_for(self.device, world_size)
+        self.problem, self.device = preflight(ref, world_size, size, device, timeout_s)
+        self.gpus = gpus if gpus is not None and self.device == "cuda" else _gpus_for(self.device, world_size)
         self.world_size = world_size
         self.size = size
         self.timeout_s = timeout_s
@@ -315,9 +325,10 @@ def check(
     sandbox: str = "auto",
     progress: Progress = _noop,
     cancel: threading.Event | None = None,
+    gpus: list[int] | None = None,
 ) -> CheckResult:
     """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
-    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
+    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
     p = run.problem
     if not 1 <= trials <= MAX_TRIALS:
         raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
@@ -399,9 +410,10 @@ def bench(
     sandbox: str = "auto",
     progress: Progress = _noop,
     cancel: threading.Event | None = None,
+    gpus: list[int] | None = None,
 ) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output."""
-    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox)
+    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
     p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> BenchResult:

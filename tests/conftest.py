@@ -20,15 +20,16 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return jobs
 
 
-def job_processes() -> list[int]:
-    """Processes still carrying a pkb job marker (none may survive a job)."""
+def job_processes(jobs_dir: Path) -> list[int]:
+    """Processes still carrying a pkb job marker of a job made under `jobs_dir` (none may survive)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if b"PKB_JOB=" in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
+            environ = (entry / "environ").read_bytes()
         except OSError:
             continue
+        if b"PKB_JOB=" in environ and str(jobs_dir).encode() in environ:
+            found.append(int(entry.name))
     return [p for p in found if p != os.getpid()]

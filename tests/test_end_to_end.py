@@ -37,7 +37,7 @@ CASES = [(pid, w) for pid in IDS for w in world_sizes(pid)]
 
 def assert_clean(jobs_dir: Path):
     assert list(jobs_dir.iterdir()) == [], "job directories must be removed"
-    assert job_processes() == [], "no job process may survive"
+    assert job_processes(jobs_dir) == [], "no job process may survive"
 
 
 @pytest.mark.slow

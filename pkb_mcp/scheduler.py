@@ -1,0 +1,238 @@
+"""Long work as jobs: a queue in front of the node's GPUs, progress, deadlines and cancellation.
+
+A job is a *kind* (compile, check, bench) with JSON params, run by the service function of that kind
+in a worker thread once its resources are free: the GPUs it needs (world size, for cuda jobs), or the
+one CPU slot (CPU jobs use every core), or a compile slot. Jobs start in submission order as their
+resources allow. Everything about a job is written to the store, so a restarted scheduler re-queues
+jobs that were queued or running and still answers for finished ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from pkb_mcp import service
+from pkb_mcp.errors import Cancelled, UserError
+from pkb_mcp.log import get
+from pkb_mcp.store import JobRecord, JobStore
+
+log = get(__name__)
+
+Runner = Callable[[dict[str, Any], service.Progress, threading.Event], BaseModel]
+# A backstop above the service's own per-sandbox-job deadlines (a bench runs two jobs).
+DEADLINE_FACTOR = 2.5
+DEADLINE_SLACK_S = 60.0
+
+
+def _run_compile(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+    progress(0, 1, "compiling")
+    result = service.compile_file(Path(params["path"]))
+    progress(1, 1, "compiled" if result.ok else "compile failed")
+    return result
+
+
+def _run_check(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+    return service.check(
+        params["problem"],
+        Path(params["path"]),
+        world_size=params["world_size"],
+        device=params["device"],
+        size=params["size"],
+        trials=params["trials"],
+        timeout_s=params["timeout_s"],
+        sandbox=params["sandbox"],
+        progress=progress,
+        cancel=cancel,
+        gpus=params.get("gpus"),
+    )
+
+
+def _run_bench(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+    return service.bench(
+        params["problem"],
+        Path(params["path"]),
+        world_size=params["world_size"],
+        device=params["device"],
+        size=params["size"],
+        timeout_s=params["timeout_s"],
+        sandbox=params["sandbox"],
+        progress=progress,
+        cancel=cancel,
+        gpus=params.get("gpus"),
+    )
+
+
+RUNNERS: dict[str, Runner] = {"compile": _run_compile, "check": _run_check, "bench": _run_bench}
+
+
+@dataclass
+class _Live:
+    """What only the running server knows of a job: its cancel event and its result object."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""
+    result: BaseModel | None = None
+
+
+class Scheduler:
+    def __init__(self, store: JobStore, gpus: int, compile_slots: int = 2):
+        self.store = store
+        self.free_gpus = list(range(gpus))
+        self.cpu_free = True
+        self.compile_free = compile_slots
+        self._live: dict[str, _Live] = {}
+        self._queue: list[str] = []
+        self._cond = threading.Condition()
+        self._stopped = False
+        for record in store.unfinished():
+            store.requeue(record.id)
+            self._enqueue(record.id)
+            log.info("job.requeued", job=record.id, kind=record.kind)
+        self._dispatcher = threading.Thread(target=self._dispatch, name="pkb-scheduler", daemon=True)
+        self._dispatcher.start()
+
+    # ------------------------------------------------------------ public
+
+    def submit(self, kind: str, params: dict[str, Any]) -> str:
+        if kind not in RUNNERS:
+            raise UserError(f"unknown job kind {kind!r}")
+        job_id = uuid.uuid4().hex[:12]
+        self.store.create(job_id, kind, params)
+        self._enqueue(job_id)
+        log.info("job.submitted", job=job_id, kind=kind)
+        return job_id
+
+    def get(self, job_id: str) -> JobRecord:
+        record = self.store.get(job_id)
+        if record is None:
+            raise UserError(f"job {job_id} does not exist; job ids come from wait=false calls")
+        return record
+
+    def result(self, job_id: str) -> dict[str, Any] | None:
+        return self.store.result(job_id)
+
+    def cancel(self, job_id: str, reason: str = "cancelled by the client") -> JobRecord:
+        record = self.get(job_id)
+        if record.terminal:
+            return record
+        with self._cond:
+            live = self._live.setdefault(job_id, _Live())
+            live.reason = reason
+            live.cancel.set()
+            if job_id in self._queue:
+                self._queue.remove(job_id)
+                self.store.finish(job_id, "cancelled", error=reason)
+            self._cond.notify_all()
+        return self.get(job_id)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            for live in self._live.values():
+                live.cancel.set()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ internals
+
+    def _enqueue(self, job_id: str) -> None:
+        with self._cond:
+            self._live.setdefault(job_id, _Live())
+            self._queue.append(job_id)
+            self._cond.notify_all()
+
+    def _needs(self, record: JobRecord) -> tuple[str, int]:
+        if record.kind == "compile":
+            return "compile", 1
+        device = record.params.get("device") or service.default_device()
+        return ("gpu", int(record.params["world_size"])) if device == "cuda" else ("cpu", 1)
+
+    def _take(self, need: tuple[str, int]) -> list[int] | None:
+        kind, count = need
+        if kind == "gpu" and len(self.free_gpus) >= count:
+            taken, self.free_gpus = self.free_gpus[:count], self.free_gpus[count:]
+            return taken
+        if kind == "cpu" and self.cpu_free:
+            self.cpu_free = False
+            return []
+        if kind == "compile" and self.compile_free > 0:
+            self.compile_free -= 1
+            return []
+        return None
+
+    def _give(self, need: tuple[str, int], taken: list[int]) -> None:
+        with self._cond:
+            if need[0] == "gpu":
+                self.free_gpus = sorted(self.free_gpus + taken)
+            elif need[0] == "cpu":
+                self.cpu_free = True
+            else:
+                self.compile_free += 1
+            self._cond.notify_all()
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                started = False
+                for job_id in list(self._queue):
+                    record = self.store.get(job_id)
+                    if record is None:
+                        self._queue.remove(job_id)
+                        continue
+                    need = self._needs(record)
+                    taken = self._take(need)
+                    if taken is None:
+                        continue
+                    self._queue.remove(job_id)
+                    threading.Thread(
+                        target=self._run, args=(record, need, taken), name=f"pkb-job-{job_id}", daemon=True
+                    ).start()
+                    started = True
+                if not started:
+                    self._cond.wait(timeout=1.0)
+
+    def _run(self, record: JobRecord, need: tuple[str, int], taken: list[int]) -> None:
+        live = self._live[record.id]
+        params = dict(record.params)
+        if taken:
+            params["gpus"] = taken
+        self.store.started(record.id)
+        last = [0.0]
+
+        def progress(done: float, total: float | None, message: str) -> None:
+            now = time.monotonic()
+            if now - last[0] > 0.2 or (total is not None and done >= total):
+                last[0] = now
+                self.store.progress(record.id, done, total, message)
+
+        deadline_s = DEADLINE_FACTOR * float(params.get("timeout_s", 300.0)) + DEADLINE_SLACK_S
+        watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            result = RUNNERS[record.kind](params, progress, live.cancel)
+            live.result = result
+            self.store.finish(record.id, "done", result=result.model_dump(mode="json"))
+        except Cancelled as exc:
+            self.store.finish(record.id, "cancelled", error=f"{live.reason or 'cancelled'}: {exc}")
+        except UserError as exc:
+            self.store.finish(record.id, "failed", error=str(exc))
+        except Exception as exc:  # a bug of ours: keep the server alive, say what happened
+            log.exception("job.crashed", job=record.id)
+            self.store.finish(record.id, "failed", error=f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            watchdog.cancel()
+            self._give(need, taken)
+            log.info("job.finished", job=record.id, state=self.get(record.id).state)
+
+    def _expire(self, job_id: str, deadline_s: float) -> None:
+        self.cancel(job_id, reason=f"the job exceeded its overall deadline of {deadline_s:.0f} s")

@@ -1,0 +1,442 @@
+"""The MCP server: each tool is a few lines over the service layer and the scheduler.
+
+Tools return `structuredContent` (the service's model, compacted) and the same facts as text in
+`content`. Errors an agent can act on are ToolErrors with one sentence. Long tools run as jobs:
+`wait=true` awaits the job and forwards progress; `wait=false` returns its id for job_status,
+job_result and cancel_job. Nothing is ever written to stdout but the protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, Field
+
+from pkb_mcp import render, service
+from pkb_mcp.compile import CompileResult
+from pkb_mcp.errors import UserError
+from pkb_mcp.models import BenchResult, CheckResult, ProblemDetail, ProblemSummary, RooflineResult
+from pkb_mcp.scheduler import Scheduler
+from pkb_mcp.store import JobRecord
+
+MAX_SOURCE_BYTES = 1 << 20
+TRACEBACK_CHARS = 1500
+LOG_CHARS = 600
+DETAILED_FAILURES = 2  # ranks whose traceback and log stay in the compact result
+POLL_S = 0.1
+
+INSTRUCTIONS = """\
+pkb: multi-GPU kernel problems (ParallelKernelBench style). Replace a PyTorch + NCCL reference with a
+faster implementation and get a per-rank correctness verdict, a trustworthy speedup and % of roofline.
+Start with list_problems, read a problem with get_reference (or the attempt_problem prompt), write a
+Python file defining solution(...) with the reference's signature, then run_correctness, benchmark and
+roofline. Long calls accept wait=false and return a job id (job_status, job_result, cancel_job).
+NVLink multicast (multimem / NVLS) is unavailable and must not be used."""
+
+READ_ONLY = ToolAnnotations(
+    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+)
+RUNS_CODE = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
+
+ProblemRef = Annotated[str, Field(description="problem id (e.g. '12') or name (e.g. 'allgather_gemm')")]
+WorldSize = Annotated[int, Field(ge=1, le=64, description="number of ranks (one GPU each on cuda)")]
+SizePreset = Annotated[str, Field(description="'pkb' (the original benchmark's sizes) or 'large' (~1 ms)")]
+Source = Annotated[str | None, Field(description="the solution's source text; give this or path")]
+SourcePath = Annotated[str | None, Field(description="path of the solution file on the server; or source")]
+Device = Annotated[Literal["cpu", "cuda"] | None, Field(description="default: cuda when the node has GPUs")]
+Wait = Annotated[bool, Field(description="true: return the result; false: return a job id at once")]
+
+
+class ProblemList(BaseModel):
+    problems: list[ProblemSummary]
+
+
+class JobOutput(BaseModel):
+    """What a long tool returns: the job, and its result once it has one."""
+
+    job_id: str
+    state: str = Field(description="queued, running, done, failed or cancelled")
+    message: str = ""
+    error: str | None = Field(None, description="why the job failed or was cancelled")
+    result_uri: str = Field(description="resource with the full, uncompacted result")
+
+
+class CheckOutput(JobOutput):
+    result: CheckResult | None = None
+
+
+class BenchOutput(JobOutput):
+    result: BenchResult | None = None
+
+
+class CompileOutput(JobOutput):
+    result: CompileResult | None = None
+
+
+class AnyJobOutput(JobOutput):
+    kind: str
+    result: CheckResult | BenchResult | CompileResult | None = None
+
+
+OUTPUTS: dict[str, type[JobOutput]] = {"check": CheckOutput, "bench": BenchOutput, "compile": CompileOutput}
+
+
+@contextlib.contextmanager
+def tool_errors() -> Iterator[None]:
+    """A user error becomes a ToolError whose one sentence the model reads."""
+    try:
+        yield
+    except UserError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def reply(model: BaseModel, text: str) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=model.model_dump(mode="json")
+    )
+
+
+def compact(result: BaseModel) -> BaseModel:
+    """Trim tracebacks and logs to the first failing ranks so results stay small for every client."""
+    if not isinstance(result, (CheckResult, BenchResult)):
+        return result
+    copy = result.model_copy(deep=True)
+    detailed = 0
+    for rank in copy.ranks:
+        if rank.state == "pass" or detailed >= DETAILED_FAILURES:
+            rank.traceback = rank.log_tail = None
+            continue
+        detailed += 1
+        if rank.traceback:
+            rank.traceback = rank.traceback[-TRACEBACK_CHARS:]
+        if rank.log_tail:
+            rank.log_tail = rank.log_tail[-LOG_CHARS:]
+    return copy
+
+
+class Tools:
+    """The server's state: the scheduler, and where submitted sources are kept."""
+
+    def __init__(self, scheduler: Scheduler, sources_dir: Path):
+        self.scheduler = scheduler
+        self.sources_dir = sources_dir
+        sources_dir.mkdir(parents=True, exist_ok=True)
+
+    def solution_file(self, source: str | None, path: str | None, suffixes: tuple[str, ...]) -> Path:
+        """The candidate as a file: given text is stored by content; a given path must exist."""
+        if (source is None) == (path is None):
+            raise ToolError("give exactly one of source (the code as text) or path (a file on the server)")
+        if path is not None:
+            file = Path(path).expanduser()
+            if not file.is_file():
+                raise ToolError(f"{path} is not a file on the server; send the code as source instead")
+            if file.suffix not in suffixes:
+                raise ToolError(f"{path} is not a {' or '.join(suffixes)} file")
+            return file.resolve()
+        assert source is not None
+        data = source.encode()
+        if not data.strip():
+            raise ToolError(
+                "the source is empty; send a file defining solution() with the reference's signature"
+            )
+        if len(data) > MAX_SOURCE_BYTES:
+            raise ToolError(f"the source is {len(data)} bytes, over the limit of {MAX_SOURCE_BYTES}")
+        file = self.sources_dir / f"{hashlib.sha256(data).hexdigest()[:24]}{suffixes[0]}"
+        if not file.exists():
+            file.write_bytes(data)
+        return file
+
+    def output(self, record: JobRecord) -> JobOutput:
+        cls = OUTPUTS[record.kind]
+        fields: dict[str, Any] = {
+            "job_id": record.id,
+            "state": record.state,
+            "message": record.message,
+            "error": record.error,
+            "result_uri": f"pkb://jobs/{record.id}/result",
+        }
+        raw = self.scheduler.result(record.id) if record.state == "done" else None
+        if raw is not None:
+            fields["result"] = compact(_parse(record.kind, raw))
+        return cls(**fields)
+
+    async def finish(self, job_id: str, wait: bool, ctx: Context | None) -> CallToolResult:
+        """Await the job (forwarding progress) or hand back its id; cancel it if the call is cancelled."""
+        if wait:
+            seen: tuple[float, str] | None = None
+            try:
+                while True:
+                    record = self.scheduler.get(job_id)
+                    if (
+                        ctx is not None
+                        and (record.progress, record.message) != seen
+                        and record.state == "running"
+                    ):
+                        seen = (record.progress, record.message)
+                        await ctx.report_progress(record.progress, record.total, record.message or None)
+                    if record.terminal:
+                        break
+                    await anyio.sleep(POLL_S)
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    self.scheduler.cancel(job_id, "the client cancelled the request")
+                raise
+        record = self.scheduler.get(job_id)
+        out = self.output(record)
+        if record.state == "failed":
+            raise ToolError(record.error or "the job failed")
+        return reply(out, self.text(out))
+
+    def text(self, out: JobOutput) -> str:
+        result = getattr(out, "result", None)
+        head = f"job {out.job_id}: {out.state}"
+        if isinstance(result, CheckResult):
+            return f"{head}\n{render.check(result)}"
+        if isinstance(result, BenchResult):
+            return f"{head}\n{render.bench(result)}"
+        if isinstance(result, CompileResult):
+            return f"{head}\n{result.summary()}"
+        detail = out.error or out.message
+        return (
+            head
+            + (f": {detail}" if detail else "")
+            + ("; poll job_status, then job_result" if out.state in ("queued", "running") else "")
+        )
+
+
+def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
+    models: dict[str, type[BaseModel]] = {
+        "check": CheckResult,
+        "bench": BenchResult,
+        "compile": CompileResult,
+    }
+    return models[kind].model_validate(raw)
+
+
+def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
+    tools = Tools(scheduler, sources_dir)
+    mcp = MCPServer(
+        name="pkb",
+        title="pkb: multi-GPU kernel problems",
+        instructions=INSTRUCTIONS,
+        version=__import__("pkb_mcp").__version__,
+    )
+
+    @mcp.tool(annotations=READ_ONLY)
+    def list_problems(
+        category: Annotated[str | None, Field(description="exact category, e.g. 'primitive', 'TP'")] = None,
+        text: Annotated[str | None, Field(description="text to find in name, summary, source")] = None,
+    ) -> Annotated[CallToolResult, ProblemList]:
+        """List the problems: id, name, category, world-size rule, one-line summary."""
+        found = service.list_problems(category, text)
+        return reply(ProblemList(problems=found), render.problems(found))
+
+    @mcp.tool(annotations=READ_ONLY)
+    def get_reference(
+        problem: ProblemRef, world_size: WorldSize = 4, size: SizePreset = "pkb"
+    ) -> Annotated[CallToolResult, ProblemDetail]:
+        """A problem's contract: reference source, signature, per-rank input shapes, tolerance, traffic."""
+        with tool_errors():
+            detail = service.show_problem(problem, world_size, size)
+        return reply(detail, render.show(detail) + "\n\nreference source:\n" + detail.reference_source)
+
+    @mcp.tool(annotations=READ_ONLY)
+    def roofline(
+        problem: ProblemRef,
+        world_size: WorldSize = 4,
+        size: SizePreset = "pkb",
+        time_ms: Annotated[
+            float | None, Field(gt=0, description="a measured time to place on the roofline")
+        ] = None,
+    ) -> Annotated[CallToolResult, RooflineResult]:
+        """The floor from NVLink bytes, HBM bytes and FLOPs per GPU and the node's ceilings; % of floor."""
+        with tool_errors():
+            result = service.roofline_of(problem, world_size, size, time_ms)
+        return reply(result, render.roofline(result))
+
+    @mcp.tool(annotations=READ_ONLY)
+    async def compile_kernel(
+        ctx: Context,
+        source: Source = None,
+        path: SourcePath = None,
+        language: Annotated[
+            Literal["cuda", "python"],
+            Field(
+                description="for source text: a .cu file, or a solution .py whose load_inline CUDA is built"
+            ),
+        ] = "python",
+        wait: Wait = True,
+    ) -> Annotated[CallToolResult, CompileOutput]:
+        """Build CUDA for sm_90a with nvcc: errors with line numbers, registers/smem/spills per kernel."""
+        suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
+        file = tools.solution_file(source, path, suffixes)
+        job_id = scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0})
+        return await tools.finish(job_id, wait, ctx)
+
+    @mcp.tool(annotations=RUNS_CODE)
+    async def run_correctness(
+        ctx: Context,
+        problem: ProblemRef,
+        source: Source = None,
+        path: SourcePath = None,
+        world_size: WorldSize = 4,
+        size: SizePreset = "pkb",
+        trials: Annotated[int, Field(ge=1, le=100, description="fresh random inputs per trial")] = 5,
+        device: Device = None,
+        timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
+        wait: Wait = True,
+    ) -> Annotated[CallToolResult, CheckOutput]:
+        """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
+        file = tools.solution_file(source, path, (".py",))
+        with tool_errors():
+            _, dev = service.preflight(problem, world_size, size, device, timeout_s)
+        job_id = scheduler.submit(
+            "check",
+            {
+                "problem": problem,
+                "path": str(file),
+                "world_size": world_size,
+                "size": size,
+                "trials": trials,
+                "device": dev,
+                "timeout_s": timeout_s,
+                "sandbox": "auto",
+            },
+        )
+        return await tools.finish(job_id, wait, ctx)
+
+    @mcp.tool(annotations=RUNS_CODE)
+    async def benchmark(
+        ctx: Context,
+        problem: ProblemRef,
+        source: Source = None,
+        path: SourcePath = None,
+        world_size: WorldSize = 4,
+        size: SizePreset = "pkb",
+        device: Device = None,
+        timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
+        wait: Wait = True,
+    ) -> Annotated[CallToolResult, BenchOutput]:
+        """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
+        file = tools.solution_file(source, path, (".py",))
+        with tool_errors():
+            _, dev = service.preflight(problem, world_size, size, device, timeout_s)
+        job_id = scheduler.submit(
+            "bench",
+            {
+                "problem": problem,
+                "path": str(file),
+                "world_size": world_size,
+                "size": size,
+                "device": dev,
+                "timeout_s": timeout_s,
+                "sandbox": "auto",
+            },
+        )
+        return await tools.finish(job_id, wait, ctx)
+
+    @mcp.tool(annotations=READ_ONLY)
+    def job_status(job_id: Annotated[str, Field(description="id from a wait=false call")]) -> JobRecord:
+        """Where a job stands: queued, running (with progress), done, failed or cancelled."""
+        with tool_errors():
+            return scheduler.get(job_id)
+
+    @mcp.tool(annotations=READ_ONLY)
+    def job_result(
+        job_id: Annotated[str, Field(description="id from a wait=false call")],
+    ) -> Annotated[CallToolResult, AnyJobOutput]:
+        """A job's result (compacted; the full one is the resource in result_uri)."""
+        with tool_errors():
+            record = scheduler.get(job_id)
+        out = tools.output(record)
+        full = AnyJobOutput(
+            kind=record.kind, **out.model_dump(exclude={"result"}), result=getattr(out, "result", None)
+        )
+        return reply(full, tools.text(out))
+
+    @mcp.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+        )
+    )
+    def cancel_job(job_id: Annotated[str, Field(description="id from a wait=false call")]) -> JobRecord:
+        """Cancel a queued or running job; its processes are killed. A finished job is left as it is."""
+        with tool_errors():
+            return scheduler.cancel(job_id)
+
+    @mcp.resource("problem://{problem_id}/reference", mime_type="text/x-python")
+    def reference_source(problem_id: str) -> str:
+        """The reference implementation of a problem (the contract a solution must meet)."""
+        try:
+            return service.show_problem(problem_id, world_size=2).reference_source
+        except UserError as exc:
+            raise ResourceError(str(exc)) from exc
+
+    @mcp.resource("pkb://jobs/{job_id}/result", mime_type="application/json")
+    def job_full_result(job_id: str) -> str:
+        """The full result of a finished job: every rank's traceback and log tail, every timing figure."""
+        raw = scheduler.result(job_id)
+        if raw is None:
+            raise ResourceError(f"job {job_id} has no result (unknown, or not finished)")
+        return _parse(scheduler.get(job_id).kind, raw).model_dump_json(indent=2)
+
+    @mcp.prompt()
+    def attempt_problem(problem: str, world_size: str = "4", size: str = "pkb") -> str:
+        """The task for an agent: reference, contract, per-rank shapes, hardware facts, hints and rules."""
+        try:
+            detail = service.show_problem(problem, int(world_size), size)
+        except (UserError, ValueError) as exc:
+            raise ValueError(str(exc)) from exc
+        return attempt_text(detail)
+
+    return mcp
+
+
+HARDWARE = """\
+Hardware: NVIDIA H200 GPUs on one node, all pairs linked by NVLink 4 through NVSwitch (about 395 GB/s
+per direction between any two GPUs measured, 450 GB/s nominal), HBM3e about 4.3 TB/s measured, dense bf16
+matmul about 790 TFLOP/s measured. NCCL all_reduce of 2 MiB takes ~0.050 ms; torch symmetric-memory
+two-shot all-reduce ~0.021 ms. NVLink multicast (multimem / NVLS) is NOT available: never use it."""
+
+HINTS = """\
+Hints: small messages are latency-bound: symmetric memory (torch.distributed._symmetric_memory: empty,
+rendezvous, one_shot_all_reduce, peer buffers and barriers) skips NCCL's launch and protocol costs.
+Large ones are bandwidth-bound: overlap communication with compute (chunk the GEMM, copy-engine pulls
+on a side stream, wait per chunk) and avoid extra HBM passes (fuse elementwise work, e.g. in Triton).
+Allocate symmetric buffers once and reuse them, with a barrier so no peer still reads what you overwrite."""
+
+
+CONTRACT = """\
+Contract: a Python file defining {signature} with exactly this signature. It runs on every rank with
+torch.distributed initialized (NCCL) and the rank's GPU set; it must return new tensors with the
+reference's shapes and dtypes on every rank, leave its inputs unchanged, and be right on every call
+(outputs are checked on fresh random inputs, on every rank, on every timed call). It may use
+torch.distributed, symmetric memory, torch.utils.cpp_extension.load_inline and Triton."""
+
+WORKFLOW = """\
+Workflow: run_correctness until it passes, then benchmark (speedup against the reference, % of floor),
+then roofline to see what is left."""
+
+
+def attempt_text(d: ProblemDetail) -> str:
+    return "\n\n".join(
+        [
+            f"Write a faster multi-GPU implementation of problem {d.id} ({d.name}).",
+            render.show(d),
+            CONTRACT.format(signature=d.signature),
+            HARDWARE,
+            HINTS,
+            WORKFLOW,
+            "Reference source:\n" + d.reference_source,
+        ]
+    )

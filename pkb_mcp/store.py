@@ -1,0 +1,147 @@
+"""Job state in an embedded SQLite database: what was asked, where it stands, what came out.
+
+One row per job. Params and results are JSON; the store neither knows nor validates their shape
+(the scheduler does). Safe to use from several threads: each call opens its own short transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+TERMINAL = ("done", "failed", "cancelled")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    params TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created REAL NOT NULL,
+    started REAL,
+    finished REAL,
+    progress REAL NOT NULL DEFAULT 0,
+    total REAL,
+    message TEXT NOT NULL DEFAULT '',
+    error TEXT,
+    result TEXT
+)
+"""
+
+
+class JobRecord(BaseModel):
+    id: str
+    kind: str = Field(description="compile, check or bench")
+    state: str = Field(description="queued, running, done, failed or cancelled")
+    created: float
+    started: float | None = None
+    finished: float | None = None
+    progress: float = 0.0
+    total: float | None = None
+    message: str = Field("", description="the latest progress message")
+    error: str | None = Field(None, description="why the job failed or was cancelled")
+    params: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+class JobStore:
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def _write(self, sql: str, args: tuple) -> None:
+        with self._lock:
+            db = self._connect()
+            try:
+                db.execute(sql, args)
+            finally:
+                db.close()
+
+    def create(self, job_id: str, kind: str, params: dict[str, Any]) -> None:
+        self._write(
+            "INSERT INTO jobs (id, kind, params, state, created) VALUES (?, ?, ?, 'queued', ?)",
+            (job_id, kind, json.dumps(params), time.time()),
+        )
+
+    def started(self, job_id: str) -> None:
+        self._write("UPDATE jobs SET state='running', started=? WHERE id=?", (time.time(), job_id))
+
+    def progress(self, job_id: str, progress: float, total: float | None, message: str) -> None:
+        self._write(
+            "UPDATE jobs SET progress=?, total=?, message=? WHERE id=?", (progress, total, message, job_id)
+        )
+
+    def finish(
+        self, job_id: str, state: str, result: dict[str, Any] | None = None, error: str | None = None
+    ) -> None:
+        assert state in TERMINAL
+        self._write(
+            "UPDATE jobs SET state=?, finished=?, result=?, error=? WHERE id=?",
+            (state, time.time(), json.dumps(result) if result is not None else None, error, job_id),
+        )
+
+    def requeue(self, job_id: str) -> None:
+        self._write(
+            "UPDATE jobs SET state='queued', started=NULL, progress=0, message=? WHERE id=?",
+            ("re-queued after a server restart", job_id),
+        )
+
+    def get(self, job_id: str) -> JobRecord | None:
+        db = self._connect()
+        try:
+            row = db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        finally:
+            db.close()
+        return _record(row) if row else None
+
+    def result(self, job_id: str) -> dict[str, Any] | None:
+        db = self._connect()
+        try:
+            row = db.execute("SELECT result FROM jobs WHERE id=?", (job_id,)).fetchone()
+        finally:
+            db.close()
+        return json.loads(row["result"]) if row and row["result"] else None
+
+    def unfinished(self) -> list[JobRecord]:
+        db = self._connect()
+        try:
+            rows = db.execute(
+                "SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created"
+            ).fetchall()
+        finally:
+            db.close()
+        return [_record(r) for r in rows]
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        id=row["id"],
+        kind=row["kind"],
+        state=row["state"],
+        created=row["created"],
+        started=row["started"],
+        finished=row["finished"],
+        progress=row["progress"],
+        total=row["total"],
+        message=row["message"],
+        error=row["error"],
+        params=json.loads(row["params"]),
+    )

@@ -1,0 +1,260 @@
+"""The MCP server through the SDK's in-process client: tools, errors, progress, jobs, cancellation,
+timeouts, restarts, resources and the prompt."""
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from pkb_mcp.scheduler import Scheduler
+from pkb_mcp.server import build_server
+from pkb_mcp.store import JobStore
+
+from .conftest import CANDIDATES, ROOT, job_processes
+
+pytestmark = pytest.mark.anyio
+SNAPSHOT = Path(__file__).resolve().parent / "snapshots" / "tools.json"
+REFERENCE_1 = (ROOT / "problems" / "001_allreduce.py").read_text()
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def state(tmp_path):
+    return tmp_path / "state"
+
+
+def make_server(state):
+    scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus=0)
+    return build_server(scheduler, state / "sources"), scheduler
+
+
+@pytest.fixture
+async def client(state):
+    server, scheduler = make_server(state)
+    async with Client(server) as c:
+        yield c
+    scheduler.stop()
+
+
+def text_of(result):
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+async def test_tools_list_matches_the_committed_contract(client):
+    tools = (await client.list_tools()).tools
+    published = {
+        t.name: {
+            "description": t.description,
+            "input": t.input_schema,
+            "output": t.output_schema,
+            "annotations": t.annotations.model_dump(exclude_none=True) if t.annotations else None,
+        }
+        for t in sorted(tools, key=lambda t: t.name)
+    }
+    if not SNAPSHOT.exists():  # first run writes it; the committed file is the contract from then on
+        SNAPSHOT.parent.mkdir(exist_ok=True)
+        SNAPSHOT.write_text(json.dumps(published, indent=2, sort_keys=True) + "\n")
+    committed = json.loads(SNAPSHOT.read_text())
+    assert published == committed, (
+        "tools/list changed: review the diff, then delete tests/snapshots/tools.json"
+    )
+    assert {
+        "list_problems",
+        "get_reference",
+        "compile_kernel",
+        "run_correctness",
+        "benchmark",
+        "roofline",
+        "job_status",
+        "job_result",
+        "cancel_job",
+    } <= set(published)
+    for name, tool in published.items():
+        for param, schema in tool["input"].get("properties", {}).items():
+            assert schema.get("description"), f"{name}.{param} has no description"
+
+
+async def test_list_and_reference_in_both_forms(client):
+    listed = await client.call_tool("list_problems", {"category": "primitive"})
+    assert not listed.is_error
+    assert {p["id"] for p in listed.structured_content["problems"]} == {1, 2, 3, 4, 5, 6, 7, 8}
+    assert "allgather" in text_of(listed)
+    ref = await client.call_tool("get_reference", {"problem": "allgather_gemm", "world_size": 4})
+    assert ref.structured_content["inputs"][0]["shape"] == [256, 512]
+    assert "def solution" in text_of(ref) and "a_local" in text_of(ref)
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "words"),
+    [
+        ("get_reference", {"problem": "999"}, "problem 999 does not exist"),
+        ("get_reference", {"problem": "12", "world_size": 3}, "cannot run at world size 3"),
+        ("roofline", {"problem": "1", "size": "huge"}, "no size preset 'huge'"),
+        ("run_correctness", {"problem": "1", "source": "   "}, "the source is empty"),
+        ("run_correctness", {"problem": "1"}, "give exactly one of source"),
+        ("run_correctness", {"problem": "1", "source": "x", "path": "/x.py"}, "give exactly one of source"),
+        ("run_correctness", {"problem": "1", "source": "x" * (1 << 20 + 1)}, "over the limit"),
+        ("run_correctness", {"problem": "1", "path": "/nonexistent/sol.py"}, "is not a file on the server"),
+        ("run_correctness", {"problem": "nope", "source": REFERENCE_1}, "problem nope does not exist"),
+        (
+            "run_correctness",
+            {"problem": "1", "source": REFERENCE_1, "device": "cuda", "world_size": 2},
+            "no CUDA GPU",
+        ),
+        ("job_status", {"job_id": "feedface"}, "job feedface does not exist"),
+    ],
+)
+async def test_bad_arguments_are_readable_tool_errors(client, tool, args, words):
+    result = await client.call_tool(tool, args)
+    assert result.is_error
+    assert words in text_of(result), text_of(result)
+
+
+async def test_compile_error_is_a_result_with_line_numbers(client):
+    bad = "__global__ void k(float* x) {\n  x[0] = undefined_name;\n}\n"
+    result = await client.call_tool("compile_kernel", {"source": bad, "language": "cuda"})
+    assert not result.is_error
+    compiled = result.structured_content["result"]
+    assert compiled["ok"] is False
+    errors = [d for u in compiled["units"] for d in u["diagnostics"] if d["severity"] == "error"]
+    assert errors and errors[0]["line"] == 2
+
+
+async def test_run_correctness_with_progress_passes_and_fails(client):
+    seen = []
+
+    async def on_progress(progress, total, message):
+        seen.append((progress, total, message))
+
+    ok = await client.call_tool(
+        "run_correctness",
+        {"problem": "1", "source": REFERENCE_1, "world_size": 2, "trials": 2, "device": "cpu"},
+        progress_callback=on_progress,
+    )
+    assert not ok.is_error, text_of(ok)
+    assert ok.structured_content["state"] == "done"
+    assert ok.structured_content["result"]["verdict"] == "pass"
+    assert "PASS" in text_of(ok)
+    assert seen, "progress notifications arrive while the job runs"
+    wrong = (ROOT / "examples" / "wrong_allreduce_half.py").read_text()
+    bad = await client.call_tool(
+        "run_correctness",
+        {"problem": "allreduce", "source": wrong, "world_size": 2, "trials": 1, "device": "cpu"},
+    )
+    result = bad.structured_content["result"]
+    assert result["verdict"] == "fail" and result["ranks"][0]["first_mismatch"]["index"] == [512, 0]
+    assert len(json.dumps(bad.structured_content)) < 10_000, "compact for clients that cap output"
+
+
+async def test_job_pattern_and_full_result_resource(client):
+    sub = await client.call_tool(
+        "run_correctness",
+        {
+            "problem": "1",
+            "path": str(CANDIDATES / "raises_on_rank1.py"),
+            "world_size": 2,
+            "trials": 1,
+            "device": "cpu",
+            "wait": False,
+        },
+    )
+    job_id = sub.structured_content["job_id"]
+    assert sub.structured_content["state"] in ("queued", "running")
+    for _ in range(600):
+        status = await client.call_tool("job_status", {"job_id": job_id})
+        if status.structured_content["state"] == "done":
+            break
+        await anyio.sleep(0.1)
+    got = await client.call_tool("job_result", {"job_id": job_id})
+    assert got.structured_content["kind"] == "check"
+    assert got.structured_content["result"]["verdict"] == "fail"
+    assert "rank 1 gives up" in got.structured_content["result"]["message"]
+    full = await client.read_resource(got.structured_content["result_uri"])
+    assert "rank 1 gives up" in full.contents[0].text
+
+
+async def test_cancel_job_kills_a_hanging_candidate(client, isolated_dirs):
+    sub = await client.call_tool(
+        "run_correctness",
+        {
+            "problem": "1",
+            "path": str(CANDIDATES / "hangs.py"),
+            "world_size": 2,
+            "trials": 1,
+            "device": "cpu",
+            "wait": False,
+            "timeout_s": 600,
+        },
+    )
+    job_id = sub.structured_content["job_id"]
+    for _ in range(300):  # until its ranks are up and stuck
+        if (await client.call_tool("job_status", {"job_id": job_id})).structured_content[
+            "state"
+        ] == "running":
+            break
+        await anyio.sleep(0.1)
+    await anyio.sleep(3)
+    cancelled = await client.call_tool("cancel_job", {"job_id": job_id})
+    for _ in range(100):
+        state = (await client.call_tool("job_status", {"job_id": job_id})).structured_content["state"]
+        if state == "cancelled":
+            break
+        await anyio.sleep(0.1)
+    assert state == "cancelled", cancelled
+    await anyio.sleep(0.5)
+    assert job_processes(isolated_dirs) == [] and list(isolated_dirs.iterdir()) == []
+
+
+async def test_a_timeout_is_reported_per_rank(client):
+    r = await client.call_tool(
+        "run_correctness",
+        {
+            "problem": "1",
+            "path": str(CANDIDATES / "hangs.py"),
+            "world_size": 2,
+            "trials": 1,
+            "device": "cpu",
+            "timeout_s": 12,
+        },
+    )
+    result = r.structured_content["result"]
+    assert result["verdict"] == "timeout" and {x["state"] for x in result["ranks"]} == {"timeout"}
+
+
+async def test_results_survive_a_server_restart(state):
+    server, scheduler = make_server(state)
+    async with Client(server) as c:
+        r = await c.call_tool(
+            "run_correctness",
+            {"problem": "1", "source": REFERENCE_1, "world_size": 2, "trials": 1, "device": "cpu"},
+        )
+        job_id = r.structured_content["job_id"]
+        queued = await c.call_tool(
+            "compile_kernel", {"source": "__global__ void k() {}\n", "language": "cuda", "wait": False}
+        )
+    scheduler.stop()
+    server2, scheduler2 = make_server(state)  # a new process would see the same database
+    async with Client(server2) as c:
+        got = await c.call_tool("job_result", {"job_id": job_id})
+        assert got.structured_content["result"]["verdict"] == "pass"
+        other = queued.structured_content["job_id"]
+        for _ in range(600):
+            if (await c.call_tool("job_status", {"job_id": other})).structured_content["state"] == "done":
+                break
+            await anyio.sleep(0.1)
+        assert (await c.call_tool("job_result", {"job_id": other})).structured_content["result"]["ok"]
+    scheduler2.stop()
+
+
+async def test_reference_resource_and_attempt_prompt(client):
+    ref = await client.read_resource("problem://12/reference")
+    assert "def solution(a_local, b_local)" in ref.contents[0].text
+    prompt = await client.get_prompt("attempt_problem", {"problem": "12", "world_size": "4"})
+    text = prompt.messages[0].content.text
+    assert "solution(a_local, b_local)" in text and "multicast" in text and "[256, 512]" in text

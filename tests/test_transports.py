@@ -1,0 +1,108 @@
+"""The server over real transports: stdio in a subprocess (only protocol on stdout) and streamable
+HTTP with a bearer token (refused without it; refused on a public address without a token)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx2 as httpx
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from pkb_mcp.cli import main
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def server_env(tmp_path):
+    env = dict(os.environ)
+    env.update({"PKB_STATE_DIR": str(tmp_path / "state"), "PKB_JOBS_DIR": str(tmp_path / "jobs")})
+    (tmp_path / "jobs").mkdir(exist_ok=True)
+    return env
+
+
+async def test_stdio_subprocess_lists_tools_and_runs_a_check(tmp_path):
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "pkb_mcp.cli", "serve"], env=server_env(tmp_path), cwd=str(ROOT)
+    )
+    async with Client(params) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert "run_correctness" in names
+        r = await client.call_tool(
+            "run_correctness",
+            {
+                "problem": "1",
+                "path": "problems/001_allreduce.py",
+                "world_size": 2,
+                "trials": 1,
+                "device": "cpu",
+            },
+        )
+        assert r.structured_content["result"]["verdict"] == "pass", r.content
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_http_needs_the_bearer_token(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pkb_mcp.cli",
+            "serve",
+            "--transport",
+            "http",
+            "--port",
+            str(port),
+            "--token",
+            "s3cret",
+        ],
+        env=server_env(tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        denied = httpx.post(
+            url,
+            json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+            headers={"Accept": "application/json, text/event-stream"},
+        )
+        assert denied.status_code == 401
+        client_http = httpx.AsyncClient(headers={"Authorization": "Bearer s3cret"})
+        from mcp.client.streamable_http import streamable_http_client
+
+        async with Client(streamable_http_client(url, http_client=client_http)) as client:
+            listed = await client.call_tool("list_problems", {"text": "allreduce"})
+            assert 1 in {p["id"] for p in listed.structured_content["problems"]}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_http_on_a_public_address_needs_a_token(capsys, monkeypatch):
+    monkeypatch.delenv("PKB_TOKEN", raising=False)
+    assert main(["serve", "--transport", "http", "--host", "0.0.0.0"]) == 2
+    assert "without a token" in capsys.readouterr().err
