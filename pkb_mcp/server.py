@@ -48,7 +48,7 @@ RUNS_CODE = ToolAnnotations(
     read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
 )
 
-ProblemRef = Annotated[str, Field(description="problem id (e.g. '12') or name (e.g. 'allgather_gemm')")]
+ProblemRef = Annotated[int | str, Field(description="problem id (e.g. 12) or name (e.g. 'allgather_gemm')")]
 WorldSize = Annotated[int, Field(ge=1, le=64, description="number of ranks (one GPU each on cuda)")]
 SizePreset = Annotated[str, Field(description="'pkb' (the original benchmark's sizes) or 'large' (~1 ms)")]
 Source = Annotated[str | None, Field(description="the solution's source text; give this or path")]

@@ -1,0 +1,60 @@
+"""A client that is not ours, the MCP Inspector CLI (npm), against the real server over stdio.
+
+.ci/run installs it and sets PKB_INSPECTOR; elsewhere the test is skipped unless PKB_INSPECTOR points
+at an `mcp-inspector` binary (npm install @modelcontextprotocol/inspector).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+INSPECTOR = os.environ.get("PKB_INSPECTOR")
+pytestmark = pytest.mark.skipif(not INSPECTOR, reason="PKB_INSPECTOR is not set (.ci/run sets it)")
+
+
+def inspect(tmp_path, *args):
+    env = dict(os.environ, PKB_STATE_DIR=str(tmp_path / "state"), PKB_JOBS_DIR=str(tmp_path))
+    cmd = [INSPECTOR, "--cli", sys.executable, "-m", "pkb_mcp.cli", "serve", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_inspector_lists_the_tools(tmp_path):
+    names = {t["name"] for t in inspect(tmp_path, "--method", "tools/list")["tools"]}
+    assert {
+        "list_problems",
+        "get_reference",
+        "compile_kernel",
+        "run_correctness",
+        "benchmark",
+        "roofline",
+    } <= names
+
+
+def test_inspector_runs_run_correctness_on_cpu(tmp_path):
+    out = inspect(
+        tmp_path,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "run_correctness",
+        "--tool-arg",
+        "problem=1",
+        "--tool-arg",
+        "path=problems/001_allreduce.py",
+        "--tool-arg",
+        "world_size=2",
+        "--tool-arg",
+        "trials=2",
+        "--tool-arg",
+        "device=cpu",
+    )
+    assert out["structuredContent"]["state"] == "done"
+    assert out["structuredContent"]["result"]["verdict"] == "pass"
+    assert "PASS" in out["content"][0]["text"]
