@@ -1,6 +1,7 @@
 """Rank launcher: starts one worker process per rank and reports each rank's fate (stdlib only).
 
-Run as `python -m harness.launch` inside the sandbox with the job configuration as JSON on stdin.
+Run as `python -m harness.launch` inside the sandbox with the job configuration as JSON on stdin
+(or in a file named by `--config-file`, deleted as soon as it is read).
 Each worker gets its own configuration (with its rank and the trial seeds) through its stdin pipe,
 so seeds never touch the job directory. The launcher watches the workers: when one fails, the
 others get a short grace period to finish (they are usually stuck in a collective) and are then
@@ -129,8 +130,19 @@ def launch(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
 
 
+def read_config(argv: list[str]) -> dict[str, Any]:
+    """The job configuration from stdin, or from `--config-file PATH`, which is deleted once read:
+    no candidate code exists yet, and none may ever read the seeds in it."""
+    if len(argv) == 2 and argv[0] == "--config-file":
+        path = Path(argv[1])
+        text = path.read_text()
+        path.unlink()
+        return json.loads(text)
+    return json.loads(sys.stdin.read())
+
+
 def main() -> None:
-    cfg = json.loads(sys.stdin.read())
+    cfg = read_config(sys.argv[1:])
     result = launch(cfg)
     path = Path(cfg["job_dir"]) / "launch.json"
     tmp = path.with_suffix(".part")

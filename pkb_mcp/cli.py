@@ -124,6 +124,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("PKB_TOKEN")
     if args.transport == "http" and not token and args.host not in LOOPBACK:
         raise UserError(f"refusing to listen on {args.host} without a token; pass --token or set PKB_TOKEN")
+    if args.transport == "http" and not args.allow_process_sandbox:
+        from sandbox import select_backend
+
+        if select_backend("auto").name == "process":
+            raise UserError(
+                "no Docker engine answers, and serving over HTTP with the process backend would run "
+                "remote code unisolated; start Docker, or pass --allow-process-sandbox"
+            )
     state = config.state_dir()
     gpus = 0
     if service.default_device() == "cuda":
@@ -166,7 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(
                 "--timeout", type=float, default=None, help="wall-clock limit of each job, seconds"
             )
-            p.add_argument("--sandbox", default="auto", help="isolation backend: auto or process")
+            p.add_argument(
+                "--sandbox",
+                choices=["auto", "docker", "process"],
+                default="auto",
+                help="isolation: docker, process (no isolation), auto (docker when an engine answers)",
+            )
 
     p = sub.add_parser("problems", help="list the problems")
     p.add_argument("--category")
@@ -209,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="http: address to listen on (default loopback)")
     p.add_argument("--port", type=int, default=8765, help="http: port (default 8765)")
     p.add_argument("--token", default=None, help="http: bearer token clients must send (or env PKB_TOKEN)")
+    p.add_argument(
+        "--allow-process-sandbox",
+        action="store_true",
+        help="http: serve even when only the (non-isolating) process backend is available",
+    )
     p.set_defaults(func=cmd_serve)
     return parser
 

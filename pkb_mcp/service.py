@@ -29,7 +29,7 @@ from pkb_mcp.models import (
     SandboxInfo,
     Traffic,
 )
-from sandbox import select_backend
+from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
 
 Progress = Callable[[float, float | None, str], None]
@@ -209,7 +209,10 @@ class _Run:
         self.timeout_s = timeout_s
         self.solution = solution.resolve()
         self.syntax_error = _read_solution(self.solution)
-        self.backend: Backend = select_backend(sandbox)
+        try:
+            self.backend: Backend = select_backend(sandbox)
+        except SandboxUnavailable as exc:
+            raise UserError(str(exc)) from exc
         self.sandbox = SandboxInfo(
             backend=self.backend.name, isolated=self.backend.isolated, note=self.backend.note
         )

@@ -4,13 +4,39 @@ A backend is one module implementing `sandbox.base.Backend`. `process` is the fa
 does not isolate; the Docker backend is the next one.
 """
 
+import functools
+
 from sandbox.base import Backend
 
 
+class SandboxUnavailable(RuntimeError):
+    """The backend asked for cannot run here."""
+
+
+@functools.cache
+def _docker() -> Backend:
+    from sandbox.docker import DockerBackend
+
+    return DockerBackend()
+
+
 def select_backend(name: str = "auto") -> Backend:
-    """The backend called `name`; "auto" picks the most isolating one available."""
+    """The backend called `name`: docker, process, or auto (docker when an engine answers, else process).
+
+    The Docker backend is made once per process: the first use builds the local image if needed and
+    removes containers that a dead server left behind.
+    """
     from sandbox.process import ProcessBackend
 
-    if name in ("auto", "process"):
+    if name == "process":
         return ProcessBackend()
-    raise ValueError(f"unknown sandbox backend {name!r}; choose auto or process")
+    if name not in ("auto", "docker"):
+        raise SandboxUnavailable(f"unknown sandbox backend {name!r}; choose auto, docker or process")
+    try:
+        return _docker()
+    except Exception as exc:  # no engine, no SDK transport, no permission: all mean "not here"
+        if name == "docker":
+            raise SandboxUnavailable(
+                f"the docker sandbox cannot run here: {exc}; start a Docker engine or pass --sandbox process"
+            ) from exc
+        return ProcessBackend()

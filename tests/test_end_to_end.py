@@ -1,6 +1,10 @@
 """Every problem through the real harness on CPU (gloo): the reference passes as a candidate, a
 perturbed candidate fails with a per-rank diagnosis, and failing candidates are reported per rank
-without leaving a process or a job directory behind."""
+without leaving a process or a job directory behind.
+
+The sandbox is `auto`: the Docker backend wherever an engine answers (CI starts one), else the
+process backend; the failure-mode tests below pin the process backend, which
+tests/test_sandbox_docker.py complements for Docker."""
 
 from pathlib import Path
 
@@ -78,7 +82,13 @@ def test_failing_candidates_are_reported_per_rank(candidate, states, words, worl
         pytest.skip("world size 4 covers one failure and one hang; the others need no second run")
     timeout = 6 * world_size if candidate == "hangs.py" else 120  # startup of 4 ranks on 2 cores is slow
     r = service.check(
-        1, CANDIDATES / candidate, world_size=world_size, device="cpu", trials=2, timeout_s=timeout
+        1,
+        CANDIDATES / candidate,
+        world_size=world_size,
+        device="cpu",
+        trials=2,
+        timeout_s=timeout,
+        sandbox="process",
     )
     assert r.verdict == ("timeout" if candidate == "hangs.py" else "fail")
     for rank, state in states.items():

@@ -1,0 +1,221 @@
+"""The Docker backend: one hardened container per job, holding all of its ranks.
+
+The container has no network, a read-only root, an exec-capable tmpfs at /tmp (JIT builds load .so
+files from it), a non-root user, no capabilities, no-new-privileges, pid and memory limits, an init,
+and our label. It sees only: the job directory (read-write, at /job), the harness (read-only), the
+Python installation and /usr (read-only), and, on GPU jobs, exactly the job's GPUs. Deadline: the
+launcher inside stops its ranks at the job's deadline; outside, the container is killed shortly
+after and always force-removed. Containers with our label left by a crashed server are removed when
+a backend starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import DeviceRequest, Mount
+
+from sandbox.base import JOB_ENV, LOG_CAP_BYTES, OUTER_GRACE_S, SandboxJob, SandboxRun
+from sandbox.image import SANDBOX_GID, SANDBOX_UID, ensure_image
+
+LABEL = "pkb.sandbox"
+JOB_MOUNT = "/job"
+HARNESS_MOUNT = "/opt/pkb"
+# Limits per job, overridable by environment: memory (RAM + swap), processes, /dev/shm (NCCL's
+# shared-memory transport needs room).
+DEFAULT_LIMITS = {"PKB_SANDBOX_MEMORY": "32g", "PKB_SANDBOX_PIDS": "512", "PKB_SANDBOX_SHM": "8g"}
+
+
+def _limit(name: str) -> str:
+    return os.environ.get(name, DEFAULT_LIMITS[name])
+
+
+NVIDIA_DRIVER_DIRS = ("/usr/local/nvidia",)
+
+
+class DockerUnavailable(RuntimeError):
+    """No Docker engine answers."""
+
+
+def connect(timeout_s: float = 3.0) -> docker.DockerClient:
+    try:
+        client = docker.from_env(timeout=int(max(timeout_s, 1)))
+        client.ping()
+        return client
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise DockerUnavailable(f"no Docker engine answers ({exc})") from exc
+
+
+def sweep(client: docker.DockerClient) -> int:
+    """Remove every container carrying our label (left behind by a server that died)."""
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True)
+            removed += 1
+    return removed
+
+
+def _python_prefixes() -> list[str]:
+    """The interpreter's installation (and a virtual environment's base), mounted read-only."""
+    prefixes = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    return sorted(p for p in prefixes if not p.startswith("/usr"))
+
+
+def _gpu_setup(client: docker.DockerClient, gpus: list[int]) -> dict[str, Any]:
+    """Exactly the job's GPUs: the NVIDIA runtime's device request where it is installed, else the
+    device nodes themselves plus the driver's library folder, read-only."""
+    if not gpus:
+        return {}
+    runtimes = client.info().get("Runtimes", {})
+    ids = [str(g) for g in gpus]
+    if "nvidia" in runtimes:
+        return {
+            "device_requests": [DeviceRequest(device_ids=ids, capabilities=[["gpu", "compute", "utility"]])],
+            "environment": {},
+        }
+    devices = [f"/dev/nvidia{g}:/dev/nvidia{i}" for i, g in enumerate(gpus)]
+    for node in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+        if os.path.exists(node):
+            devices.append(f"{node}:{node}")
+    mounts = [Mount(d, d, type="bind", read_only=True) for d in NVIDIA_DRIVER_DIRS if os.path.isdir(d)]
+    # the device nodes are renumbered from 0 inside, so every visible GPU is one of the job's
+    return {
+        "devices": devices,
+        "mounts": mounts,
+        "environment": {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus)))},
+    }
+
+
+def _inside(value: Any, host_dir: str) -> Any:
+    """The job config with host paths of the job directory rewritten to the container's."""
+    if isinstance(value, str):
+        return value.replace(host_dir, JOB_MOUNT)
+    if isinstance(value, dict):
+        return {k: _inside(v, host_dir) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_inside(v, host_dir) for v in value]
+    return value
+
+
+class DockerBackend:
+    name = "docker"
+    isolated = True
+    note = "docker backend: no network, read-only root, non-root user, no capabilities, resource limits"
+
+    def __init__(self, client: docker.DockerClient | None = None):
+        self.client = client or connect()
+        self.image = ensure_image(self.client)
+        sweep(self.client)
+
+    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
+        host_dir = str(job.job_dir)
+        self._hand_over(job.job_dir)
+        config_path = job.job_dir / ".launch-config"
+        config_path.write_text(json.dumps(_inside(job.config, host_dir)))
+        os.chmod(config_path, 0o600)
+        with contextlib.suppress(PermissionError):
+            os.chown(config_path, SANDBOX_UID, SANDBOX_GID)
+        gpu = _gpu_setup(self.client, job.gpus if job.device == "cuda" else [])
+        env = dict(JOB_ENV)
+        env.update(
+            {
+                "HOME": "/tmp",
+                "PYTHONPATH": HARNESS_MOUNT,
+                "PKB_JOB": job.job_id,
+                "TMPDIR": "/tmp",
+                "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions",
+                "TRITON_CACHE_DIR": "/tmp/triton",
+                "OMP_NUM_THREADS": str(job.threads),
+                "PATH": "/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin",
+            }
+        )
+        env["CUDA_VISIBLE_DEVICES"] = (
+            "" if job.device != "cuda" else ",".join(str(i) for i in range(len(job.gpus)))
+        )
+        env.update(gpu.get("environment", {}))
+        env.update(job.env)
+        mounts = [
+            Mount(JOB_MOUNT, host_dir, type="bind", read_only=False),
+            Mount(f"{HARNESS_MOUNT}/harness", str(job.harness_root / "harness"), type="bind", read_only=True),
+            Mount("/usr", "/usr", type="bind", read_only=True),
+            *[Mount(p, p, type="bind", read_only=True) for p in _python_prefixes()],
+            *gpu.get("mounts", []),
+        ]
+        t0 = time.monotonic()
+        container = self.client.containers.create(
+            self.image,
+            [sys.executable, "-m", "harness.launch", "--config-file", f"{JOB_MOUNT}/.launch-config"],
+            user=f"{SANDBOX_UID}:{SANDBOX_GID}",
+            working_dir=JOB_MOUNT,
+            environment=env,
+            mounts=mounts,
+            network_mode="none",
+            read_only=True,
+            tmpfs={"/tmp": "rw,exec,nosuid,size=16g,mode=1777"},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=int(_limit("PKB_SANDBOX_PIDS")),
+            mem_limit=_limit("PKB_SANDBOX_MEMORY"),
+            memswap_limit=_limit("PKB_SANDBOX_MEMORY"),
+            shm_size=_limit("PKB_SANDBOX_SHM"),
+            init=True,
+            ipc_mode="private",
+            labels={LABEL: "1", "pkb.job": job.job_id},
+            devices=gpu.get("devices"),
+            device_requests=gpu.get("device_requests"),
+            stdin_open=False,
+            tty=False,
+        )
+        killed = cancelled = False
+        exit_code: int | None = None
+        try:
+            container.start()
+            deadline = t0 + job.timeout_s + OUTER_GRACE_S
+            while True:
+                try:
+                    exit_code = int(container.wait(timeout=0.25)["StatusCode"])
+                    break
+                except (requests.exceptions.ConnectionError, requests.exceptions.ReadTimeout):
+                    pass
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                if time.monotonic() > deadline:
+                    killed = True
+                    break
+            if exit_code is None:
+                with contextlib.suppress(docker.errors.APIError):
+                    container.kill()
+            log = container.logs(stdout=True, stderr=True, tail=2000)[-LOG_CAP_BYTES:].decode(
+                "utf-8", "replace"
+            )
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+        return SandboxRun(
+            exit_code=exit_code,
+            wall_s=time.monotonic() - t0,
+            killed_at_deadline=killed,
+            launcher_log=log,
+            cancelled=cancelled,
+        )
+
+    @staticmethod
+    def _hand_over(job_dir: Path) -> None:
+        """Give the job directory to the sandbox user (or open it up when we cannot chown)."""
+        for path in [job_dir, *job_dir.rglob("*")]:
+            try:
+                os.chown(path, SANDBOX_UID, SANDBOX_GID)
+            except PermissionError:
+                os.chmod(path, 0o777 if path.is_dir() else 0o666)

@@ -1,0 +1,166 @@
+"""The Docker sandbox against hostile candidates: each escape is contained and reported, and nothing
+is left behind (no container, no process, no job directory). .ci/run starts a Docker engine and sets
+PKB_REQUIRE_DOCKER=1, so there these tests fail rather than skip when the engine is missing."""
+
+import contextlib
+import os
+import socket
+import threading
+
+import pytest
+
+from pkb_mcp import service
+from sandbox import select_backend
+
+from .conftest import CANDIDATES, ROOT, job_processes
+
+try:
+    from sandbox.docker import LABEL, connect, sweep
+
+    CLIENT = connect()
+except Exception as exc:  # no engine here
+    CLIENT = None
+    REASON = str(exc)
+
+if CLIENT is None and os.environ.get("PKB_REQUIRE_DOCKER") == "1":
+    raise RuntimeError(f"PKB_REQUIRE_DOCKER=1 but {REASON}")
+pytestmark = pytest.mark.skipif(CLIENT is None, reason="no Docker engine answers")
+
+
+@pytest.fixture(autouse=True)
+def small_limits(monkeypatch):
+    monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
+    monkeypatch.setenv("PKB_SANDBOX_PIDS", "256")
+    monkeypatch.setenv("PKB_SANDBOX_SHM", "256m")
+
+
+def assert_clean(jobs_dir):
+    assert CLIENT.containers.list(all=True, filters={"label": LABEL}) == [], "no container may survive"
+    assert job_processes(jobs_dir) == [], "no process may survive"
+    assert list(jobs_dir.iterdir()) == [], "no job directory may survive"
+
+
+def check(path, **kw):
+    kw.setdefault("world_size", 2)
+    kw.setdefault("trials", 1)
+    return service.check(1, path, device="cpu", sandbox="docker", **kw)
+
+
+def hostile(tmp_path, body):
+    path = tmp_path / "hostile.py"
+    path.write_text("import torch\nimport torch.distributed as dist\n\n\ndef solution(x):\n" + body)
+    return path
+
+
+def test_reference_and_wrong_candidate_in_docker(isolated_dirs):
+    ok = check(ROOT / "problems" / "001_allreduce.py", trials=2)
+    assert ok.verdict == "pass" and ok.sandbox.backend == "docker" and ok.sandbox.isolated
+    assert not any("not isolated" in w or "without isolation" in w for w in ok.warnings)
+    bad = check(ROOT / "examples" / "wrong_allreduce_half.py")
+    assert bad.verdict == "fail" and bad.ranks[0].first_mismatch.index == [512, 0]
+    assert_clean(isolated_dirs)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "state", "words"),
+    [
+        ("raises_on_rank1.py", "error", "rank 1 gives up"),
+        ("segfaults.py", "crashed", "SIGSEGV"),
+        ("hangs.py", "timeout", "deadline"),
+    ],
+)
+def test_failing_candidates_in_docker(candidate, state, words, isolated_dirs):
+    r = check(CANDIDATES / candidate, timeout_s=20 if candidate == "hangs.py" else 120)
+    assert state in {x.state for x in r.ranks} and words in r.message
+    assert_clean(isolated_dirs)
+
+
+def test_network_is_unreachable(tmp_path, isolated_dirs):
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen(4)
+    listener.settimeout(30)
+    port = listener.getsockname()[1]
+    hits = []
+
+    def accept():
+        with contextlib.suppress(OSError):  # closed at the end of the test: nobody came
+            hits.append(listener.accept())
+
+    threading.Thread(target=accept, daemon=True).start()
+    host_ip = socket.gethostbyname(socket.gethostname())
+    body = (
+        f"    import socket\n    for host in ('127.0.0.1', '{host_ip}', '172.17.0.1', '1.1.1.1'):\n"
+        f"        try:\n            socket.create_connection((host, {port}), timeout=2)\n"
+        f"            raise SystemError('CONNECTED to ' + host)\n        except OSError:\n            pass\n"
+        "    raise RuntimeError('network blocked')\n"
+    )
+    r = check(hostile(tmp_path, body))
+    assert all(x.state == "error" for x in r.ranks), r.message
+    assert "network blocked" in r.message and "CONNECTED" not in r.message
+    assert hits == []
+    listener.close()
+    assert_clean(isolated_dirs)
+
+
+def test_host_files_are_invisible(tmp_path, isolated_dirs):
+    planted = tmp_path / "planted-secret.txt"
+    planted.write_text("TOP-SECRET-VALUE")
+    targets = [str(planted), "/root/.bashrc", "/etc/shadow", str(ROOT / "pyproject.toml")]
+    body = (
+        f"    import os\n    seen = [p for p in {targets!r} if os.path.exists(p)]\n"
+        "    raise RuntimeError('visible: ' + repr(seen) + ' etc: ' + repr(sorted(os.listdir('/etc'))))\n"
+    )
+    r = check(hostile(tmp_path, body))
+    assert "visible: []" in r.message, r.message
+    assert "shadow" not in r.message and "TOP-SECRET" not in r.message
+    assert_clean(isolated_dirs)
+
+
+def test_writes_outside_the_job_directory_fail(tmp_path, isolated_dirs):
+    body = (
+        "    import os\n    errors = []\n"
+        "    for p in ('/usr/pwned', '/etc/pwned', '/pwned', '/opt/pkb/harness/x.py'):\n"
+        "        try:\n            open(p, 'w').write('x')\n            errors.append('WROTE ' + p)\n"
+        "        except OSError as e:\n            errors.append(type(e).__name__)\n"
+        "    raise RuntimeError(' '.join(errors))\n"
+    )
+    r = check(hostile(tmp_path, body))
+    assert "WROTE" not in r.message, r.message
+    assert "OSError" in r.message or "PermissionError" in r.message, r.message
+    assert not os.path.exists("/usr/pwned") and not os.path.exists("/pwned")
+    assert_clean(isolated_dirs)
+
+
+def test_fork_bomb_hits_the_pid_limit(tmp_path, isolated_dirs):
+    body = (
+        "    import os, time\n    for _ in range(100000):\n        try:\n            if os.fork() == 0:\n"
+        "                time.sleep(60)\n                os._exit(0)\n        except OSError:\n"
+        "            raise RuntimeError('fork refused: pid limit')\n"
+    )
+    r = check(hostile(tmp_path, body), timeout_s=40)
+    assert r.verdict in ("fail", "timeout")
+    assert "pid limit" in r.message or r.verdict == "timeout", r.message
+    assert_clean(isolated_dirs)
+
+
+def test_unbounded_allocation_hits_the_memory_limit(tmp_path, isolated_dirs):
+    body = "    hoard = []\n    while True:\n        hoard.append(bytearray(64 << 20))\n"
+    r = check(hostile(tmp_path, body), timeout_s=60)
+    assert r.verdict in ("fail", "timeout") and any(
+        x.state in ("crashed", "error", "aborted") for x in r.ranks
+    )
+    assert_clean(isolated_dirs)
+
+
+def test_stale_labelled_containers_are_swept():
+    from sandbox.image import ensure_image
+
+    image = ensure_image(CLIENT)
+    CLIENT.containers.create(image, ["/usr/bin/true"], labels={LABEL: "1"})
+    assert sweep(CLIENT) >= 1
+    assert CLIENT.containers.list(all=True, filters={"label": LABEL}) == []
+
+
+def test_auto_prefers_docker():
+    assert select_backend("auto").name == "docker"
