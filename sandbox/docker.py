@@ -6,7 +6,7 @@ and our label. It sees only: the job directory (read-write, at /job), the harnes
 Python installation and /usr (read-only), and, on GPU jobs, exactly the job's GPUs. Deadline: the
 launcher inside stops its ranks at the job's deadline; outside, the container is killed shortly
 after and always force-removed. Containers with our label left by a crashed server are removed when
-a backend starts.
+a backend starts (containers of other live pkb processes on the same engine are left alone).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -56,10 +57,33 @@ def connect(timeout_s: float = 3.0) -> docker.DockerClient:
         raise DockerUnavailable(f"no Docker engine answers ({exc})") from exc
 
 
+OWNER_LABEL = "pkb.owner"
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine's engine state, or no owner: not ours to keep
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def sweep(client: docker.DockerClient) -> int:
-    """Remove every container carrying our label (left behind by a server that died)."""
+    """Remove containers with our label whose owning pkb process is gone (left by a dead server).
+    Containers of live pkb processes sharing the engine are left alone."""
     removed = 0
     for container in client.containers.list(all=True, filters={"label": LABEL}):
+        if _owner_alive(container.labels.get(OWNER_LABEL, "")):
+            continue
         with contextlib.suppress(docker.errors.APIError):
             container.remove(force=True)
             removed += 1
@@ -171,7 +195,7 @@ class DockerBackend:
             shm_size=_limit("PKB_SANDBOX_SHM"),
             init=True,
             ipc_mode="private",
-            labels={LABEL: "1", "pkb.job": job.job_id},
+            labels={LABEL: "1", "pkb.job": job.job_id, OWNER_LABEL: owner_id()},
             devices=gpu.get("devices"),
             device_requests=gpu.get("device_requests"),
             stdin_open=False,

@@ -35,7 +35,10 @@ def small_limits(monkeypatch):
 
 
 def assert_clean(jobs_dir):
-    assert CLIENT.containers.list(all=True, filters={"label": LABEL}) == [], "no container may survive"
+    from sandbox.docker import OWNER_LABEL, owner_id
+
+    mine = CLIENT.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner_id()}"})
+    assert mine == [], "no container may survive"
     assert job_processes(jobs_dir) == [], "no process may survive"
     assert list(jobs_dir.iterdir()) == [], "no job directory may survive"
 
@@ -153,13 +156,24 @@ def test_unbounded_allocation_hits_the_memory_limit(tmp_path, isolated_dirs):
     assert_clean(isolated_dirs)
 
 
-def test_stale_labelled_containers_are_swept():
+def test_only_containers_of_dead_owners_are_swept():
+    import socket
+
+    from sandbox.docker import OWNER_LABEL, owner_id
     from sandbox.image import ensure_image
 
     image = ensure_image(CLIENT)
-    CLIENT.containers.create(image, ["/usr/bin/true"], labels={LABEL: "1"})
-    assert sweep(CLIENT) >= 1
-    assert CLIENT.containers.list(all=True, filters={"label": LABEL}) == []
+    dead = CLIENT.containers.create(
+        image, ["/usr/bin/true"], labels={LABEL: "1", OWNER_LABEL: f"{socket.gethostname()}:999999999"}
+    )
+    live = CLIENT.containers.create(image, ["/usr/bin/true"], labels={LABEL: "1", OWNER_LABEL: owner_id()})
+    try:
+        sweep(CLIENT)
+        left = {c.id for c in CLIENT.containers.list(all=True, filters={"label": LABEL})}
+        assert dead.id not in left, "a dead server's container is removed"
+        assert live.id in left, "a live process's container is left alone"
+    finally:
+        live.remove(force=True)
 
 
 def test_auto_prefers_docker():

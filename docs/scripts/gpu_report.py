@@ -8,7 +8,9 @@ a markdown summary of the file is printed at the end (`--summarize FILE` prints 
 Parts (all by default): `refs` (every problem: `check` of the reference as candidate, then `bench` of
 the reference against itself: the speedup must be 1.00 within a few percent, and the reference's %
 of floor), `examples` (every examples/NNN_*.py: check and bench at each size), `wall` (the wall time
-of `pkb check 1 ... --trials 5` as a user runs it: a fresh CLI process).
+of `pkb check 1 ... --trials 5` as a user runs it, a fresh CLI process, per sandbox backend), `mcp` (an
+MCP client runs run_correctness and benchmark of examples/001 end to end).
+`--device cpu` is a dry run on a machine without GPUs (examples are skipped there: they need CUDA).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def emit(out: Path, row: dict) -> None:
     print(json.dumps(brief), flush=True)
 
 
+DEVICE = "cuda"
+SANDBOX = "auto"
+
+
 def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
     row: dict = {
         "part": part,
@@ -65,7 +71,7 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
         "size": size,
     }
     try:
-        r = service.bench(pid, solution, world_size=ws, size=size, device="cuda")
+        r = service.bench(pid, solution, world_size=ws, size=size, device=DEVICE, sandbox=SANDBOX)
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
     row.update(verdict=r.verdict, message=r.message, wall_s=r.wall_s, warnings=r.warnings)
@@ -95,7 +101,9 @@ def check_row(part: str, pid: int, solution: Path, ws: int, size: str, trials: i
         "trials": trials,
     }
     try:
-        r = service.check(pid, solution, world_size=ws, size=size, device="cuda", trials=trials)
+        r = service.check(
+            pid, solution, world_size=ws, size=size, device=DEVICE, trials=trials, sandbox=SANDBOX
+        )
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
     return {
@@ -134,43 +142,97 @@ def run_examples(out: Path, world_sizes: list[int], sizes: list[str], only: str 
                     emit(out, bench_row("examples", pid, path, ws, size))
 
 
-def run_wall(out: Path, repeats: int) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pkb_mcp.cli",
-        "check",
-        "1",
-        "problems/001_allreduce.py",
-        "--world-size",
-        "4",
-        "--trials",
-        "5",
-        "--device",
-        "cuda",
-        "--json",
-    ]
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        wall = time.perf_counter() - t0
-        verdict = (
-            json.loads(proc.stdout)["verdict"] if proc.returncode in (0, 1) else f"exit {proc.returncode}"
-        )
-        emit(
-            out,
-            {
-                "part": "wall",
-                "problem": 1,
-                "world_size": 4,
-                "size": "pkb",
-                "trials": 5,
-                "repeat": i,
-                "verdict": verdict,
-                "wall_s": round(wall, 2),
-                "command": " ".join(cmd[1:]),
-            },
-        )
+def run_wall(out: Path, repeats: int, sandboxes: list[str], world_size: int) -> None:
+    """Wall time of `pkb check 1 ... --trials 5` in a fresh CLI process, per sandbox backend."""
+    for sandbox in sandboxes:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pkb_mcp.cli",
+            "check",
+            "1",
+            "problems/001_allreduce.py",
+            "--world-size",
+            str(world_size),
+            "--trials",
+            "5",
+            "--device",
+            DEVICE,
+            "--sandbox",
+            sandbox,
+            "--json",
+        ]
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            wall = time.perf_counter() - t0
+            ok = proc.returncode in (0, 1)
+            verdict = json.loads(proc.stdout)["verdict"] if ok else f"exit {proc.returncode}"
+            emit(
+                out,
+                {
+                    "part": f"wall-{sandbox}",
+                    "problem": 1,
+                    "world_size": world_size,
+                    "size": "pkb",
+                    "trials": 5,
+                    "repeat": i,
+                    "verdict": verdict,
+                    "wall_s": round(wall, 2),
+                    "message": "" if ok else proc.stderr[-300:],
+                    "command": " ".join(cmd[1:]),
+                },
+            )
+
+
+def run_mcp(out: Path, world_size: int) -> None:
+    """An MCP client (the SDK's, in-process) runs run_correctness and benchmark end to end."""
+    import anyio
+    import torch
+    from mcp import Client
+
+    from pkb_mcp.scheduler import Scheduler
+    from pkb_mcp.server import build_server
+    from pkb_mcp.store import JobStore
+
+    state = out.parent / "mcp-state"
+    gpus = torch.cuda.device_count() if DEVICE == "cuda" else 0
+    scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus)
+    source = (ROOT / "examples" / "001_allreduce_symm_mem.py").read_text()
+
+    async def session() -> None:
+        async with Client(build_server(scheduler, state / "sources")) as client:
+            for tool in ("run_correctness", "benchmark"):
+                args = {
+                    "problem": 1,
+                    "source": source
+                    if DEVICE == "cuda"
+                    else (ROOT / "problems" / "001_allreduce.py").read_text(),
+                    "world_size": world_size,
+                    "device": DEVICE,
+                }
+                t0 = time.perf_counter()
+                r = await client.call_tool(tool, args)
+                res = (r.structured_content or {}).get("result") or {}
+                emit(
+                    out,
+                    {
+                        "part": f"mcp-{tool}",
+                        "problem": 1,
+                        "world_size": world_size,
+                        "size": "pkb",
+                        "verdict": res.get("verdict", "error"),
+                        "speedup": res.get("speedup"),
+                        "message": res.get("message") or str(r.content)[:300],
+                        "wall_s": round(time.perf_counter() - t0, 2),
+                        "bytes": len(json.dumps(r.structured_content)),
+                    },
+                )
+
+    try:
+        anyio.run(session)
+    finally:
+        scheduler.stop()
 
 
 def summarize(path: Path) -> str:
@@ -187,10 +249,14 @@ def summarize(path: Path) -> str:
     for r in rows:
         if r.get("part") in ("machine",):
             continue
+        r.setdefault("world_size", "")
+        r.setdefault("size", "")
         ref = r.get("reference", {})
         cand = r.get("candidate", {})
         speed = (
-            f"{r['speedup']:.3f} ({r['speedup_low']:.3f}-{r['speedup_high']:.3f})" if "speedup" in r else ""
+            f"{r['speedup']:.3f} ({r['speedup_low']:.3f}-{r['speedup_high']:.3f})"
+            if r.get("speedup_low") is not None
+            else ""
         )
         pct = f"{r['pct_of_floor']:.1f}" if r.get("pct_of_floor") is not None else ""
         med = f"{ref['median_ms']:.4g}" if ref else ""
@@ -213,7 +279,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("gpu_report.jsonl"))
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--parts", nargs="+", default=["refs", "examples", "wall"])
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=["wall", "mcp", "examples", "refs"],
+        help="wall (pkb check 1 wall time per sandbox), mcp, examples, refs",
+    )
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
+    ap.add_argument("--sandbox", default="auto", choices=["auto", "docker", "process"])
+    ap.add_argument("--wall-sandboxes", nargs="+", default=["docker", "process"])
     ap.add_argument("--problems", default="", help="comma-separated ids for refs (default: all)")
     ap.add_argument("--sizes", nargs="+", default=["pkb"], help="sizes for refs")
     ap.add_argument("--example-sizes", nargs="+", default=["pkb", "large"])
@@ -225,11 +299,15 @@ def main() -> None:
     if args.summarize:
         print(summarize(args.summarize))
         return
+    global DEVICE, SANDBOX
+    DEVICE, SANDBOX = args.device, args.sandbox
     emit(args.out, {"part": "machine", **machine(), "argv": sys.argv[1:]})
     ids = [int(x) for x in args.problems.split(",") if x] or sorted(problems.suite())
     if "wall" in args.parts:
-        run_wall(args.out, args.wall_repeats)
-    if "examples" in args.parts:
+        run_wall(args.out, args.wall_repeats, args.wall_sandboxes, max(args.world_sizes))
+    if "mcp" in args.parts:
+        run_mcp(args.out, max(args.world_sizes))
+    if "examples" in args.parts and DEVICE == "cuda":
         run_examples(args.out, args.world_sizes, args.example_sizes, args.example)
     if "refs" in args.parts:
         run_refs(args.out, ids, args.world_sizes, args.sizes, not args.no_refs_check)
