@@ -85,11 +85,13 @@ class _Live:
 class Scheduler:
     def __init__(self, store: JobStore, gpus: int, compile_slots: int = 2):
         self.store = store
+        self.gpu_count = gpus
         self.free_gpus = list(range(gpus))
         self.cpu_free = True
         self.compile_free = compile_slots
         self._live: dict[str, _Live] = {}
         self._queue: list[str] = []
+        self.dispatched: list[str] = []  # job ids in the order they were given their resources
         self._cond = threading.Condition()
         self._stopped = False
         for record in store.unfinished():
@@ -134,6 +136,7 @@ class Scheduler:
         return self.get(job_id)
 
     def stop(self) -> None:
+        """Stop dispatching and kill running jobs; they stay unfinished, so the next start re-runs them."""
         with self._cond:
             self._stopped = True
             for live in self._live.values():
@@ -149,10 +152,15 @@ class Scheduler:
             self._cond.notify_all()
 
     def _needs(self, record: JobRecord) -> tuple[str, int]:
+        """(resource class, units). A benchmark takes every GPU of the node, so that nothing else
+        shares its NVLink, HBM or power budget while it is timed."""
         if record.kind == "compile":
             return "compile", 1
         device = record.params.get("device") or service.default_device()
-        return ("gpu", int(record.params["world_size"])) if device == "cuda" else ("cpu", 1)
+        if device != "cuda":
+            return "cpu", 1
+        world_size = int(record.params["world_size"])
+        return "gpu", max(world_size, self.gpu_count) if record.kind == "bench" else world_size
 
     def _take(self, need: tuple[str, int]) -> list[int] | None:
         kind, count = need
@@ -183,16 +191,32 @@ class Scheduler:
                 if self._stopped:
                     return
                 started = False
+                blocked: set[str] = set()
                 for job_id in list(self._queue):
                     record = self.store.get(job_id)
                     if record is None:
                         self._queue.remove(job_id)
                         continue
                     need = self._needs(record)
+                    if need[0] == "gpu" and need[1] > self.gpu_count:
+                        self._queue.remove(job_id)
+                        self.store.finish(
+                            job_id,
+                            "failed",
+                            error=f"the job needs {need[1]} GPUs and this server "
+                            f"has {self.gpu_count}; ask for a smaller world size",
+                        )
+                        continue
+                    # first come, first served within a resource class: a later job never overtakes a
+                    # waiting one, so a large job cannot be starved by a stream of small ones
+                    if need[0] in blocked:
+                        continue
                     taken = self._take(need)
                     if taken is None:
+                        blocked.add(need[0])
                         continue
                     self._queue.remove(job_id)
+                    self.dispatched.append(job_id)
                     threading.Thread(
                         target=self._run, args=(record, need, taken), name=f"pkb-job-{job_id}", daemon=True
                     ).start()
@@ -204,7 +228,7 @@ class Scheduler:
         live = self._live[record.id]
         params = dict(record.params)
         if taken:
-            params["gpus"] = taken
+            params["gpus"] = taken[: int(params["world_size"])]
         self.store.started(record.id)
         last = [0.0]
 
@@ -223,7 +247,10 @@ class Scheduler:
             live.result = result
             self.store.finish(record.id, "done", result=result.model_dump(mode="json"))
         except Cancelled as exc:
-            self.store.finish(record.id, "cancelled", error=f"{live.reason or 'cancelled'}: {exc}")
+            if self._stopped and not live.reason:
+                self.store.requeue(record.id)  # the server is stopping: the next one runs it again
+            else:
+                self.store.finish(record.id, "cancelled", error=f"{live.reason or 'cancelled'}: {exc}")
         except UserError as exc:
             self.store.finish(record.id, "failed", error=str(exc))
         except Exception as exc:  # a bug of ours: keep the server alive, say what happened

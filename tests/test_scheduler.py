@@ -1,0 +1,150 @@
+"""The scheduler's queueing on one node, with stand-in jobs (no harness): disjoint GPU sets run at
+once, benchmarks get the node to themselves, nothing overtakes a waiting job of its class, many
+concurrent clients lose nothing, cancellation of a queued job, and recovery after a restart."""
+
+import threading
+import time
+
+import pytest
+
+from pkb_mcp import scheduler as sched
+from pkb_mcp.errors import Cancelled
+from pkb_mcp.store import JobStore
+
+LOG: list[tuple[str, str, float, list[int]]] = []
+LOCK = threading.Lock()
+
+
+def fake(params, progress, cancel):
+    with LOCK:
+        LOG.append(("start", params["name"], time.monotonic(), params.get("gpus", [])))
+    deadline = time.monotonic() + params["seconds"]
+    while time.monotonic() < deadline and not cancel.is_set():
+        time.sleep(0.01)
+    with LOCK:
+        LOG.append(("end", params["name"], time.monotonic(), params.get("gpus", [])))
+    if cancel.is_set():  # as the service does: a cancelled job raises, it never returns a result
+        raise Cancelled("cancelled")
+    from pkb_mcp.models import Traffic
+
+    return Traffic(nvlink_bytes=0, hbm_bytes=0, flops=0, rounds=0)
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    monkeypatch.setitem(sched.RUNNERS, "check", fake)
+    monkeypatch.setitem(sched.RUNNERS, "bench", fake)
+    LOG.clear()
+    made = []
+
+    def make(gpus=4):
+        s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), gpus=gpus)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def submit(s, name, world_size=2, seconds=0.3, kind="check"):
+    return s.submit(
+        kind, {"name": name, "world_size": world_size, "device": "cuda", "seconds": seconds, "timeout_s": 30}
+    )
+
+
+def wait_all(s, ids, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(s.get(i).terminal for i in ids):
+            return
+        time.sleep(0.02)
+    raise AssertionError("jobs did not finish")
+
+
+def span(name):
+    start = next(t for e, n, t, _ in LOG if e == "start" and n == name)
+    end = next(t for e, n, t, _ in LOG if e == "end" and n == name)
+    return start, end
+
+
+def test_disjoint_gpu_sets_run_at_once(node):
+    s = node()
+    ids = [submit(s, "a"), submit(s, "b"), submit(s, "c")]
+    wait_all(s, ids)
+    (a0, a1), (b0, b1), (c0, _) = span("a"), span("b"), span("c")
+    assert a0 < b1 and b0 < a1, "two 2-GPU checks overlap on a 4-GPU node"
+    assert c0 >= min(a1, b1) - 0.01, "a third waits for GPUs"
+    gpus = {n: g for e, n, _, g in LOG if e == "start"}
+    assert set(gpus["a"]).isdisjoint(gpus["b"])
+
+
+def test_a_benchmark_has_the_node_to_itself(node):
+    s = node()
+    ids = [submit(s, "check1"), submit(s, "bench", kind="bench"), submit(s, "check2")]
+    wait_all(s, ids)
+    b0, b1 = span("bench")
+    for other in ("check1", "check2"):
+        o0, o1 = span(other)
+        assert o1 <= b0 + 0.01 or o0 >= b1 - 0.01, f"{other} overlapped the benchmark"
+    assert next(g for e, n, _, g in LOG if e == "start" and n == "bench") == [0, 1], (
+        "it runs on world_size GPUs"
+    )
+
+
+def test_no_overtaking_so_large_jobs_are_not_starved(node):
+    s = node()
+    first = submit(s, "running", world_size=2, seconds=0.5)
+    time.sleep(0.1)
+    big = submit(s, "big", world_size=4, seconds=0.1)
+    small = submit(s, "small", world_size=2, seconds=0.1)  # 2 GPUs are free, but it came after "big"
+    wait_all(s, [first, big, small])
+    assert span("big")[0] <= span("small")[0]
+
+
+def test_forty_jobs_from_eight_clients_none_lost_none_starved(node):
+    s = node()
+    ids: dict[int, list[str]] = {c: [] for c in range(8)}
+
+    def client(c):
+        for j in range(5):
+            ids[c].append(submit(s, f"c{c}j{j}", world_size=1 + (c + j) % 2, seconds=0.02))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(8)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [i for c in ids.values() for i in c]
+    wait_all(s, every)
+    elapsed = time.monotonic() - t0
+    assert len(every) == 40 and all(s.get(i).state == "done" for i in every)
+    for c in range(8):  # each client's jobs are dispatched in the order it submitted them
+        order = [s.dispatched.index(i) for i in ids[c]]
+        assert order == sorted(order)
+    print(f"throughput: {40 / elapsed:.1f} jobs/s of 20 ms each on 4 GPU slots")
+
+
+def test_cancel_a_queued_job_and_refuse_an_impossible_one(node):
+    s = node(gpus=2)
+    running = submit(s, "long", world_size=2, seconds=1.0)
+    queued = submit(s, "never", world_size=2)
+    too_big = submit(s, "huge", world_size=4)
+    assert s.cancel(queued).state == "cancelled"
+    wait_all(s, [running, too_big])
+    assert "needs 4 GPUs and this server has 2" in s.get(too_big).error
+    assert all(n != "never" for _, n, _, _ in LOG)
+
+
+def test_jobs_survive_a_restart(node, tmp_path):
+    s = node()
+    blocker = submit(s, "blocker", world_size=4, seconds=0.5)
+    waiting = submit(s, "waiting", world_size=4, seconds=0.05)
+    time.sleep(0.1)
+    s.stop()
+    time.sleep(0.2)
+    s2 = node()  # the same database: the killed running job and the queued one run again
+    wait_all(s2, [blocker, waiting])
+    assert s2.get(blocker).state == "done" and s2.get(waiting).state == "done"
+    assert [n for e, n, _, _ in LOG if e == "start"].count("blocker") == 2
