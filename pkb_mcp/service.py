@@ -305,13 +305,21 @@ def _judge(
     return results
 
 
+# What gloo and NCCL say on a rank whose peer died: the failure is a consequence, not a cause.
+PEER_LOSS = ("closed by peer", "reset by peer", "remote worker", "communicator was aborted", "Broken pipe")
+
+
+def _lost_a_peer(r: RankResult) -> bool:
+    return r.state == "aborted" or (r.state == "error" and any(m in r.message for m in PEER_LOSS))
+
+
 def _verdict(ranks: list[RankResult]) -> tuple[str, str]:
     failed = [r for r in ranks if r.state != "pass"]
     if not failed:
         return "pass", ""
     verdict = "timeout" if any(r.state == "timeout" for r in failed) else "fail"
-    # the root cause is the first rank to fail; ranks that then lost a peer fail later
-    lead = min(failed, key=lambda r: (r.state == "aborted", r.ended_s if r.ended_s is not None else 1e9))
+    # the root cause: a rank that failed on its own, before one that only lost a peer; then the earliest
+    lead = min(failed, key=lambda r: (_lost_a_peer(r), r.ended_s if r.ended_s is not None else 1e9))
     where = f"rank {lead.rank}" + (f", trial {lead.trial}" if lead.trial is not None else "")
     return verdict, f"{where}: {lead.message}"
 

@@ -68,3 +68,19 @@ def test_aliasing_and_mutation_flags_fail_whatever_the_values():
     ref = torch.randn(3)
     assert "shares memory" in compare(0, 0, out(ref, aliased_outputs=[0]), out(ref), TOL).message
     assert "was changed" in compare(0, 0, out(ref, mutated_inputs=[0]), out(ref), TOL).message
+
+
+def test_the_verdict_leads_with_the_root_cause_not_the_rank_that_lost_its_peer():
+    from pkb_mcp.models import RankResult
+    from pkb_mcp.service import _verdict
+
+    collateral = RankResult(
+        rank=0,
+        state="error",
+        ended_s=1.0,
+        message="raised RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1",
+    )
+    cause = RankResult(rank=1, state="error", ended_s=1.0, message="raised RuntimeError: rank 1 gives up")
+    exited = RankResult(rank=1, state="exited", ended_s=1.02, message="exited with status 0 before finishing")
+    assert _verdict([collateral, cause]) == ("fail", "rank 1: raised RuntimeError: rank 1 gives up")
+    assert "exited" in _verdict([collateral, exited])[1]
