@@ -1141,6 +1141,15 @@ def _safe_identifier(name: str) -> str:
 # .cu / .cuh
 
 
+def _cached_result(cache: _Cache, key: str) -> CompileResult | None:
+    """A stored result, marked (with each of its units) as a cache hit; None when not stored."""
+    cached = cache.load(key, CompileResult)
+    if cached is None:
+        return None
+    units = [u.model_copy(update={"cache_hit": True}) for u in cached.units]
+    return cached.model_copy(update={"cache_hit": True, "units": units})
+
+
 def _compile_cuda_file(
     text: str, *, path: Path, display: str, arch: str, cache: _Cache, deadline: float, timeout_s: float
 ) -> CompileResult:
@@ -1156,10 +1165,9 @@ def _compile_cuda_file(
         "toolchain": _toolchain_fingerprint(nvcc),
     }
     key = cache.key(material)
-    cached = cache.load(key, CompileResult)
+    cached = _cached_result(cache, key)
     if cached is not None:
-        units = [u.model_copy(update={"cache_hit": True}) for u in cached.units]
-        return cached.model_copy(update={"cache_hit": True, "units": units})
+        return cached
     with tempfile.TemporaryDirectory(prefix="pkb-build-") as tmp:
         work = Path(tmp)
         stand_ins = _stand_in_dir(work, nvcc)
@@ -1469,10 +1477,9 @@ def _compile_solution(
         "toolchain": _toolchain_fingerprint(nvcc),
     }
     key = cache.key(material)
-    cached = cache.load(key, CompileResult)
+    cached = _cached_result(cache, key)
     if cached is not None:
-        units = [u.model_copy(update={"cache_hit": True}) for u in cached.units]
-        return cached.model_copy(update={"cache_hit": True, "units": units})
+        return cached
 
     with tempfile.TemporaryDirectory(prefix="pkb-build-") as tmp:
         work = Path(tmp)

@@ -39,35 +39,31 @@ def _run_compile(params: dict[str, Any], progress: service.Progress, cancel: thr
     return result
 
 
+def _run_args(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> dict[str, Any]:
+    """The keyword arguments that service.check and service.bench share."""
+    return {
+        "world_size": params["world_size"],
+        "device": params["device"],
+        "size": params["size"],
+        "timeout_s": params["timeout_s"],
+        "sandbox": params["sandbox"],
+        "progress": progress,
+        "cancel": cancel,
+        "gpus": params.get("gpus"),
+    }
+
+
 def _run_check(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
     return service.check(
         params["problem"],
         Path(params["path"]),
-        world_size=params["world_size"],
-        device=params["device"],
-        size=params["size"],
         trials=params["trials"],
-        timeout_s=params["timeout_s"],
-        sandbox=params["sandbox"],
-        progress=progress,
-        cancel=cancel,
-        gpus=params.get("gpus"),
+        **_run_args(params, progress, cancel),
     )
 
 
 def _run_bench(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
-    return service.bench(
-        params["problem"],
-        Path(params["path"]),
-        world_size=params["world_size"],
-        device=params["device"],
-        size=params["size"],
-        timeout_s=params["timeout_s"],
-        sandbox=params["sandbox"],
-        progress=progress,
-        cancel=cancel,
-        gpus=params.get("gpus"),
-    )
+    return service.bench(params["problem"], Path(params["path"]), **_run_args(params, progress, cancel))
 
 
 RUNNERS: dict[str, Runner] = {"compile": _run_compile, "check": _run_check, "bench": _run_bench}
