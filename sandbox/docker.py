@@ -42,6 +42,22 @@ def _limit(name: str) -> str:
 
 
 NVIDIA_DRIVER_DIRS = ("/usr/local/nvidia",)
+LIBCUDA_SEARCH = (
+    *(f"{d}/{sub}" for d in NVIDIA_DRIVER_DIRS for sub in ("lib64", "lib")),
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+)
+
+
+def _libcuda_dir() -> str | None:
+    """The folder holding the driver's libcuda.so.1 as the container sees it. Triton looks for it
+    with `/sbin/ldconfig -p`, which the container has neither the binary nor the cache for; the
+    folder is passed as TRITON_LIBCUDA_PATH instead."""
+    for d in LIBCUDA_SEARCH:
+        if os.path.exists(os.path.join(d, "libcuda.so.1")):
+            return d
+    return None
 
 
 class DockerUnavailable(RuntimeError):
@@ -103,10 +119,11 @@ def _gpu_setup(client: docker.DockerClient, gpus: list[int]) -> dict[str, Any]:
         return {}
     runtimes = client.info().get("Runtimes", {})
     ids = [str(g) for g in gpus]
+    libcuda = _libcuda_dir()
     if "nvidia" in runtimes:
         return {
             "device_requests": [DeviceRequest(device_ids=ids, capabilities=[["gpu", "compute", "utility"]])],
-            "environment": {},
+            "environment": {"TRITON_LIBCUDA_PATH": libcuda} if libcuda else {},
         }
     devices = [f"/dev/nvidia{g}:/dev/nvidia{i}" for i, g in enumerate(gpus)]
     for node in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
@@ -114,11 +131,10 @@ def _gpu_setup(client: docker.DockerClient, gpus: list[int]) -> dict[str, Any]:
             devices.append(f"{node}:{node}")
     mounts = [Mount(d, d, type="bind", read_only=True) for d in NVIDIA_DRIVER_DIRS if os.path.isdir(d)]
     # the device nodes are renumbered from 0 inside, so every visible GPU is one of the job's
-    return {
-        "devices": devices,
-        "mounts": mounts,
-        "environment": {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus)))},
-    }
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus)))}
+    if libcuda:
+        env["TRITON_LIBCUDA_PATH"] = libcuda
+    return {"devices": devices, "mounts": mounts, "environment": env}
 
 
 def _inside(value: Any, host_dir: str) -> Any:

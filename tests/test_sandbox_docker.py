@@ -178,3 +178,25 @@ def test_only_containers_of_dead_owners_are_swept():
 
 def test_auto_prefers_docker():
     assert select_backend("auto").name == "docker"
+
+
+def test_gpu_jobs_tell_triton_where_the_driver_is(tmp_path, monkeypatch):
+    """The container has no /sbin/ldconfig (nor its cache), Triton's way to find libcuda: the
+    driver's folder is passed as TRITON_LIBCUDA_PATH, with exactly the job's GPU device nodes."""
+    import sandbox.docker as sd
+
+    (tmp_path / "libcuda.so.1").write_bytes(b"")
+    monkeypatch.setattr(sd, "LIBCUDA_SEARCH", (str(tmp_path / "missing"), str(tmp_path)))
+
+    class NoRuntime:
+        def info(self):
+            return {"Runtimes": {"runc": {}}}
+
+    setup = sd._gpu_setup(NoRuntime(), [2, 3])
+    assert setup["environment"] == {"CUDA_VISIBLE_DEVICES": "0,1", "TRITON_LIBCUDA_PATH": str(tmp_path)}
+    assert [d for d in setup["devices"] if d.startswith("/dev/nvidia") and d[11].isdigit()] == [
+        "/dev/nvidia2:/dev/nvidia0",
+        "/dev/nvidia3:/dev/nvidia1",
+    ]
+    monkeypatch.setattr(sd, "LIBCUDA_SEARCH", (str(tmp_path / "missing"),))
+    assert "TRITON_LIBCUDA_PATH" not in sd._gpu_setup(NoRuntime(), [0])["environment"]
