@@ -3,9 +3,16 @@
 Run as `python -m harness.launch` inside the sandbox with the job configuration as JSON on stdin
 (or in a file named by `--config-file`, deleted as soon as it is read).
 Each worker gets its own configuration (with its rank and the trial seeds) through its stdin pipe,
-so seeds never touch the job directory. The launcher watches the workers: when one fails, the
-others get a short grace period to finish (they are usually stuck in a collective) and are then
-killed; at the deadline everything left is killed. It writes launch.json:
+so seeds never touch the job directory.
+
+Warm start: `--warm SETUP --config-file PATH` starts the workers at once from SETUP (world size,
+device: nothing secret), lets them import torch and create the process group, and only then waits
+for PATH to appear (the job, written by the host when one is dispatched to this sandbox). A warm
+sandbox serves exactly one job; if none arrives within SETUP's `idle_s` it exits and writes nothing.
+
+The launcher watches the workers: when one fails, the others get a short grace period to finish
+(they are usually stuck in a collective) and are then killed; at the deadline everything left is
+killed. It writes launch.json:
   {"ranks": [{"rank", "state", "exit_code", "signal", "error", "stage", "traceback", "elapsed_s"}],
    "wall_s": ...}
 where state is one of ok, error, crashed, timeout, aborted, exited.
@@ -43,27 +50,71 @@ def _read_status(job_dir: Path, rank: int) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def launch(cfg: dict[str, Any]) -> dict[str, Any]:
-    job_dir = Path(cfg["job_dir"])
-    world_size = int(cfg["world_size"])
-    deadline = time.monotonic() + float(cfg["timeout_s"])
-    t0 = time.monotonic()
+def setup_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What a worker needs before its job: nothing secret."""
+    return {
+        "job_dir": cfg["job_dir"],
+        "world_size": int(cfg["world_size"]),
+        "device": cfg["device"],
+        "threads_per_rank": int(cfg.get("threads_per_rank", 1)),
+        "setup_timeout_s": float(cfg.get("setup_timeout_s", cfg.get("timeout_s", 120))),
+    }
+
+
+def spawn(setup: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
+    """One worker per rank, each sent its set-up line; their stdin stays open for the job."""
+    job_dir = Path(setup["job_dir"])
     procs: list[subprocess.Popen[bytes]] = []
-    for rank in range(world_size):
+    for rank in range(int(setup["world_size"])):
         log = open(job_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
             [sys.executable, "-m", "harness.worker"],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=_worker_env(rank, cfg),
+            env=_worker_env(rank, setup),
             cwd=job_dir,
         )
         log.close()
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps({**cfg, "rank": rank}).encode())
-        proc.stdin.close()
+        _send(proc, {**setup, "rank": rank}, close=False)
         procs.append(proc)
+    return procs
+
+
+def _send(proc: subprocess.Popen[bytes], message: dict[str, Any] | None, close: bool) -> None:
+    assert proc.stdin is not None
+    try:
+        if message is not None:
+            proc.stdin.write(json.dumps(message).encode() + b"\n")
+            proc.stdin.flush()
+        if close:
+            proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass  # the worker died already; its fate is read from its exit status
+
+
+def wait_for_job(path: Path, idle_s: float) -> dict[str, Any] | None:
+    """A warm sandbox's job: the file the host writes into the job directory, or None at idle_s."""
+    give_up = time.monotonic() + idle_s
+    while time.monotonic() < give_up:
+        if path.exists():
+            text = path.read_text()
+            path.unlink()
+            return json.loads(text)
+        time.sleep(0.002)
+    return None
+
+
+def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = None) -> dict[str, Any]:
+    """Run the job `cfg` on `procs` (warm workers already set up) or on workers started now."""
+    job_dir = Path(cfg["job_dir"])
+    world_size = int(cfg["world_size"])
+    deadline = time.monotonic() + float(cfg["timeout_s"])
+    t0 = time.monotonic()
+    if procs is None:
+        procs = spawn(setup_of(cfg))
+    for rank, proc in enumerate(procs):
+        _send(proc, {**cfg, "rank": rank}, close=True)
 
     ended: dict[int, float] = {}
     first_failure: float | None = None
@@ -130,20 +181,38 @@ def launch(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
 
 
-def read_config(argv: list[str]) -> dict[str, Any]:
-    """The job configuration from stdin, or from `--config-file PATH`, which is deleted once read:
-    no candidate code exists yet, and none may ever read the seeds in it."""
-    if len(argv) == 2 and argv[0] == "--config-file":
-        path = Path(argv[1])
-        text = path.read_text()
-        path.unlink()
-        return json.loads(text)
-    return json.loads(sys.stdin.read())
+def read_config(path: Path) -> dict[str, Any]:
+    """The job configuration from a file, deleted once read: no candidate code exists yet, and none
+    may ever read the seeds in it."""
+    text = path.read_text()
+    path.unlink()
+    return json.loads(text)
 
 
-def main() -> None:
-    cfg = read_config(sys.argv[1:])
-    result = launch(cfg)
+def main(argv: list[str]) -> None:
+    args = dict(zip(argv[::2], argv[1::2], strict=False))
+    if "--warm" in args:
+        setup = json.loads(args["--warm"])
+        procs = spawn(setup)
+        cfg = wait_for_job(Path(args["--config-file"]), float(setup.get("idle_s", 600)))
+        if cfg is None:
+            for proc in procs:
+                _send(proc, None, close=True)  # an empty line: the worker leaves quietly
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            return
+        if int(cfg["world_size"]) != len(procs) or cfg["device"] != setup["device"]:
+            sys.exit("harness.launch: the job does not fit this warm sandbox")
+        result = launch(cfg, procs)
+    elif "--config-file" in args:
+        cfg = read_config(Path(args["--config-file"]))
+        result = launch(cfg)
+    else:
+        cfg = json.loads(sys.stdin.read())
+        result = launch(cfg)
     path = Path(cfg["job_dir"]) / "launch.json"
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(result))
@@ -151,4 +220,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

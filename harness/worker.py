@@ -1,7 +1,10 @@
 """One rank of a job: process group, inputs, the solution, outputs and timings (torch + stdlib only).
 
-Started by harness.launch with its configuration on stdin (the only place this rank's seeds
-exist), it writes into the job directory:
+Started by harness.launch, it reads two JSON lines on stdin: the set-up (rank, world size, device),
+then the job (problem, solution, seeds: stdin is the only place this rank's seeds exist). Between
+the two it imports torch, creates the process group and runs one collective, then writes
+rank{rank}.ready: a warm sandbox started ahead of need waits there for its one job. It writes into
+the job directory:
   out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
   timing.json                 samples, written by rank 0 (mode "benchmark")
@@ -18,6 +21,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -130,32 +134,50 @@ def _snapshot(inputs: tuple) -> tuple:
     return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
 
 
-def run(cfg: dict[str, Any]) -> None:
+def read_line(stream: Any) -> dict[str, Any] | None:
+    line = stream.readline()
+    return json.loads(line) if line.strip() else None
+
+
+def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) -> None:
     import torch
     import torch.distributed as dist
 
     from harness import tensorfile, timing
     from harness.context import DTYPES, ProblemContext, derive_seed
 
-    rank, world_size = cfg["rank"], cfg["world_size"]
-    job_dir = Path(cfg["job_dir"])
+    rank, world_size = setup["rank"], setup["world_size"]
+    job_dir = Path(setup["job_dir"])
     out_dir = job_dir / "out"
     stage = "setup"
     t_start = time.monotonic()
     try:
-        if cfg["device"] == "cuda":
+        if setup["device"] == "cuda":
             torch.cuda.set_device(rank)
             device = torch.device("cuda", rank)
             backend = "nccl"
         else:
             device = torch.device("cpu")
-            torch.set_num_threads(max(1, int(cfg.get("threads_per_rank", 1))))
+            torch.set_num_threads(max(1, int(setup.get("threads_per_rank", 1))))
             backend = "gloo"
         stage = "process group"
-        store = _connect_store(job_dir, rank, world_size, cfg["timeout_s"])
+        store = _connect_store(job_dir, rank, world_size, float(setup["setup_timeout_s"]))
         init_kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **init_kwargs)
+        # one collective: communicators, CUDA context and allocator are ready before the job arrives
+        dist.all_reduce(torch.ones(1, device=device))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        (job_dir / f"rank{rank}.ready").write_text("")
 
+        stage = "waiting for the job"
+        job = next_job()
+        if job is None:  # a warm sandbox that was never used
+            dist.destroy_process_group()
+            os._exit(0)
+        cfg = {**job, "rank": rank}
+        t_start = time.monotonic()
+        stage = "setup"
         problem = load_module(cfg["problem_path"], "pkb_problem")
         stage = "import"
         if cfg["solution_path"] == cfg["problem_path"]:
@@ -272,8 +294,10 @@ def run(cfg: dict[str, Any]) -> None:
 def main() -> None:
     # the launcher sends SIGUSR1 before killing a stuck rank: its stacks land in the rank's log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    cfg = json.loads(sys.stdin.read())
-    run(cfg)
+    setup = read_line(sys.stdin)
+    if setup is None:
+        sys.exit("harness.worker: no set-up line on stdin")
+    run(setup, lambda: read_line(sys.stdin))
 
 
 if __name__ == "__main__":

@@ -140,6 +140,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         gpus = torch.cuda.device_count()
     scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus)
     server = build_server(scheduler, state / "sources")
+    pool = None
+    if not args.no_warm:
+        from pkb_mcp.jobs import enable_warm_pool
+        from sandbox import select_backend
+        from sandbox.pool import WarmKey
+
+        pool = enable_warm_pool(select_backend("auto"))
+        if pool is not None and gpus >= 2:
+            # the most likely first job: every GPU of the node (world size 4 where there are more)
+            n = 4 if gpus >= 4 else gpus
+            pool.replenish(WarmKey("cuda", tuple(range(n)), n, 1))
     try:
         if args.transport == "stdio":
             anyio.run(server.run_stdio_async)
@@ -155,6 +166,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         scheduler.stop()
+        if pool is not None:
+            pool.close()
     return EXIT_PASS
 
 
@@ -226,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-process-sandbox",
         action="store_true",
         help="http: serve even when only the (non-isolating) process backend is available",
+    )
+    p.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="start every sandbox on demand instead of keeping a few started ahead of need",
     )
     p.set_defaults(func=cmd_serve)
     return parser

@@ -24,6 +24,7 @@ from pkb_mcp.errors import Cancelled
 from pkb_mcp.judge import Outputs
 from pkb_mcp.log import get
 from sandbox.base import Backend, SandboxJob, tail
+from sandbox.pool import WarmKey, WarmPool
 
 log = get(__name__)
 
@@ -53,6 +54,7 @@ class JobOutcome:
     output_errors: dict[tuple[int, int], str] = field(default_factory=dict)
     timing: dict[str, Any] | None = None
     launcher_log: str = ""
+    warm: bool = False  # ran in a sandbox started ahead of need
 
     @property
     def ok(self) -> bool:
@@ -76,14 +78,41 @@ class JobRequest:
     threads_per_rank: int = 1
 
 
+def new_job_dir(job_id: str) -> Path:
+    job_dir = Path(tempfile.mkdtemp(prefix=f"pkb-job-{job_id}-", dir=config.jobs_dir()))
+    os.chmod(job_dir, 0o755)
+    return job_dir
+
+
+def enable_warm_pool(backend: Backend) -> WarmPool | None:
+    """Start sandboxes ahead of need for this backend (a long-running server wants this; a one-shot
+    CLI command does not). None when the backend cannot."""
+    enable = getattr(backend, "enable_pool", None)
+    return enable(new_job_dir, config.HARNESS_ROOT) if enable else None
+
+
+def warm_pool(backend: Backend) -> WarmPool | None:
+    return getattr(backend, "pool", None)
+
+
 def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | None = None) -> JobOutcome:
     """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed)."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before it started")
-    job_id = uuid.uuid4().hex[:16]
-    job_dir = Path(tempfile.mkdtemp(prefix=f"pkb-job-{job_id}-", dir=config.jobs_dir()))
+    pool = warm_pool(backend)
+    key = WarmKey(
+        request.device,
+        tuple(request.gpus) if request.device == "cuda" else (),
+        request.world_size,
+        request.threads_per_rank,
+    )
+    slot = pool.take(key) if pool is not None else None
+    if slot is not None:
+        job_id, job_dir = slot.job_id, slot.job_dir
+    else:
+        job_id = uuid.uuid4().hex[:16]
+        job_dir = new_job_dir(job_id)
     try:
-        os.chmod(job_dir, 0o755)
         src = job_dir / "src"
         src.mkdir()
         problem_copy = src / f"problem_{request.problem_path.name}"
@@ -117,6 +146,7 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             timeout_s=request.timeout_s,
             harness_root=config.HARNESS_ROOT,
             threads=request.threads_per_rank,
+            warm=slot.handle if slot is not None else None,
         )
         log.info(
             "job.start", job=job_id, mode=request.mode, backend=backend.name, world_size=request.world_size
@@ -126,10 +156,13 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             log.info("job.cancelled", job=job_id)
             raise Cancelled("cancelled while running; every process of the job was killed")
         outcome = _collect(job_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
-        log.info("job.end", job=job_id, wall_s=round(run.wall_s, 3), ok=outcome.ok)
+        log.info("job.end", job=job_id, wall_s=round(run.wall_s, 3), ok=outcome.ok, warm=run.warm)
+        outcome.warm = run.warm
         return outcome
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
+        if pool is not None:
+            pool.replenish(key)
 
 
 def _collect(

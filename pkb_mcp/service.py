@@ -7,6 +7,7 @@ needed jobs through a sandbox backend, judges on the host and returns a model fr
 from __future__ import annotations
 
 import ast
+import contextlib
 import secrets
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 from pkb_mcp import config, judge, problems, roofline, stats
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, run_job
+from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, run_job, warm_pool
 from pkb_mcp.models import (
     BenchResult,
     CheckResult,
@@ -448,12 +449,15 @@ def bench(
     seeds = [secrets.randbits(62)]
     tcfg = timing_config(run.device)
     progress(0, 3, "timing the reference")
-    ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend, cancel)
-    if not ref_outcome.ok or ref_outcome.timing is None:
-        raise _reference_failed(p, ref_outcome)
-    ref_stats, _ = stats.summarize(ref_outcome.timing)
-    progress(1, 3, f"reference: {ref_stats.median_ms:.4g} ms; timing the candidate")
-    cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
+    pool = warm_pool(run.backend)
+    # no sandbox warms up on the GPUs while either of the two is timed
+    with pool.quiet() if pool is not None else contextlib.nullcontext():
+        ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend, cancel)
+        if not ref_outcome.ok or ref_outcome.timing is None:
+            raise _reference_failed(p, ref_outcome)
+        ref_stats, _ = stats.summarize(ref_outcome.timing)
+        progress(1, 3, f"reference: {ref_stats.median_ms:.4g} ms; timing the candidate")
+        cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
     sets = int(ref_outcome.timing["input_sets"])
     ranks = _judge(p, world_size, list(range(sets)), cand_outcome, ref_outcome)
     verdict, why = _verdict(ranks)

@@ -20,16 +20,21 @@ def _docker() -> Backend:
     return DockerBackend()
 
 
+@functools.cache
+def _process() -> Backend:
+    from sandbox.process import ProcessBackend
+
+    return ProcessBackend()
+
+
 def select_backend(name: str = "auto") -> Backend:
     """The backend called `name`: docker, process, or auto (docker when an engine answers, else process).
 
     The Docker backend is made once per process: the first use builds the local image if needed and
     removes containers that a dead server left behind.
     """
-    from sandbox.process import ProcessBackend
-
     if name == "process":
-        return ProcessBackend()
+        return _process()
     if name not in ("auto", "docker"):
         raise SandboxUnavailable(f"unknown sandbox backend {name!r}; choose auto, docker or process")
     try:
@@ -39,4 +44,4 @@ def select_backend(name: str = "auto") -> Backend:
             raise SandboxUnavailable(
                 f"the docker sandbox cannot run here: {exc}; start a Docker engine or pass --sandbox process"
             ) from exc
-        return ProcessBackend()
+        return _process()

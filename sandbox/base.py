@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 
 @dataclass
 class SandboxJob:
-    """One job: the harness launcher runs in `job_dir` with `config` on its stdin."""
+    """One job: the harness launcher runs in `job_dir` and reads `config` from the job file;
+    `warm` is the handle of a sandbox started ahead of need (sandbox/pool.py), else None."""
 
     job_id: str
     job_dir: Path
@@ -20,7 +24,7 @@ class SandboxJob:
     timeout_s: float
     harness_root: Path
     threads: int = 1
-    env: dict[str, str] = field(default_factory=dict)
+    warm: Any = None
 
 
 @dataclass
@@ -32,6 +36,7 @@ class SandboxRun:
     killed_at_deadline: bool
     launcher_log: str
     cancelled: bool = False
+    warm: bool = False  # the job ran in a sandbox started ahead of need
 
 
 class Backend(Protocol):
@@ -54,6 +59,35 @@ JOB_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "LANG": "C.UTF-8",
 }
+
+CONFIG_NAME = ".launch-config"
+WARM_IDLE_S = 600.0
+
+
+def write_config(job_dir: Path, config: dict[str, Any], owner: tuple[int, int] | None = None) -> None:
+    """The job file the launcher reads and deletes before any candidate code exists. It appears
+    whole (a rename): a warm launcher polls for it."""
+    part = job_dir / (CONFIG_NAME + ".part")
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(config))
+    if owner is not None:
+        with contextlib.suppress(PermissionError):
+            os.chown(part, *owner)
+    os.replace(part, job_dir / CONFIG_NAME)
+
+
+def warm_setup(job_dir: Path | str, world_size: int, device: str, threads: int) -> dict[str, Any]:
+    """What a warm launcher starts its workers with: nothing secret."""
+    return {
+        "job_dir": str(job_dir),
+        "world_size": world_size,
+        "device": device,
+        "threads_per_rank": threads,
+        "setup_timeout_s": 300.0,
+        "idle_s": WARM_IDLE_S,
+    }
+
 
 OUTER_GRACE_S = 10.0  # the launcher enforces the deadline itself; this is the backstop
 LOG_CAP_BYTES = 64 * 1024

@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,18 @@ import docker.errors
 import requests.exceptions
 from docker.types import DeviceRequest, Mount
 
-from sandbox.base import JOB_ENV, LOG_CAP_BYTES, OUTER_GRACE_S, SandboxJob, SandboxRun
+from sandbox.base import (
+    CONFIG_NAME,
+    JOB_ENV,
+    LOG_CAP_BYTES,
+    OUTER_GRACE_S,
+    SandboxJob,
+    SandboxRun,
+    warm_setup,
+    write_config,
+)
 from sandbox.image import SANDBOX_GID, SANDBOX_UID, ensure_image
+from sandbox.pool import WarmPool, WarmSlot
 
 LABEL = "pkb.sandbox"
 JOB_MOUNT = "/job"
@@ -157,45 +169,58 @@ class DockerBackend:
         self.client = client or connect()
         self.image = ensure_image(self.client)
         sweep(self.client)
+        self.pool: WarmPool | None = None
+        self._harness_root: Path | None = None
 
-    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
-        host_dir = str(job.job_dir)
-        self._hand_over(job.job_dir)
-        config_path = job.job_dir / ".launch-config"
-        config_path.write_text(json.dumps(_inside(job.config, host_dir)))
-        os.chmod(config_path, 0o600)
-        with contextlib.suppress(PermissionError):
-            os.chown(config_path, SANDBOX_UID, SANDBOX_GID)
-        gpu = _gpu_setup(self.client, job.gpus if job.device == "cuda" else [])
+    def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
+        """Keep containers started ahead of need (sandbox/pool.py)."""
+        if self.pool is None:
+            self._harness_root = harness_root
+            self.pool = WarmPool(new_dir, self._start_warm, _alive, self._discard)
+        return self.pool
+
+    def _create(
+        self,
+        job_id: str,
+        job_dir: Path,
+        device: str,
+        gpus: list[int],
+        threads: int,
+        harness_root: Path,
+        warm: dict[str, Any] | None,
+    ) -> Any:
+        """Create and start the job's container; a warm one waits inside for its job file."""
+        host_dir = str(job_dir)
+        self._hand_over(job_dir)
+        gpu = _gpu_setup(self.client, gpus if device == "cuda" else [])
         env = dict(JOB_ENV)
         env.update(
             {
                 "HOME": "/tmp",
                 "PYTHONPATH": HARNESS_MOUNT,
-                "PKB_JOB": job.job_id,
+                "PKB_JOB": job_id,
                 "TMPDIR": "/tmp",
                 "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions",
                 "TRITON_CACHE_DIR": "/tmp/triton",
-                "OMP_NUM_THREADS": str(job.threads),
+                "OMP_NUM_THREADS": str(threads),
                 "PATH": "/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin",
             }
         )
-        env["CUDA_VISIBLE_DEVICES"] = (
-            "" if job.device != "cuda" else ",".join(str(i) for i in range(len(job.gpus)))
-        )
+        env["CUDA_VISIBLE_DEVICES"] = "" if device != "cuda" else ",".join(str(i) for i in range(len(gpus)))
         env.update(gpu.get("environment", {}))
-        env.update(job.env)
         mounts = [
             Mount(JOB_MOUNT, host_dir, type="bind", read_only=False),
-            Mount(f"{HARNESS_MOUNT}/harness", str(job.harness_root / "harness"), type="bind", read_only=True),
+            Mount(f"{HARNESS_MOUNT}/harness", str(harness_root / "harness"), type="bind", read_only=True),
             Mount("/usr", "/usr", type="bind", read_only=True),
             *[Mount(p, p, type="bind", read_only=True) for p in _python_prefixes()],
             *gpu.get("mounts", []),
         ]
-        t0 = time.monotonic()
+        command = [sys.executable, "-m", "harness.launch", "--config-file", f"{JOB_MOUNT}/{CONFIG_NAME}"]
+        if warm is not None:
+            command += ["--warm", json.dumps(_inside(warm, host_dir))]
         container = self.client.containers.create(
             self.image,
-            [sys.executable, "-m", "harness.launch", "--config-file", f"{JOB_MOUNT}/.launch-config"],
+            command,
             user=f"{SANDBOX_UID}:{SANDBOX_GID}",
             working_dir=JOB_MOUNT,
             environment=env,
@@ -211,16 +236,50 @@ class DockerBackend:
             shm_size=_limit("PKB_SANDBOX_SHM"),
             init=True,
             ipc_mode="private",
-            labels={LABEL: "1", "pkb.job": job.job_id, OWNER_LABEL: owner_id()},
+            labels={LABEL: "1", "pkb.job": job_id, OWNER_LABEL: owner_id()},
             devices=gpu.get("devices"),
             device_requests=gpu.get("device_requests"),
             stdin_open=False,
             tty=False,
         )
-        killed = cancelled = False
-        exit_code: int | None = None
         try:
             container.start()
+        except BaseException:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+            raise
+        return container
+
+    def _start_warm(self, slot: WarmSlot) -> Any:
+        k = slot.key
+        assert self._harness_root is not None
+        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads)
+        return self._create(
+            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, self._harness_root, setup
+        )
+
+    def _discard(self, slot: WarmSlot) -> None:
+        if slot.handle is not None:
+            with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
+                slot.handle.remove(force=True)
+        shutil.rmtree(slot.job_dir, ignore_errors=True)
+
+    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
+        t0 = time.monotonic()
+        config = _inside(job.config, str(job.job_dir))
+        if job.warm is not None:
+            container = job.warm
+            self._hand_over(job.job_dir)  # the files written since it started
+            write_config(job.job_dir, config, (SANDBOX_UID, SANDBOX_GID))  # its launcher waits for it
+        else:
+            write_config(job.job_dir, config, (SANDBOX_UID, SANDBOX_GID))
+            container = self._create(
+                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.harness_root, None
+            )
+        killed = cancelled = False
+        exit_code: int | None = None
+        log = ""
+        try:
             deadline = t0 + job.timeout_s + OUTER_GRACE_S
             while True:
                 try:
@@ -249,6 +308,7 @@ class DockerBackend:
             killed_at_deadline=killed,
             launcher_log=log,
             cancelled=cancelled,
+            warm=job.warm is not None,
         )
 
     @staticmethod
@@ -259,3 +319,11 @@ class DockerBackend:
                 os.chown(path, SANDBOX_UID, SANDBOX_GID)
             except PermissionError:
                 os.chmod(path, 0o777 if path.is_dir() else 0o666)
+
+
+def _alive(container: Any) -> bool:
+    try:
+        container.reload()
+        return container.status in ("created", "running")
+    except (docker.errors.APIError, requests.exceptions.RequestException):
+        return False

@@ -19,9 +19,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from sandbox.base import JOB_ENV, OUTER_GRACE_S, SandboxJob, SandboxRun, tail
+from sandbox.base import (
+    CONFIG_NAME,
+    JOB_ENV,
+    OUTER_GRACE_S,
+    SandboxJob,
+    SandboxRun,
+    tail,
+    warm_setup,
+    write_config,
+)
+from sandbox.pool import WarmPool, WarmSlot
 
 FILE_SIZE_CAP = 16 << 30
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME")
@@ -66,47 +77,82 @@ class ProcessBackend:
     isolated = False
     note = "process backend: candidate code ran as this user without isolation"
 
-    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
-        marker = f"PKB_JOB={job.job_id}"
-        tmp = job.job_dir / "tmp"
+    def __init__(self) -> None:
+        self.pool: WarmPool | None = None
+        self._harness_root: Path | None = None
+
+    def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
+        """Keep launchers started ahead of need (sandbox/pool.py)."""
+        if self.pool is None:
+            self._harness_root = harness_root
+            self.pool = WarmPool(new_dir, self._start_warm, _alive, self._discard)
+        return self.pool
+
+    def _start(
+        self,
+        job_id: str,
+        job_dir: Path,
+        device: str,
+        gpus: list[int],
+        threads: int,
+        harness_root: Path,
+        warm: dict | None,
+    ) -> subprocess.Popen[bytes]:
+        tmp = job_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
         env.update(JOB_ENV)
         env.update(
             {
-                "HOME": str(job.job_dir),
+                "HOME": str(job_dir),
                 "TMPDIR": str(tmp),
-                "PYTHONPATH": str(job.harness_root),
-                "PKB_JOB": job.job_id,
+                "PYTHONPATH": str(harness_root),
+                "PKB_JOB": job_id,
                 "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"),
                 "TRITON_CACHE_DIR": str(tmp / "triton"),
-                "OMP_NUM_THREADS": str(job.threads),
+                "OMP_NUM_THREADS": str(threads),
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if device == "cuda" else "",
             }
         )
-        if job.device == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
-        else:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        env.update(job.env)
-        log_path = job.job_dir / "launcher.log"
-        t0 = time.monotonic()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.launch"],
-                stdin=subprocess.PIPE,
+        args = ["--config-file", str(job_dir / CONFIG_NAME)]
+        if warm is not None:
+            args += ["--warm", json.dumps(warm)]
+        with open(job_dir / "launcher.log", "wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "harness.launch", *args],
+                stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=job.job_dir,
+                cwd=job_dir,
                 env=env,
                 start_new_session=True,
                 preexec_fn=_limits,
             )
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(json.dumps(job.config).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
+
+    def _start_warm(self, slot: WarmSlot) -> subprocess.Popen[bytes]:
+        k = slot.key
+        assert self._harness_root is not None
+        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads)
+        return self._start(
+            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, self._harness_root, setup
+        )
+
+    def _discard(self, slot: WarmSlot) -> None:
+        proc = slot.handle
+        if proc is not None:
+            kill_job(proc.pid, f"PKB_JOB={slot.job_id}")
+            proc.wait()
+        shutil.rmtree(slot.job_dir, ignore_errors=True)
+
+    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
+        t0 = time.monotonic()
+        write_config(job.job_dir, job.config)  # a warm launcher is waiting for it; a cold one reads it
+        if job.warm is not None:
+            proc = job.warm
+        else:
+            proc = self._start(
+                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.harness_root, None
+            )
         killed = cancelled = False
         deadline = t0 + job.timeout_s + OUTER_GRACE_S
         while proc.poll() is None:
@@ -116,14 +162,19 @@ class ProcessBackend:
             if time.monotonic() > deadline:
                 killed = True
                 break
-            time.sleep(0.05)
-        kill_job(proc.pid, marker)  # the session id is the launcher's pid
+            time.sleep(0.02)
+        kill_job(proc.pid, f"PKB_JOB={job.job_id}")  # the session id is the launcher's pid
         proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(job.job_dir / "tmp", ignore_errors=True)
         return SandboxRun(
             exit_code=proc.returncode,
             wall_s=time.monotonic() - t0,
             killed_at_deadline=killed,
-            launcher_log=tail(log_path),
+            launcher_log=tail(job.job_dir / "launcher.log"),
             cancelled=cancelled,
+            warm=job.warm is not None,
         )
+
+
+def _alive(proc: subprocess.Popen[bytes] | None) -> bool:
+    return proc is not None and proc.poll() is None

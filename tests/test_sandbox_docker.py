@@ -200,3 +200,15 @@ def test_gpu_jobs_tell_triton_where_the_driver_is(tmp_path, monkeypatch):
     ]
     monkeypatch.setattr(sd, "LIBCUDA_SEARCH", (str(tmp_path / "missing"),))
     assert "TRITON_LIBCUDA_PATH" not in sd._gpu_setup(NoRuntime(), [0])["environment"]
+
+
+@pytest.mark.slow
+def test_warm_containers_serve_one_job_each_and_leave_nothing(isolated_dirs):
+    """Containers started ahead of need: a warm job's outputs equal a cold one's; closing the pool
+    removes every container, process and directory."""
+    from sandbox.docker import DockerBackend
+
+    from .test_warm_pool import run_pool_lifecycle
+
+    run_pool_lifecycle(DockerBackend(CLIENT), isolated_dirs)
+    assert_clean(isolated_dirs)

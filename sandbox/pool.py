@@ -1,0 +1,174 @@
+"""Sandboxes started ahead of need, each used for exactly one job.
+
+Most of a cold job's wall time is each rank importing torch, creating its CUDA context and its NCCL
+communicators. A warm sandbox has done all that before its job exists: its launcher waits for the
+job file (harness/launch.py, `--warm`). When a job of the same shape (device, GPUs, world size,
+threads) is dispatched, it takes a warm sandbox instead of starting one; the pool then starts a
+replacement. A sandbox never serves a second job, so nothing a candidate leaves behind reaches
+another one. Nothing secret is known when a sandbox starts: seeds arrive with the job.
+
+Benchmarks must have the GPUs to themselves: while one runs (`quiet`), no sandbox is started, and
+before one starts (`settle`) every sandbox still warming up has finished doing so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+IDLE_S = 600.0  # a warm sandbox nobody takes exits on its own after this
+SETTLE_S = 120.0
+
+
+@dataclass(frozen=True)
+class WarmKey:
+    device: str
+    gpus: tuple[int, ...]
+    world_size: int
+    threads: int
+
+
+@dataclass
+class WarmSlot:
+    key: WarmKey
+    job_id: str
+    job_dir: Path
+    handle: Any = None
+    started: float = field(default_factory=time.monotonic)
+
+    def ready(self) -> bool:
+        return all((self.job_dir / f"rank{r}.ready").exists() for r in range(self.key.world_size))
+
+
+class WarmPool:
+    """Up to `per_key` warm sandboxes for each of the `max_keys` most recently used job shapes.
+
+    `start(slot)` starts a sandbox for the slot and returns its handle; `alive(handle)` says whether
+    it still runs; `discard(slot)` stops it and removes what it left.
+    """
+
+    def __init__(
+        self,
+        new_dir: Callable[[str], Path],
+        start: Callable[[WarmSlot], Any],
+        alive: Callable[[Any], bool],
+        discard: Callable[[WarmSlot], None],
+        per_key: int = 2,
+        max_keys: int = 2,
+    ):
+        self._new_dir, self._start, self._alive, self._discard = new_dir, start, alive, discard
+        self.per_key, self.max_keys = per_key, max_keys
+        self._lock = threading.Condition()
+        self._slots: OrderedDict[WarmKey, list[WarmSlot]] = OrderedDict()
+        self._starting = 0
+        self._quiet = 0
+        self._pending: set[WarmKey] = set()
+        self._closed = False
+
+    def take(self, key: WarmKey) -> WarmSlot | None:
+        """A live warm sandbox of this shape, or None; the shape becomes the most recently used."""
+        stale: list[WarmSlot] = []
+        taken = None
+        with self._lock:
+            slots = self._slots.setdefault(key, [])
+            self._slots.move_to_end(key)
+            while slots:
+                slot = slots.pop(0)
+                if self._alive(slot.handle) and time.monotonic() - slot.started < IDLE_S - 30:
+                    taken = slot
+                    break
+                stale.append(slot)
+        for slot in stale:
+            self._discard(slot)
+        return taken
+
+    def replenish(self, key: WarmKey) -> None:
+        """Start sandboxes of this shape up to `per_key`, in the background (later if quiet)."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._quiet:
+                self._pending.add(key)
+                return
+            self._slots.setdefault(key, [])
+            self._slots.move_to_end(key)
+            evicted: list[WarmSlot] = []
+            while len(self._slots) > self.max_keys:
+                _, old = self._slots.popitem(last=False)
+                evicted.extend(old)
+            missing = self.per_key - len(self._slots[key])
+            self._starting += max(missing, 0)
+        for slot in evicted:
+            self._discard(slot)
+        for _ in range(max(missing, 0)):
+            threading.Thread(target=self._start_one, args=(key,), daemon=True).start()
+
+    def _start_one(self, key: WarmKey) -> None:
+        job_id = uuid.uuid4().hex[:16]
+        slot = WarmSlot(key=key, job_id=job_id, job_dir=self._new_dir(job_id))
+        try:
+            slot.handle = self._start(slot)
+        except Exception:
+            self._discard(slot)
+            slot = None  # type: ignore[assignment]
+        with self._lock:
+            self._starting -= 1
+            if slot is not None:
+                if self._closed or key not in self._slots:
+                    slot_to_drop: WarmSlot | None = slot
+                else:
+                    self._slots[key].append(slot)
+                    slot_to_drop = None
+            else:
+                slot_to_drop = None
+            self._lock.notify_all()
+        if slot_to_drop is not None:
+            self._discard(slot_to_drop)
+
+    def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Return once no sandbox is still starting or warming up (or at the timeout)."""
+        give_up = time.monotonic() + timeout_s
+        while time.monotonic() < give_up:
+            with self._lock:
+                busy = self._starting > 0 or any(
+                    not s.ready() and self._alive(s.handle) for slots in self._slots.values() for s in slots
+                )
+            if not busy:
+                return
+            time.sleep(0.02)
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """No sandbox starts inside this block (a benchmark is timing); postponed ones start after."""
+        with self._lock:
+            self._quiet += 1
+        self.settle()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._quiet -= 1
+                pending = list(self._pending) if not self._quiet else []
+                if not self._quiet:
+                    self._pending.clear()
+            for key in pending:
+                self.replenish(key)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            slots = [s for group in self._slots.values() for s in group]
+            self._slots.clear()
+        for slot in slots:
+            self._discard(slot)
+
+    def size(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._slots.values())

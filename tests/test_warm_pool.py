@@ -1,0 +1,106 @@
+"""Sandboxes started ahead of need (sandbox/pool.py): a warm job gives the same outputs as a cold one,
+each warm sandbox serves one job, unused ones expire, and closing the pool leaves nothing behind.
+Process backend here; tests/test_sandbox_docker.py runs the same with containers."""
+
+import secrets
+
+import pytest
+
+import sandbox.base
+from pkb_mcp import problems
+from pkb_mcp.jobs import JobRequest, enable_warm_pool, run_job
+from sandbox.pool import WarmKey
+from sandbox.process import ProcessBackend
+
+from .conftest import job_processes
+
+
+def request(seeds, world_size=2):
+    p = problems.resolve(1)
+    return JobRequest(
+        mode="outputs",
+        problem_path=p.path,
+        solution_path=p.path,
+        world_size=world_size,
+        device="cpu",
+        gpus=[],
+        size=p.size("pkb"),
+        dtype=p.dtype,
+        seeds=seeds,
+        tolerance=p.tolerance,
+        timeout_s=60,
+    )
+
+
+def same_outputs(a, b):
+    assert a.outputs.keys() == b.outputs.keys() and a.outputs
+    for k in a.outputs:
+        for x, y in zip(a.outputs[k].tensors, b.outputs[k].tensors, strict=True):
+            assert x.equal(y)
+
+
+def run_pool_lifecycle(backend, jobs_dir):
+    pool = enable_warm_pool(backend)
+    assert pool is not None
+    try:
+        seeds = [secrets.randbits(62) for _ in range(2)]
+        cold = run_job(request(seeds), backend)
+        assert cold.ok and not cold.warm
+        pool.settle()
+        assert pool.size() == pool.per_key, "a finished job leaves its shape warm"
+        warm = run_job(request(seeds), backend)
+        assert warm.ok and warm.warm, "the next job of the same shape starts warm"
+        same_outputs(cold, warm)
+        other = run_job(request(seeds, world_size=4), backend)
+        assert other.ok and not other.warm, "another shape starts cold"
+    finally:
+        pool.close()
+    assert pool.size() == 0
+    assert list(jobs_dir.iterdir()) == [], "closing the pool removes every warm sandbox's directory"
+    assert job_processes(jobs_dir) == [], "and every process"
+
+
+@pytest.mark.slow
+def test_warm_job_matches_cold_and_close_leaves_nothing(isolated_dirs):
+    run_pool_lifecycle(ProcessBackend(), isolated_dirs)
+
+
+def test_unused_warm_sandbox_expires(isolated_dirs, monkeypatch):
+    monkeypatch.setattr(sandbox.base, "WARM_IDLE_S", 1.0)
+    backend = ProcessBackend()
+    pool = enable_warm_pool(backend)
+    key = WarmKey("cpu", (), 2, 1)
+    try:
+        pool.replenish(key)
+        pool.settle()
+        assert pool.size() == 2
+        slots = [pool.take(key), pool.take(key)]
+        assert all(s is not None for s in slots)
+        for s in slots:
+            s.handle.wait(timeout=30)  # the launcher gave up waiting for a job
+            assert s.handle.returncode == 0
+            pool._discard(s)
+    finally:
+        pool.close()
+    assert list(isolated_dirs.iterdir()) == []
+    assert job_processes(isolated_dirs) == []
+
+
+def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
+    started = []
+    from sandbox.pool import WarmPool
+
+    pool = WarmPool(
+        new_dir=lambda job_id: isolated_dirs / job_id,
+        start=lambda slot: started.append(slot.key) or "handle",
+        alive=lambda handle: True,
+        discard=lambda slot: None,
+        per_key=1,
+    )
+    key = WarmKey("cpu", (), 2, 1)
+    with pool.quiet():
+        pool.replenish(key)
+        assert started == [] and pool.size() == 0, "nothing starts while a benchmark is timed"
+    pool.settle()
+    assert started == [key] and pool.size() == 1
+    assert pool.take(key) is not None and pool.take(key) is None, "a warm sandbox serves one job"
