@@ -93,10 +93,11 @@ def _send(proc: subprocess.Popen[bytes], message: dict[str, Any] | None, close: 
         pass  # the worker died already; its fate is read from its exit status
 
 
-def wait_for_job(path: Path, idle_s: float) -> dict[str, Any] | None:
-    """A warm sandbox's job: the file the host writes into the job directory, or None at idle_s."""
+def wait_for_job(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any] | None:
+    """A warm sandbox's job: the file the host writes into the job directory; None at idle_s, or as
+    soon as a worker has died (a sandbox that cannot serve a job must not look ready for one)."""
     give_up = time.monotonic() + idle_s
-    while time.monotonic() < give_up:
+    while time.monotonic() < give_up and all(p.poll() is None for p in procs):
         if path.exists():
             text = path.read_text()
             path.unlink()
@@ -194,7 +195,7 @@ def main(argv: list[str]) -> None:
     if "--warm" in args:
         setup = json.loads(args["--warm"])
         procs = spawn(setup)
-        cfg = wait_for_job(Path(args["--config-file"]), float(setup.get("idle_s", 600)))
+        cfg = wait_for_job(Path(args["--config-file"]), float(setup.get("idle_s", 600)), procs)
         if cfg is None:
             for proc in procs:
                 _send(proc, None, close=True)  # an empty line: the worker leaves quietly

@@ -6,11 +6,20 @@ before a byte of data is interpreted. Imports torch and the standard library onl
 
 Layout: b"PKBT1\\n" | u64 header length | header JSON | data. The header holds
 {"structure": "tensor" | "tuple", "tensors": [{"dtype", "shape", "offset", "nbytes"}...], "meta": {...}}.
+
+Forgery: candidate code runs in the process (and as the user) that writes these files, so it can
+rewrite them. Given a key (`result_key`, derived from the job's secret seeds, which only the job's
+ranks and the host know), `save` puts a keyed BLAKE2b digest of everything in the file into
+meta["mac"], and the host's `verify` rejects a file rewritten without the key; `mac_record` and
+`verify_record` do the same for the timing record. Code that digs the key out of the harness's
+memory could still forge: this stops file forgery, not an attacker inside the process.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -53,20 +62,79 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _NAME_OF[dtype]
 
 
-def save(path: Path, tensors: list[torch.Tensor], structure: str = "tuple", meta: dict | None = None) -> None:
-    """Write tensors (any device) to `path` atomically."""
+def result_key(seeds: list[int]) -> bytes:
+    """The key of a job's result digests: known to the host and to the job's ranks only."""
+    return hashlib.sha256(b"pkb-result-mac\0" + json.dumps([int(s) for s in seeds]).encode()).digest()
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().to("cpu").contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def _bytes_of(raw: torch.Tensor) -> memoryview:
+    # zero-copy view of contiguous CPU bytes (no numpy in the sandbox image)
+    return memoryview((ctypes.c_char * raw.numel()).from_address(raw.data_ptr()))
+
+
+def _digest(key: bytes, structure: str, tensors: list[torch.Tensor], meta: dict) -> str:
+    h = hashlib.blake2b(key=key[:64], digest_size=32)
+    described = [[dtype_name(t.dtype), list(t.shape)] for t in tensors]
+    head = {
+        "structure": structure,
+        "tensors": described,
+        "meta": {k: v for k, v in meta.items() if k != "mac"},
+    }
+    h.update(json.dumps(head, sort_keys=True, separators=(",", ":")).encode())
+    for t in tensors:
+        raw = _raw(t)
+        if raw.numel():
+            h.update(_bytes_of(raw))
+    return h.hexdigest()
+
+
+def verify(key: bytes, structure: str, tensors: list[torch.Tensor], meta: dict) -> bool:
+    """Whether a loaded file carries the digest that `save(..., key=key)` wrote for this content."""
+    mac = meta.get("mac")
+    return isinstance(mac, str) and hmac.compare_digest(mac, _digest(key, structure, tensors, meta))
+
+
+def mac_record(key: bytes, record: dict[str, Any]) -> dict[str, Any]:
+    """The record with record["mac"]: a keyed digest of its JSON form."""
+    body = {k: v for k, v in record.items() if k != "mac"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return {**body, "mac": hmac.new(key, text, hashlib.sha256).hexdigest()}
+
+
+def verify_record(key: bytes, record: dict[str, Any]) -> bool:
+    """Whether a record read back (JSON) still carries the digest `mac_record` gave it."""
+    mac = record.get("mac") if isinstance(record, dict) else None
+    return isinstance(mac, str) and hmac.compare_digest(mac, mac_record(key, record)["mac"])
+
+
+def save(
+    path: Path,
+    tensors: list[torch.Tensor],
+    structure: str = "tuple",
+    meta: dict | None = None,
+    key: bytes | None = None,
+) -> None:
+    """Write tensors (any device) to `path` atomically; with `key`, meta["mac"] is their digest."""
     entries = []
     blobs = []
     offset = 0
-    for t in tensors:
-        t = t.detach().to("cpu").contiguous()
-        raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    cpu = [t.detach().to("cpu").contiguous() for t in tensors]
+    meta = dict(meta or {})
+    if key is not None:
+        meta["mac"] = _digest(key, structure, cpu, meta)
+    for t in cpu:
+        raw = _raw(t)
         entries.append(
             {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "offset": offset, "nbytes": raw.numel()}
         )
         blobs.append(raw)
         offset += raw.numel()
-    header = json.dumps({"structure": structure, "tensors": entries, "meta": meta or {}}).encode()
+    header = json.dumps({"structure": structure, "tensors": entries, "meta": meta}).encode()
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as f:
         f.write(MAGIC)
@@ -74,8 +142,7 @@ def save(path: Path, tensors: list[torch.Tensor], structure: str = "tuple", meta
         f.write(header)
         for raw in blobs:
             if raw.numel():
-                # zero-copy view of the contiguous CPU bytes (no numpy in the sandbox image)
-                f.write(memoryview((ctypes.c_char * raw.numel()).from_address(raw.data_ptr())))
+                f.write(_bytes_of(raw))
     os.replace(tmp, path)
 
 

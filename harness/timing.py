@@ -10,7 +10,10 @@ cross-check. On CPU the host clock is the only clock.
 Inputs rotate through several distinct sets (every argument), and a scratch buffer twice the size of
 L2 is written before each call, so inputs come from HBM as in a real step. The first output of
 each set is written for the host to judge; every later timed output is compared on the device with
-that judged output, so a solution cannot be right once and wrong afterwards.
+that judged output, so a solution cannot be right once and wrong afterwards. Between rounds through
+the sets the worker may also move each set's data into another set's buffers (`rotate`): the same
+addresses then hold other inputs, so a result cached by buffer address comes back stale and fails
+the comparison.
 """
 
 from __future__ import annotations
@@ -121,17 +124,31 @@ def run_timing(
     device: torch.device,
     cfg: dict[str, Any],
     tolerance: dict[str, float],
+    *,
+    rotate: Callable[[], list[int]] | None = None,
+    after_call: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Warm up, then sample until precision, budget or cap; every rank returns the same record.
 
-    `prepare(i)` runs before each call on input set i, outside the timed region.
+    `prepare(i)` runs before each call on input set i, outside the timed region. `rotate()`, when
+    given, runs at the start of every round through the sets (outside the timed region too): it
+    moves other data into the same buffers and returns, for each buffer i, the set whose data it now
+    holds, whose judged output the next outputs are compared with. `after_call()` runs as soon as each
+    call's clock has stopped (the worker checks there that the solution replaced nothing).
     """
     timer = Timer(device, int(cfg.get("l2_bytes", 0)))
     n_sets = len(judged)
+    holds = list(range(n_sets))  # holds[i]: the input set whose data buffer set i holds now
 
     def timed(i: int) -> tuple[Any, float, float]:
+        nonlocal holds
+        if rotate is not None and i == 0:
+            holds = rotate()
         prepare(i)
-        return timer.time(lambda: call_on_set(i))
+        result = timer.time(lambda: call_on_set(i))
+        if after_call is not None:
+            after_call()
+        return result
 
     # Warm-up: enough calls to cover warmup_ms, sized from the slowest rank's first calls.
     probe: list[float] = []
@@ -157,7 +174,7 @@ def run_timing(
     for i in range(cfg["max_samples"]):
         s = i % n_sets
         out, ev, wall = timed(s)
-        bad = 0.0 if outputs_match(normalize(out), judged[s], tolerance) else 1.0
+        bad = 0.0 if outputs_match(normalize(out), judged[holds[s]], tolerance) else 1.0
         del out
         ev, wall, bad = max_over_ranks([ev, wall, bad], device)
         events.append(ev)
@@ -186,4 +203,5 @@ def run_timing(
         "input_sets": n_sets,
         "clock": "cuda events" if device.type == "cuda" else "host perf_counter",
         "alignment_sleep_us": timer.sleep_us if device.type == "cuda" else 0.0,
+        "rotated_inputs": rotate is not None,
     }

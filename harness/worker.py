@@ -13,6 +13,7 @@ the job directory:
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib.util
 import json
@@ -134,6 +135,190 @@ def _snapshot(inputs: tuple) -> tuple:
     return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
 
 
+# ------------------------------------------------------------------ defences against the solution
+# The solution runs in this process: it can replace what the harness measures with or judges by,
+# leave work running past its return, spawn processes that outlive it, or rewrite result files.
+
+
+class Watch:
+    """Identity of every clock, torch function and harness attribute the harness relies on, taken
+    before the solution is imported; `check` fails the rank if the solution replaced any of them."""
+
+    def __init__(self) -> None:
+        import builtins
+
+        import torch
+        import torch.distributed as dist
+
+        from harness import context, tensorfile, timing
+
+        owners: dict[str, Any] = {
+            "time": (time, ["perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "sleep"]),
+            "os": (os, ["replace", "_exit", "kill", "waitpid", "getpid"]),
+            "json": (json, ["dumps", "loads"]),
+            "builtins": (builtins, ["open", "isinstance", "len", "max", "min", "sum", "zip", "float"]),
+            "torch": (
+                torch,
+                ["equal", "allclose", "isnan", "isfinite", "tensor", "empty", "zeros", "ones", "device"],
+            ),
+            "torch.Tensor": (
+                torch.Tensor,
+                [
+                    "clone",
+                    "to",
+                    "copy_",
+                    "detach",
+                    "contiguous",
+                    "reshape",
+                    "view",
+                    "tolist",
+                    "item",
+                    "numel",
+                    "element_size",
+                    "untyped_storage",
+                    "data_ptr",
+                    "any",
+                    "fill_",
+                ],
+            ),
+            "torch.cuda": (
+                torch.cuda,
+                ["synchronize", "Event", "Stream", "current_stream", "stream", "set_stream", "_sleep"],
+            ),
+            "torch.cuda.Event": (torch.cuda.Event, ["record", "synchronize", "elapsed_time", "query"]),
+            "torch.distributed": (
+                dist,
+                ["barrier", "all_reduce", "destroy_process_group", "get_rank", "get_world_size", "ReduceOp"],
+            ),
+        }
+        # every global of the harness's own modules (functions, classes, the modules they use)
+        for label, module in [
+            ("harness.timing", timing),
+            ("harness.tensorfile", tensorfile),
+            ("harness.context", context),
+            ("harness.worker", sys.modules[__name__]),  # __main__ when run with -m
+        ]:
+            owners[label] = (module, [n for n in vars(module) if not n.startswith("__")])
+        owners["harness.timing.Timer"] = (
+            timing.Timer,
+            [n for n in vars(timing.Timer) if not n.startswith("__")],
+        )
+        self._seen = [
+            (f"{label}.{name}", owner, name, getattr(owner, name))
+            for label, (owner, names) in owners.items()
+            for name in names
+            if hasattr(owner, name)
+        ]
+
+    def check(self, when: str) -> None:
+        for label, owner, name, original in self._seen:
+            if getattr(owner, name, None) is not original:
+                raise SolutionError(
+                    f"the solution replaced {label} ({when}); patching clocks, torch, torch.distributed "
+                    "or the harness is not allowed"
+                )
+
+
+def _copy_at_return(outs: list, caller: Any) -> list:
+    """The outputs as they are when solution() returns. On a GPU the copy is queued on the stream
+    that was current at the call (the caller's), so work left running on a side stream, queued
+    later by a thread, or remote writes that had not landed when the solution returned, are not in
+    it: the contract is an output that is complete on the caller's stream at return."""
+    import torch
+
+    if caller is None:
+        return [o.detach().clone() for o in outs]
+    with torch.cuda.stream(caller):
+        return [o.detach().clone() for o in outs]
+
+
+def _input_rotation(sets: list[tuple]) -> Callable[[], list[int]] | None:
+    """A function that moves every set's tensors one set along (set i's buffers get set i+1's data,
+    in place, so the addresses stay) and returns which set's data each buffer then holds; None when
+    the sets differ in anything but values (then no two sets share one judged output)."""
+    import torch
+
+    tensors = [[t for t in s if isinstance(t, torch.Tensor)] for s in sets]
+    others = [[a for a in s if not isinstance(a, torch.Tensor)] for s in sets]
+    try:
+        same = all(o == others[0] for o in others)
+    except Exception:  # a non-tensor argument without a usable ==
+        same = False
+    same = same and all(
+        len(ts) == len(tensors[0])
+        and all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.is_contiguous()
+            for a, b in zip(ts, tensors[0], strict=True)
+        )
+        for ts in tensors
+    )
+    if not same or len(sets) < 2 or not tensors[0]:
+        return None
+    holds = list(range(len(sets)))
+
+    def rotate() -> list[int]:
+        with torch.no_grad():
+            first = [t.clone() for t in tensors[0]]
+            for b in range(len(tensors) - 1):
+                for dst, src in zip(tensors[b], tensors[b + 1], strict=True):
+                    dst.copy_(src)
+            for dst, src in zip(tensors[-1], first, strict=True):
+                dst.copy_(src)
+        holds[:] = holds[1:] + holds[:1]
+        return list(holds)
+
+    return rotate
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    """Processes the solution forks, even double-forked ones, stay this rank's descendants (Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return pids
+
+
+def _reap_descendants() -> int:
+    """Kill every process the solution left behind (orphans came to us as the subreaper); how many."""
+    killed = 0
+    for _ in range(100):
+        pids = _children()
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+    return killed
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once: threads the solution started end here, before they can touch a result file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def read_line(stream: Any) -> dict[str, Any] | None:
     line = stream.readline()
     return json.loads(line) if line.strip() else None
@@ -179,6 +364,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         t_start = time.monotonic()
         stage = "setup"
         problem = load_module(cfg["problem_path"], "pkb_problem")
+        mac_key = tensorfile.result_key(cfg["seeds"])  # the host checks every result file with it
+        watch = Watch()
+        _become_subreaper()
         stage = "import"
         if cfg["solution_path"] == cfg["problem_path"]:
             solution = problem.solution
@@ -187,6 +375,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             solution = getattr(candidate, "solution", None)
             if not callable(solution):
                 raise SolutionError("the solution file defines no callable named solution")
+        watch.check("while being imported")
 
         dtype = DTYPES[cfg["dtype"]]
         mutates = bool(getattr(problem, "MUTATES_INPUTS", False))
@@ -199,27 +388,35 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
         def judge_call(inputs: tuple) -> tuple[str, list, dict[str, Any]]:
-            """One checked call: outputs plus what the host must know (aliasing, mutation)."""
+            """One checked call: the outputs as they were at return (private copies), plus what the
+            host must know (aliasing, mutation)."""
             snaps = None if mutates else _snapshot(inputs)
-            structure, outs = normalize_output(solution(*inputs))
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dist.barrier()  # every rank's writes, remote ones included, have landed
-            meta: dict[str, Any] = {"aliased_outputs": aliased_inputs(outs, list(inputs))}
-            meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), list(snaps))
+            caller = torch.cuda.current_stream() if device.type == "cuda" else None
+            result = solution(*inputs)
+            watch.check("during a call")
+            structure, outs = normalize_output(result)
+            returned = len(outs)
             if mutates:
                 # the in-place result is part of the output
                 outs = outs + [t for t in inputs if isinstance(t, torch.Tensor)]
-            return structure, outs, meta
+            at_return = _copy_at_return(outs, caller)
+            if caller is not None:
+                torch.cuda.set_stream(caller)  # whatever stream the solution left current
+                torch.cuda.synchronize()
+            dist.barrier()  # every rank's work has ended before inputs are compared
+            meta: dict[str, Any] = {"aliased_outputs": aliased_inputs(outs[:returned], list(inputs))}
+            meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), list(snaps))
+            return structure, at_return, meta
 
         out_dir.mkdir(exist_ok=True)
+        record: dict[str, Any] | None = None
         if cfg["mode"] == "outputs":
             for trial, seed in enumerate(cfg["seeds"]):
                 stage = f"trial {trial}"
                 inputs = make(seed)
                 dist.barrier()
                 structure, outs, meta = judge_call(inputs)
-                tensorfile.save(out_dir / f"t{trial}_r{rank}.pkbt", outs, structure, meta)
+                tensorfile.save(out_dir / f"t{trial}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
                 del inputs, outs
         else:
             stage = "benchmark inputs"
@@ -237,9 +434,17 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             for i, inputs in enumerate(sets):
                 work = _snapshot(inputs) if mutates else inputs
                 structure, outs, meta = judge_call(work)
-                tensorfile.save(out_dir / f"s{i}_r{rank}.pkbt", outs, structure, meta)
-                judged.append([o.clone() for o in outs])
+                tensorfile.save(out_dir / f"s{i}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
+                judged.append(outs)  # private copies, taken at return
             pristine = [_snapshot(s) for s in sets] if not mutates else None
+            rotate = _input_rotation(sets)
+            holds = list(range(n_sets))
+
+            def rotate_sets() -> list[int]:
+                assert rotate is not None
+                holds[:] = rotate()
+                return list(holds)
+
             working: dict[int, tuple] = {}
 
             def prepare(i: int) -> None:
@@ -254,26 +459,34 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
 
             stage = "benchmark timing"
             record = timing.run_timing(
-                prepare, call_on_set, normalize, judged, device, tcfg, cfg["tolerance"]
+                prepare,
+                call_on_set,
+                normalize,
+                judged,
+                device,
+                tcfg,
+                cfg["tolerance"],
+                rotate=rotate_sets if rotate is not None else None,
+                after_call=lambda: watch.check("while being timed"),
             )
             if pristine is not None:
-                changed = [
-                    i
-                    for i, (s, p) in enumerate(zip(sets, pristine, strict=True))
-                    if mutated_inputs(list(s), list(p))
-                ]
+                changed = [i for i, s in enumerate(sets) if mutated_inputs(list(s), list(pristine[holds[i]]))]
                 record["inputs_mutated_while_timing"] = bool(
                     timing.max_over_ranks([1.0 if changed else 0.0], device)[0]
                 )
             record["per_set_bytes"] = nbytes
-            if rank == 0:
-                tmp = job_dir / "timing.part"
-                tmp.write_text(json.dumps(record))
-                os.replace(tmp, job_dir / "timing.json")
         stage = "teardown"
         dist.barrier()
         dist.destroy_process_group()
+        # Last writes: after every process the solution forked is gone, and followed at once by the
+        # exit that ends its threads; the timing record carries the keyed digest the host checks.
+        _reap_descendants()
+        if record is not None and rank == 0:
+            tmp = job_dir / "timing.part"
+            tmp.write_text(json.dumps(tensorfile.mac_record(mac_key, record)))
+            os.replace(tmp, job_dir / "timing.json")
         _write_status(job_dir, rank, {"state": "ok", "elapsed_s": time.monotonic() - t_start})
+        _exit_now(0)
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
         _write_status(
             job_dir,
@@ -288,6 +501,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         )
         sys.stderr.write(_trimmed_traceback(exc))
         sys.stderr.flush()
+        _reap_descendants()
         os._exit(3)
 
 

@@ -110,6 +110,12 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    result = service.calibrate(args.world_size, args.device)
+    _emit(args, result, render.calibration(result))
+    return EXIT_PASS
+
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -218,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, run=True)
     p.set_defaults(func=cmd_check, default_timeout=120.0)
 
-    p = sub.add_parser("bench", help="time candidate and reference the same way; speedup and % of floor")
+    p = sub.add_parser("bench", help="time candidate and reference the same way; speedup and %% of floor")
     p.add_argument("problem", help="id or name")
     p.add_argument("file", help="solution .py")
     common(p, run=True)
@@ -229,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-ms", type=float, default=None, help="a measured time to place against the floor")
     common(p)
     p.set_defaults(func=cmd_roofline)
+
+    p = sub.add_parser("calibrate", help="measure this node's ceilings for the roofline and save them")
+    p.add_argument("--world-size", type=int, default=None, help="GPUs to use (default: all)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="cpu: a dry run, nothing saved")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("serve", help="run the MCP server (stdio, or streamable HTTP with a bearer token)")
     p.add_argument("--transport", choices=["stdio", "http"], default="stdio")

@@ -6,12 +6,14 @@ timing and roofline definitions.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 RankState = Literal["pass", "wrong", "error", "crashed", "timeout", "aborted", "exited"]
 Verdict = Literal["pass", "fail", "timeout"]
+# "suspect": every output was right but the time is below the physical floor, so it is not credited
+BenchVerdict = Literal["pass", "fail", "timeout", "suspect"]
 
 
 class ProblemSummary(BaseModel):
@@ -80,6 +82,22 @@ class SandboxInfo(BaseModel):
     note: str = ""
 
 
+class StaticReport(BaseModel):
+    """What the solution's source still calls, read from its text without running it."""
+
+    collectives: list[str] = Field(
+        description="torch.distributed collectives, functional collectives and symmetric-memory ops "
+        "referenced"
+    )
+    compute_ops: list[str] = Field(description="dense torch compute ops used (matmul, @, F.linear, ...)")
+    multicast: bool = Field(description="uses NVLink multicast (multimem / NVLS): refused before running")
+    multicast_uses: list[str] = Field([], description="where multicast is used")
+    suspicious: list[str] = Field(
+        description="patterns worth review: harness imports, files, environment, threads, processes, "
+        "ctypes, monkeypatching, introspection, pointer-keyed caches, state kept across calls"
+    )
+
+
 class CheckResult(BaseModel):
     problem_id: int
     problem: str
@@ -93,6 +111,7 @@ class CheckResult(BaseModel):
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
+    static_report: StaticReport | None = None
 
 
 class TimingStats(BaseModel):
@@ -141,7 +160,7 @@ class BenchResult(BaseModel):
     world_size: int
     size: str
     device: str
-    verdict: Verdict
+    verdict: BenchVerdict
     message: str
     reference: TimingStats | None = None
     candidate: TimingStats | None = None
@@ -149,7 +168,17 @@ class BenchResult(BaseModel):
     speedup_low: float | None = Field(None, description="reference q1 / candidate q3")
     speedup_high: float | None = Field(None, description="reference q3 / candidate q1")
     roofline: RooflineResult | None = None
+    below_floor: bool = Field(
+        False, description="the candidate's median is below the roofline floor: the time is not credited"
+    )
     ranks: list[RankResult] = []
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
+    static_report: StaticReport | None = None
+
+
+class Calibration(BaseModel):
+    ceilings: Ceilings
+    details: dict[str, Any] = Field(description="every measurement behind the ceilings")
+    saved_to: str | None = Field(default=None, description="the calibration file the roofline now reads")

@@ -6,7 +6,16 @@ a client that shows only `content` are the same facts.
 
 from __future__ import annotations
 
-from pkb_mcp.models import BenchResult, CheckResult, ProblemDetail, ProblemSummary, RankResult, RooflineResult
+from pkb_mcp.models import (
+    BenchResult,
+    Calibration,
+    CheckResult,
+    ProblemDetail,
+    ProblemSummary,
+    RankResult,
+    RooflineResult,
+    StaticReport,
+)
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -51,12 +60,36 @@ def check(r: CheckResult) -> str:
         f"{r.trials} trials, {r.wall_s:.1f} s, sandbox {r.sandbox.backend}"
     )
     return "\n".join(
-        [head, rank_table(r.ranks), f"{r.verdict.upper()}: {r.message}", *warning_lines(r.warnings)]
+        [
+            head,
+            rank_table(r.ranks),
+            f"{r.verdict.upper()}: {r.message}",
+            *static_lines(r.static_report),
+            *warning_lines(r.warnings),
+        ]
     )
 
 
 def warning_lines(items: list[str]) -> list[str]:
     return [f"warning: {w}" for w in items]
+
+
+def _some(items: list[str], n: int) -> str:
+    shown = ", ".join(items[:n])
+    return shown + (f" (+{len(items) - n} more)" if len(items) > n else "") if items else "none"
+
+
+def static_lines(s: StaticReport | None) -> list[str]:
+    """One line of what the source still calls; a second for patterns worth a look, if any."""
+    if s is None:
+        return []
+    lines = [
+        f"static: collectives {_some(s.collectives, 6)}; compute {_some(s.compute_ops, 6)}; "
+        f"multicast {'USED (refused)' if s.multicast else 'no'}"
+    ]
+    if s.suspicious:
+        lines.append(f"static: suspicious: {_some(s.suspicious, 3)}")
+    return lines
 
 
 def roofline(r: RooflineResult) -> str:
@@ -103,7 +136,7 @@ def bench(r: BenchResult) -> str:
         lines.append(
             table(rows, ["", "median ms", "IQR ms", "min ms", "samples", "input sets", "stopped on"])
         )
-    if r.verdict != "pass":
+    if r.verdict in ("fail", "timeout"):
         lines.append(rank_table(r.ranks))
     if r.speedup is not None:
         lines.append(f"speedup {r.speedup:.3f}x (quartile range {r.speedup_low:.3f}-{r.speedup_high:.3f})")
@@ -115,6 +148,7 @@ def bench(r: BenchResult) -> str:
             + (f"; {roof.note}" if roof.note else "")
         )
     lines.append(f"{r.verdict.upper()}: {r.message}")
+    lines += static_lines(r.static_report)
     return "\n".join(lines + warning_lines(r.warnings))
 
 
@@ -143,3 +177,24 @@ def show(d: ProblemDetail) -> str:
 def problems(found: list[ProblemSummary]) -> str:
     rows = [[str(p.id), p.name, p.category, p.world_sizes, p.summary] for p in found]
     return table(rows, ["id", "name", "category", "world sizes", "summary"])
+
+
+def calibration(c: Calibration) -> str:
+    """The node's measured ceilings, one line each, and where they were saved."""
+    d = c.details
+    lines = [
+        f"peer copy, one direction: {c.ceilings.nvlink_gbps:.1f} GB/s "
+        f"(median of {len(d['peer_copy'])} GPU pairs)",
+        f"HBM copy (read + write): {c.ceilings.hbm_gbps:.1f} GB/s",
+        "matmul: " + ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in d["matmul_tflops"].items()),
+    ]
+    lib = "NCCL" if d.get("device") == "cuda" else "gloo"
+    for name, m in d["collectives"].items():
+        if isinstance(m, dict):
+            lines.append(
+                f"{lib} {name}, {m['bytes'] / 2**20:.0f} MiB: bus bandwidth {m['busbw_gbps']:.1f} GB/s"
+            )
+    lines.append(f"8-byte all_reduce: {d['collectives']['small_all_reduce_us']:.1f} us")
+    lines.append(f"source: {c.ceilings.source}")
+    lines.append(f"saved to {c.saved_to}" if c.saved_to else "dry run on CPU: nothing saved")
+    return "\n".join(lines)

@@ -39,6 +39,35 @@ def calibration_path():
     return config.cache_dir() / f"calibration-{socket.gethostname()}.json"
 
 
+def from_measurements(measured: dict, when: str) -> Ceilings:
+    """Ceilings from a calibration run (harness/calibrate.py): the measured peer copy, HBM copy and
+    matmul rates; dtypes it did not measure and the per-round latency keep the datasheet's values."""
+    rates = dict(DATASHEET_H200.tflops)
+    mm = measured["matmul_tflops"]
+    rates.update({"bfloat16": mm["bfloat16"], "float16": mm["bfloat16"], "float32": mm["float32"]})
+    details = measured.get("details", {})
+    return Ceilings(
+        nvlink_gbps=measured["nvlink_gbps"],
+        hbm_gbps=measured["hbm_gbps"],
+        tflops=rates,
+        round_latency_us=DATASHEET_H200.round_latency_us,
+        source=(
+            f"calibrated on {details.get('host', socket.gethostname())} at {when} "
+            f"({details.get('world_size', '?')} x {details.get('gpu', details.get('device', '?'))}); "
+            f"per-round latency assumed {DATASHEET_H200.round_latency_us:g} us"
+        ),
+    )
+
+
+def save_calibration(c: Ceilings, details: dict) -> str:
+    path = calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps({**c.model_dump(), "details": details}, indent=1))
+    tmp.replace(path)
+    return str(path)
+
+
 def ceilings() -> Ceilings:
     """This node's measured ceilings when a calibration is cached, else the datasheet's."""
     path = calibration_path()

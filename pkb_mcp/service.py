@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import secrets
 import threading
 import time
@@ -16,11 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pkb_mcp import config, judge, problems, roofline, stats
+from harness import tensorfile
+from pkb_mcp import config, judge, problems, roofline, static_report, stats
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, run_job, warm_pool
 from pkb_mcp.models import (
     BenchResult,
+    Calibration,
     CheckResult,
     InputSpec,
     ProblemDetail,
@@ -28,6 +31,7 @@ from pkb_mcp.models import (
     RankResult,
     RooflineResult,
     SandboxInfo,
+    StaticReport,
     Traffic,
 )
 from sandbox import SandboxUnavailable, select_backend
@@ -37,6 +41,9 @@ Progress = Callable[[float, float | None, str], None]
 MAX_SOLUTION_BYTES = 1 << 20
 MAX_TRIALS = 100
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
+# A median below this fraction of the roofline's bandwidth/compute floor is physically impossible
+# (the slack covers traffic models that round up and ceilings a kernel can beat a little).
+FLOOR_SLACK = 0.8
 
 
 def _noop(progress: float, total: float | None, message: str) -> None:
@@ -102,6 +109,51 @@ def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> Prob
         ),
         reference_source=p.path.read_text(),
     )
+
+
+def calibrate(
+    world_size: int | None = None, device: str | None = None, timeout_s: float = 900.0
+) -> Calibration:
+    """Measure this node's ceilings (harness/calibrate.py, in a child process) and, on GPUs, save them
+    where the roofline reads them. On CPU it is a dry run: nothing is saved."""
+    import datetime
+    import subprocess
+    import sys
+    import tempfile
+
+    device = device or default_device()
+    if device == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        world_size = world_size or count
+        if not 2 <= world_size <= count:
+            raise UserError(f"calibration needs 2 to {count} GPUs here, not {world_size}")
+    else:
+        world_size = world_size or 2
+        if world_size < 2:
+            raise UserError("calibration needs at least 2 ranks")
+    with tempfile.TemporaryDirectory(prefix="pkb-calibrate-") as tmp:
+        out = Path(tmp) / "calibration.json"
+        cmd = [sys.executable, "-m", "harness.calibrate", "--world-size", str(world_size), "--device", device]
+        try:
+            done = subprocess.run(
+                [*cmd, "--out", str(out)],
+                cwd=config.HARNESS_ROOT,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise UserError(f"calibration did not finish within {timeout_s:g} s") from exc
+        if done.returncode != 0 or not out.is_file():
+            raise UserError(f"calibration failed: {done.stderr.strip()[-500:]}")
+        measured = json.loads(out.read_text())
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    c = roofline.from_measurements(measured, when)
+    saved = roofline.save_calibration(c, measured["details"]) if device == "cuda" else None
+    return Calibration(ceilings=c, details=measured["details"], saved_to=saved)
 
 
 def roofline_of(
@@ -210,6 +262,15 @@ class _Run:
         self.timeout_s = timeout_s
         self.solution = solution.resolve()
         self.syntax_error = _read_solution(self.solution)
+        # what the source still calls, read without running it; multicast refuses it outright
+        self.static_report: StaticReport | None = None
+        self.refusal: str | None = None
+        if self.syntax_error is None:
+            try:
+                self.static_report = static_report.analyze(self.solution.read_bytes(), self.solution.name)
+                self.refusal = static_report.refusal(self.static_report)
+            except (SyntaxError, ValueError, RecursionError):
+                self.static_report = None
         try:
             self.backend: Backend = select_backend(sandbox)
         except SandboxUnavailable as exc:
@@ -243,6 +304,13 @@ class _Run:
         return round(time.monotonic() - self.t0, 3)
 
 
+def _refused_ranks(run: _Run) -> list[RankResult]:
+    return [
+        RankResult(rank=r, state="error", message="not run: " + (run.refusal or ""))
+        for r in range(run.world_size)
+    ]
+
+
 def _fate_result(fate: RankFate) -> RankResult:
     error = fate.error.strip().splitlines()[0][:300] if fate.error.strip() else ""
     messages = {
@@ -272,9 +340,18 @@ def _reference_failed(p: problems.Problem, outcome: JobOutcome) -> UserError:
 
 
 def _judge(
-    p: problems.Problem, world_size: int, keys: list[int], cand: JobOutcome, ref: JobOutcome
+    p: problems.Problem,
+    world_size: int,
+    keys: list[int],
+    cand: JobOutcome,
+    ref: JobOutcome,
+    mac_key: bytes | None = None,
 ) -> list[RankResult]:
-    """Each rank's worst outcome over the trials (or timed input sets), in rank order."""
+    """Each rank's worst outcome over the trials (or timed input sets), in rank order.
+
+    With `mac_key` (derived from the job's secret seeds), every candidate output file must carry the
+    keyed digest the harness wrote into it: a file rewritten after the harness wrote it is rejected.
+    """
     results = []
     for rank in range(world_size):
         fate = cand.ranks[rank]
@@ -293,6 +370,14 @@ def _judge(
             if got is None:
                 err = cand.output_errors.get((key, rank), "no output file")
                 res = RankResult(rank=rank, trial=key, state="wrong", message=f"unreadable output: {err}")
+            elif mac_key is not None and not tensorfile.verify(mac_key, got.structure, got.tensors, got.meta):
+                res = RankResult(
+                    rank=rank,
+                    trial=key,
+                    state="wrong",
+                    message="its output file was altered after the harness wrote it (a forged result "
+                    "file); results are written by the harness only",
+                )
             else:
                 res = judge.compare(rank, key, got, want, p.tolerance)
             if worst is None or RANK_STATE_ORDER.index(res.state) > RANK_STATE_ORDER.index(worst.state):
@@ -359,25 +444,61 @@ def check(
             wall_s=run.elapsed(),
             sandbox=run.sandbox,
             warnings=run.warnings,
+            static_report=run.static_report,
         )
 
     if run.syntax_error:
         ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
         return result("fail", f"the solution does not parse: {run.syntax_error}", ranks)
+    if run.refusal:
+        return result("fail", run.refusal, _refused_ranks(run))
     seeds = [secrets.randbits(62) for _ in range(trials)]
     progress(0, 3, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        ref_future = pool.submit(run_job, run.request("outputs", p.path, seeds), run.backend, cancel)
-        cand_future = pool.submit(run_job, run.request("outputs", run.solution, seeds), run.backend, cancel)
-        ref_outcome, cand_outcome = ref_future.result(), cand_future.result()
+    ref_request = run.request("outputs", p.path, seeds)
+    cand_request = run.request("outputs", run.solution, seeds)
+    if run.backend.isolated:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            ref_future = pool.submit(run_job, ref_request, run.backend, cancel)
+            cand_future = pool.submit(run_job, cand_request, run.backend, cancel)
+            ref_outcome, cand_outcome = ref_future.result(), cand_future.result()
+    else:
+        # Without isolation the candidate could read the reference's outputs from its job directory
+        # while both run: the reference's job ends (and its directory is gone) before the candidate starts.
+        ref_outcome = run_job(ref_request, run.backend, cancel)
+        if not ref_outcome.ok:
+            raise _reference_failed(p, ref_outcome)
+        cand_outcome = run_job(cand_request, run.backend, cancel)
     if not ref_outcome.ok:
         raise _reference_failed(p, ref_outcome)
     progress(2, 3, "judging outputs")
-    ranks = _judge(p, world_size, list(range(trials)), cand_outcome, ref_outcome)
+    mac_key = tensorfile.result_key(seeds)
+    ranks = _judge(p, world_size, list(range(trials)), cand_outcome, ref_outcome, mac_key)
     verdict, why = _verdict(ranks)
     message = f"all {world_size} ranks match the reference in {trials} trials" if verdict == "pass" else why
     progress(3, 3, message)
     return result(verdict, message, ranks)
+
+
+def physical_floor_ms(roof: RooflineResult) -> float:
+    """The part of the floor that physics guarantees: bytes over the link and HBM, FLOPs at peak.
+    (The latency term is an assumed cost per round, not a bound, so the guard leaves it out.)"""
+    return max(roof.nvlink_ms, roof.hbm_ms, roof.compute_ms)
+
+
+def below_floor(time_ms: float, roof: RooflineResult, slack: float = FLOOR_SLACK) -> bool:
+    """Whether a measured time is below what the hardware can do: the speed-of-light guard."""
+    return time_ms < slack * physical_floor_ms(roof)
+
+
+def floor_message(time_ms: float, roof: RooflineResult, speed: float) -> str:
+    terms = {"NVLink": roof.nvlink_ms, "HBM": roof.hbm_ms, "compute": roof.compute_ms}
+    bound = max(terms, key=lambda k: terms[k])
+    return (
+        f"not credited: the candidate's median {time_ms:.4g} ms is below the physical floor "
+        f"{terms[bound]:.4g} ms (its {bound} traffic at the ceilings of {roof.ceilings.source}); work "
+        f"was skipped or hidden from the clock, or the traffic model is wrong (measured {speed:.3f}x "
+        "the reference)"
+    )
 
 
 def timing_config(device: str) -> dict[str, Any]:
@@ -440,12 +561,15 @@ def bench(
             wall_s=run.elapsed(),  # type: ignore[arg-type]
             sandbox=run.sandbox,
             warnings=run.warnings,
+            static_report=run.static_report,
             **fields,
         )
 
     if run.syntax_error:
         ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
         return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
+    if run.refusal:
+        return result("fail", run.refusal, ranks=_refused_ranks(run))
     seeds = [secrets.randbits(62)]
     tcfg = timing_config(run.device)
     progress(0, 3, "timing the reference")
@@ -459,18 +583,32 @@ def bench(
         progress(1, 3, f"reference: {ref_stats.median_ms:.4g} ms; timing the candidate")
         cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
     sets = int(ref_outcome.timing["input_sets"])
-    ranks = _judge(p, world_size, list(range(sets)), cand_outcome, ref_outcome)
+    mac_key = tensorfile.result_key(seeds)
+    ranks = _judge(p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key)
     verdict, why = _verdict(ranks)
     fields: dict[str, Any] = {"reference": ref_stats, "ranks": ranks}
     if verdict != "pass" or cand_outcome.timing is None:
         return result(verdict, why or "the candidate recorded no timing", **fields)
     timing = cand_outcome.timing
+    if not tensorfile.verify_record(mac_key, timing):
+        return result(
+            "fail",
+            "the timing record was altered after the harness wrote it (a forged result file); "
+            "no time of this run is used",
+            **fields,
+        )
     if timing.get("timed_output_mismatches"):
         first = timing["timed_output_mismatches"][0]
+        rotated = (
+            " (between rounds the harness moves other data into the same input buffers: a result "
+            "cached by buffer address goes stale)"
+            if timing.get("rotated_inputs")
+            else ""
+        )
         return result(
             "fail",
             f"a timed call's output (call {first}) differs from the judged output of "
-            "the same inputs; results must be right on every call",
+            f"the same inputs; results must be right on every call{rotated}",
             **fields,
         )
     if timing.get("inputs_mutated_while_timing"):
@@ -482,20 +620,25 @@ def bench(
     speed, low, high = stats.speedup(ref_stats, cand_stats)
     time_ms = cand_stats.median_ms if run.device == "cuda" else None
     roof = roofline.floor(p.id, p.name, world_size, size, p.traffic(world_size, size), p.dtype, time_ms)
+    verdict = "pass"
+    message = (
+        f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
+        f"reference {ref_stats.median_ms:.4g} ms"
+    )
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
+    elif below_floor(cand_stats.median_ms, roof):
+        verdict = "suspect"
+        fields["below_floor"] = True
+        message = floor_message(cand_stats.median_ms, roof, speed)
     elif roof.note:
         run.warnings.append(
             f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
             f"{roof.floor_ms:.4g} ms: the measurement is suspect"
         )
     progress(3, 3, f"speedup {speed:.3f}x")
-    message = (
-        f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
-        f"reference {ref_stats.median_ms:.4g} ms"
-    )
     return result(
-        "pass",
+        verdict,
         message,
         candidate=cand_stats,
         speedup=speed,

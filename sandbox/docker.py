@@ -137,12 +137,13 @@ def _gpu_setup(client: docker.DockerClient, gpus: list[int]) -> dict[str, Any]:
             "device_requests": [DeviceRequest(device_ids=ids, capabilities=[["gpu", "compute", "utility"]])],
             "environment": {"TRITON_LIBCUDA_PATH": libcuda} if libcuda else {},
         }
-    devices = [f"/dev/nvidia{g}:/dev/nvidia{i}" for i, g in enumerate(gpus)]
+    # each node keeps its name: the driver opens /dev/nvidia<minor>, so a renamed node is no GPU at all
+    devices = [f"/dev/nvidia{g}:/dev/nvidia{g}" for g in gpus]
     for node in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
         if os.path.exists(node):
             devices.append(f"{node}:{node}")
     mounts = [Mount(d, d, type="bind", read_only=True) for d in NVIDIA_DRIVER_DIRS if os.path.isdir(d)]
-    # the device nodes are renumbered from 0 inside, so every visible GPU is one of the job's
+    # CUDA numbers the GPUs it can open from 0: exactly the job's
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus)))}
     if libcuda:
         env["TRITON_LIBCUDA_PATH"] = libcuda

@@ -68,6 +68,7 @@ class WarmPool:
         self._lock = threading.Condition()
         self._slots: OrderedDict[WarmKey, list[WarmSlot]] = OrderedDict()
         self._starting = 0
+        self._starting_for: dict[WarmKey, int] = {}
         self._quiet = 0
         self._pending: set[WarmKey] = set()
         self._closed = False
@@ -103,8 +104,9 @@ class WarmPool:
             while len(self._slots) > self.max_keys:
                 _, old = self._slots.popitem(last=False)
                 evicted.extend(old)
-            missing = self.per_key - len(self._slots[key])
+            missing = self.per_key - len(self._slots[key]) - self._starting_for.get(key, 0)
             self._starting += max(missing, 0)
+            self._starting_for[key] = self._starting_for.get(key, 0) + max(missing, 0)
         for slot in evicted:
             self._discard(slot)
         for _ in range(max(missing, 0)):
@@ -120,6 +122,7 @@ class WarmPool:
             slot = None  # type: ignore[assignment]
         with self._lock:
             self._starting -= 1
+            self._starting_for[key] -= 1
             if slot is not None:
                 if self._closed or key not in self._slots:
                     slot_to_drop: WarmSlot | None = slot

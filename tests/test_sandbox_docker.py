@@ -195,8 +195,8 @@ def test_gpu_jobs_tell_triton_where_the_driver_is(tmp_path, monkeypatch):
     setup = sd._gpu_setup(NoRuntime(), [2, 3])
     assert setup["environment"] == {"CUDA_VISIBLE_DEVICES": "0,1", "TRITON_LIBCUDA_PATH": str(tmp_path)}
     assert [d for d in setup["devices"] if d.startswith("/dev/nvidia") and d[11].isdigit()] == [
-        "/dev/nvidia2:/dev/nvidia0",
-        "/dev/nvidia3:/dev/nvidia1",
+        "/dev/nvidia2:/dev/nvidia2",
+        "/dev/nvidia3:/dev/nvidia3",
     ]
     monkeypatch.setattr(sd, "LIBCUDA_SEARCH", (str(tmp_path / "missing"),))
     assert "TRITON_LIBCUDA_PATH" not in sd._gpu_setup(NoRuntime(), [0])["environment"]

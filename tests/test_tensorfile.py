@@ -70,3 +70,28 @@ def test_size_cap_and_magic(tmp_path):
     path.write_bytes(b"\x80\x04pickle")
     with pytest.raises(tensorfile.TensorFileError, match="not a tensor file"):
         tensorfile.load(path, 1 << 20)
+
+
+def test_fp8_outputs_round_trip_bit_exact_and_are_judged_as_values(tmp_path):
+    from pkb_mcp.judge import Outputs, compare
+
+    values = torch.linspace(-400, 400, 64 * 128).reshape(64, 128)
+    codes = values.to(torch.float8_e4m3fn)
+    path = tmp_path / "fp8.pkbt"
+    tensorfile.save(path, [torch.rand(64), codes])
+    _, loaded, _ = tensorfile.load(path, 1 << 20)
+    assert loaded[1].dtype == torch.float8_e4m3fn
+    assert torch.equal(loaded[1].view(torch.uint8), codes.view(torch.uint8))
+
+    # the neighbouring code (sign-magnitude bits: one less is one step toward zero) passes a 1/8
+    # relative tolerance; doubling a code does not
+    want = Outputs("tuple", loaded, {})
+    tol = {"atol": 2.0**-9, "rtol": 0.125, "rel_norm": 0.01}
+    one_step = codes.view(torch.uint8).clone()
+    one_step[3, 5] -= 1
+    got = Outputs("tuple", [loaded[0], one_step.view(torch.float8_e4m3fn)], {})
+    assert compare(0, 0, got, want, tol).state == "pass"
+    doubled = codes.float()
+    doubled[3, 5] *= 2
+    got = Outputs("tuple", [loaded[0], doubled.to(torch.float8_e4m3fn)], {})
+    assert compare(0, 0, got, want, tol).state == "wrong"

@@ -294,6 +294,9 @@ def main() -> None:
     ap.add_argument("--example", default=None, help="only examples whose file name contains this")
     ap.add_argument("--wall-repeats", type=int, default=3)
     ap.add_argument("--summarize", type=Path, default=None)
+    ap.add_argument(
+        "--warm", action="store_true", help="keep sandboxes started ahead of need, as pkb serve does"
+    )
     ap.add_argument("--no-refs-check", action="store_true", help="refs: bench only (check done elsewhere)")
     args = ap.parse_args()
     if args.summarize:
@@ -302,6 +305,11 @@ def main() -> None:
     global DEVICE, SANDBOX
     DEVICE, SANDBOX = args.device, args.sandbox
     emit(args.out, {"part": "machine", **machine(), "argv": sys.argv[1:]})
+    if args.warm:
+        from pkb_mcp.jobs import enable_warm_pool
+        from sandbox import select_backend
+
+        enable_warm_pool(select_backend(SANDBOX))
     ids = [int(x) for x in args.problems.split(",") if x] or sorted(problems.suite())
     if "wall" in args.parts:
         run_wall(args.out, args.wall_repeats, args.wall_sandboxes, max(args.world_sizes))

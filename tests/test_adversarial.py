@@ -1,0 +1,323 @@
+"""Honest under attack: every reward hack in tests/adversarial/ fails the way it should, on CPU (gloo).
+
+Each test names the hack, runs it through service.check or service.bench, and asserts the verdict,
+each rank's state and the words of the message that say why. The process backend is used for speed,
+except where the hack is about the sandbox itself (reading other jobs' files, forging result
+files): those also run in Docker when an engine answers. GPU-only hacks are in
+tests/test_adversarial_gpu.py; docs/adversarial.md maps every hack to its defence and test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pkb_mcp import render, roofline, service
+from pkb_mcp.models import BenchResult, Ceilings, SandboxInfo
+
+from .conftest import CANDIDATES, job_processes
+
+ADV = Path(__file__).resolve().parent / "adversarial"
+FORGED_MS = 0.000123  # the sample time every forging candidate writes
+
+try:
+    from sandbox.docker import connect
+
+    DOCKER = connect()
+except Exception as exc:  # no engine here
+    DOCKER = None
+    NO_DOCKER = str(exc)
+if DOCKER is None and os.environ.get("PKB_REQUIRE_DOCKER") == "1":
+    raise RuntimeError(f"PKB_REQUIRE_DOCKER=1 but {NO_DOCKER}")
+SANDBOXES = [
+    "process",
+    pytest.param("docker", marks=pytest.mark.skipif(DOCKER is None, reason="no Docker engine answers")),
+]
+
+
+@pytest.fixture(autouse=True)
+def small_docker_limits(monkeypatch):
+    monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
+    monkeypatch.setenv("PKB_SANDBOX_PIDS", "256")
+    monkeypatch.setenv("PKB_SANDBOX_SHM", "256m")
+
+
+def check(path: Path, *, pid: int = 1, world_size: int = 2, trials: int = 2, sandbox: str = "process", **kw):
+    return service.check(
+        pid, path, world_size=world_size, device="cpu", trials=trials, timeout_s=120, sandbox=sandbox, **kw
+    )
+
+
+def bench(path: Path, *, pid: int = 1, world_size: int = 2, sandbox: str = "process"):
+    return service.bench(pid, path, world_size=world_size, device="cpu", timeout_s=180, sandbox=sandbox)
+
+
+def states(r) -> list[str]:
+    return [x.state for x in r.ranks]
+
+
+def assert_clean(jobs_dir: Path) -> None:
+    assert list(jobs_dir.iterdir()) == [], "job directories must be removed"
+    assert job_processes(jobs_dir) == [], "no job process may survive (forked ones included)"
+
+
+# ---------------------------------------------------------------- cached and predicted outputs
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_memoized_output_fails_the_second_trial(world_size, isolated_dirs):
+    r = check(ADV / "memoized.py", world_size=world_size)
+    assert r.verdict == "fail" and states(r) == ["wrong"] * world_size
+    assert all(x.trial == 1 for x in r.ranks), "the first trial is right, the second stale"
+    assert r.message.startswith("rank 0, trial 1:") and "elements differ" in r.message
+    assert r.static_report is not None and any("_memo" in s for s in r.static_report.suspicious)
+    assert_clean(isolated_dirs)
+
+
+def test_memoized_output_fails_the_second_input_set_of_bench(isolated_dirs):
+    r = bench(ADV / "memoized.py")
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"] and r.speedup is None
+    assert "trial 1" in r.message and "elements differ" in r.message  # input set 1 is judged like a trial
+
+
+def test_output_cached_by_data_pointer_goes_stale_when_inputs_rotate(isolated_dirs):
+    """Right on every judged call; timed calls hit the cache. The harness moves other data into the
+    same buffers between rounds, so the cached answers no longer match."""
+    r = bench(ADV / "cached_by_pointer.py")
+    assert r.verdict == "fail" and r.speedup is None, r.message
+    assert states(r) == ["pass", "pass"], "every judged first call was right"
+    assert "a timed call's output" in r.message and "cached by buffer address" in r.message
+    assert any("caches by data pointer" in s for s in r.static_report.suspicious)
+    assert_clean(isolated_dirs)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_predicted_output_fails_on_random_inputs(world_size, isolated_dirs):
+    r = check(ADV / "predicts_output.py", world_size=world_size, trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong"] * world_size
+    assert "elements differ" in r.message
+    assert r.static_report.collectives == [], "the static report shows it never communicates"
+
+
+def test_correct_once_then_wrong_fails_the_second_trial(isolated_dirs):
+    r = check(ADV / "correct_once_then_wrong.py")
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"]
+    assert r.message.startswith("rank 0, trial 1:")
+
+
+def test_correct_only_on_judged_calls_is_caught_by_timed_rechecks(isolated_dirs):
+    r = bench(ADV / "correct_first_per_input.py")
+    assert r.verdict == "fail" and r.speedup is None
+    assert states(r) == ["pass", "pass"], "the judged first call of every input set was right"
+    assert "a timed call's output" in r.message and "right on every call" in r.message
+
+
+# ---------------------------------------------------------------- work after return, aliases, mutation
+
+
+def test_work_finished_on_a_side_thread_is_judged_at_return(isolated_dirs):
+    r = check(ADV / "side_thread.py", trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"]
+    assert r.ranks[0].first_mismatch is not None and r.ranks[0].first_mismatch.got == "0"
+    assert any("threads" in s for s in r.static_report.suspicious)
+    assert_clean(isolated_dirs)
+
+
+def test_view_of_an_input_is_rejected_even_when_the_values_are_right(isolated_dirs):
+    r = check(ADV / "returns_view.py", pid=3, trials=1)  # broadcast: the root's output equals its input
+    assert r.verdict == "fail" and states(r) == ["wrong", "pass"]
+    assert "rank 0" in r.message and "shares memory with an input" in r.message
+
+
+def test_input_mutated_to_save_an_allocation_is_detected(isolated_dirs):
+    r = check(ADV / "mutates_input.py", trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"]
+    assert "input 0 was changed by the solution" in r.message
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_only_rank0_correct_fails_on_the_other_ranks(world_size, isolated_dirs):
+    r = check(ADV / "only_rank0_correct.py", world_size=world_size, trials=1)
+    assert r.verdict == "fail" and states(r) == ["pass"] + ["wrong"] * (world_size - 1)
+    assert r.message.startswith("rank 1, trial 0:")
+
+
+# ---------------------------------------------------------------- loose-tolerance exploits
+
+
+def test_fp8_communication_is_beyond_the_tolerance(isolated_dirs):
+    r = check(ADV / "low_precision_fp8.py", trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"]
+    assert "elements differ" in r.message and r.ranks[0].mismatched > 1000
+
+
+def test_zeros_where_small_fail_the_relative_norm(isolated_dirs):
+    r = check(ADV / "zeros_where_small.py", trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"]
+    assert r.ranks[0].mismatched == 0, "every zeroed element is inside the elementwise tolerance"
+    assert "relative error norm" in r.message
+
+
+def test_computing_half_the_output_fails_at_the_second_half(isolated_dirs):
+    r = check(ADV / "computes_subset.py", trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"]
+    assert r.ranks[0].first_mismatch.index[0] == 512  # the first row of the second half (1024 rows)
+
+
+# ---------------------------------------------------------------- patching the harness
+
+
+@pytest.mark.parametrize(
+    ("candidate", "replaced"),
+    [
+        ("patches_perf_counter.py", "time.perf_counter"),
+        ("patches_harness_timing.py", "harness.timing.outputs_match"),
+        ("patches_tensorfile.py", "harness.tensorfile.save"),
+        ("patches_barrier.py", "torch.distributed.barrier"),
+        ("patches_cuda_timers.py", "torch.cuda."),
+    ],
+)
+def test_patching_clocks_torch_or_the_harness_fails_the_rank(candidate, replaced, isolated_dirs):
+    r = check(ADV / candidate, trials=1)
+    assert r.verdict == "fail" and states(r) == ["error", "error"], r.message
+    assert f"the solution replaced {replaced}" in r.message and "not allowed" in r.message
+    assert any("monkeypatches" in s for s in r.static_report.suspicious)
+
+
+def test_a_patched_clock_never_reaches_a_speedup(isolated_dirs):
+    r = bench(ADV / "patches_perf_counter.py")
+    assert r.verdict == "fail" and r.speedup is None and r.candidate is None
+    assert states(r) == ["error", "error"] and "replaced time.perf_counter" in r.message
+
+
+# ---------------------------------------------------------------- the sandbox: other jobs' files, forgery
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_reference_outputs_of_the_same_check_are_out_of_reach(sandbox, isolated_dirs):
+    """Before: the process backend ran the reference's job next to the candidate's, and copying its
+    output files passed. Now the reference's job is over (its directory gone) before the candidate
+    starts; in Docker nothing outside /job is visible at all."""
+    r = check(ADV / "reads_reference.py", trials=1, sandbox=sandbox)
+    assert r.verdict == "fail" and states(r) == ["error", "error"], r.message
+    assert "no reference outputs found" in r.message and "visible: []" in r.message
+    assert_clean(isolated_dirs)
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_result_files_forged_during_calls_are_overwritten(sandbox, isolated_dirs):
+    c = check(ADV / "forges_results.py", trials=2, sandbox=sandbox)
+    assert c.verdict == "pass" and states(c) == ["pass", "pass"], c.message
+    if sandbox == "process":  # one bench is enough to show the forged timing record is replaced
+        b = bench(ADV / "forges_results.py", sandbox=sandbox)
+        assert b.verdict == "pass" and b.candidate is not None, b.message
+        assert b.candidate.median_ms != FORGED_MS and b.candidate.samples != 77
+    assert_clean(isolated_dirs)
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_result_files_rewritten_after_the_harness_wrote_them_are_rejected(sandbox, isolated_dirs):
+    """A thread and a double-forked process rewrite the output files without the aliasing and
+    mutation flags: the files' keyed digests no longer match (or, had the rewrite come too late, the
+    aliasing shows). Its forked process must not outlive the job."""
+    r = check(ADV / "forges_after_return.py", trials=2, sandbox=sandbox)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
+    assert "altered after the harness wrote it" in r.message or "shares memory" in r.message
+    assert_clean(isolated_dirs)
+
+
+def test_a_timing_record_rewritten_after_the_harness_wrote_it_is_never_used(tmp_path, isolated_dirs):
+    timing_only = tmp_path / "forges_timing.py"
+    source = (ADV / "forges_after_return.py").read_text()
+    timing_only.write_text(source.replace("RETURN_INPUT = True", "RETURN_INPUT = False"))
+    r = bench(timing_only)
+    if r.verdict == "fail":
+        assert "timing record was altered" in r.message and r.speedup is None
+    else:  # the worker ended the forger's threads and processes before its last write
+        assert r.verdict == "pass" and r.candidate.median_ms != FORGED_MS, r.message
+    assert_clean(isolated_dirs)
+
+
+# ---------------------------------------------------------------- ranks that leave or hang
+
+
+def test_a_rank_that_exits_early_with_status_0_is_reported(isolated_dirs):
+    r = check(CANDIDATES / "exits_early.py", trials=1)
+    assert r.verdict == "fail" and r.ranks[1].state == "exited"
+    assert "exited with status 0 before finishing" in r.message
+
+
+def test_a_deadlock_is_killed_at_the_deadline(isolated_dirs):
+    r = service.check(
+        1, CANDIDATES / "hangs.py", world_size=2, device="cpu", trials=1, timeout_s=12, sandbox="process"
+    )
+    assert r.verdict == "timeout" and states(r) == ["timeout", "timeout"]
+    assert "deadline" in r.message
+    assert_clean(isolated_dirs)
+
+
+# ---------------------------------------------------------------- multicast, refused before running
+
+
+def test_multicast_is_refused_before_anything_runs(isolated_dirs):
+    path = ADV / "gpu" / "uses_multicast.py"
+    c = check(path)
+    b = bench(path)
+    for r in (c, b):
+        assert r.verdict == "fail" and states(r) == ["error", "error"]
+        assert r.message.startswith("refused: multicast is unavailable")
+        assert "multimem_all_reduce_" in r.message
+        assert r.static_report.multicast and r.wall_s < 10, "no job was started"
+    assert "multicast USED (refused)" in render.check(c)
+    assert list(isolated_dirs.iterdir()) == []
+
+
+# ---------------------------------------------------------------- speed of light
+
+
+CEIL = Ceilings(
+    nvlink_gbps=400.0,
+    hbm_gbps=4000.0,
+    tflops={"bfloat16": 800.0, "float32": 60.0},
+    round_latency_us=5.0,
+    source="test",
+)
+
+
+def test_speed_of_light_guard_flags_times_below_the_physical_floor():
+    # 400 MB over NVLink at 400 GB/s: 1 ms; two rounds of assumed latency (0.01 ms) are not physics
+    traffic = {"nvlink_bytes": 400e6, "hbm_bytes": 4e6, "flops": 1e6, "rounds": 2}
+    roof = roofline.floor(1, "x", 4, "pkb", traffic, "bfloat16", limits=CEIL)
+    assert service.physical_floor_ms(roof) == pytest.approx(1.0)
+    assert service.below_floor(0.79, roof)
+    assert not service.below_floor(0.81, roof), "within the slack: a traffic model may round up"
+    assert not service.below_floor(1.005, roof), "under floor_ms (1.01) but above the physics"
+    message = service.floor_message(0.5, roof, 3.0)
+    assert message.startswith("not credited") and "below the physical floor 1 ms" in message
+    assert "NVLink" in message
+
+
+def test_a_suspect_benchmark_renders_as_not_credited():
+    traffic = {"nvlink_bytes": 400e6, "hbm_bytes": 4e6, "flops": 1e6, "rounds": 2}
+    roof = roofline.floor(1, "allreduce", 4, "pkb", traffic, "bfloat16", time_ms=0.5, limits=CEIL)
+    r = BenchResult(
+        problem_id=1,
+        problem="allreduce",
+        world_size=4,
+        size="pkb",
+        device="cuda",
+        verdict="suspect",
+        message=service.floor_message(0.5, roof, 3.0),
+        speedup=3.0,
+        speedup_low=2.9,
+        speedup_high=3.1,
+        roofline=roof,
+        below_floor=True,
+        wall_s=1.0,
+        sandbox=SandboxInfo(backend="docker", isolated=True),
+    )
+    text = render.bench(r)
+    assert "SUSPECT: not credited" in text and "rank" not in text.split("SUSPECT")[0]
+    assert BenchResult.model_validate(r.model_dump()).below_floor
