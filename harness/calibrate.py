@@ -162,7 +162,7 @@ def calibrate(device: str, world_size: int) -> dict[str, Any]:
     import torch
 
     t0 = time.monotonic()
-    details = {"device": device, "world_size": world_size, "host": socket.gethostname()}
+    details: dict[str, Any] = {"device": device, "world_size": world_size, "host": socket.gethostname()}
     if device == "cuda":
         details["gpu"] = torch.cuda.get_device_name(0)
     details.update(single_device(device, world_size))

@@ -31,7 +31,10 @@ with the other ranks' inputs zeroed); here they are replicated inputs, as at eve
 broadcast is needed. The original keeps everything in bf16 with lr 1e-3, betas (0.9, 0.999) and zero
 states: the update of O(1) weights vanished in bf16 rounding, v did not change, and outputs that
 skipped the step passed an absolute tolerance. Here parameters and states are float32 (mixed
-precision as in torch.autocast + DDP), and the scales above make every output move visibly.
+precision as in torch.autocast + DDP), and the scales above make every output move visibly. The
+original passes the four parameters and eight moments as separate tensors; here each is one flat
+vector. The batch per rank is fixed (the original splits a global batch of 1024 samples: 128 per
+rank at W = 8, the pkb size).
 """
 
 import torch

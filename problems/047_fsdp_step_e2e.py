@@ -28,12 +28,13 @@ BETA2 = 0.95 (one step changes v by ~5%), STEP = 4 (the bias corrections change 
 WEIGHT_DECAY = 0.3 (the decay, LR * WEIGHT_DECAY = 0.3% of every parameter, is three times the
 relative-norm tolerance).
 
-Source: FSDP (ZeRO-3) step with AdamW (ParallelKernelBench problem 47). In the original, ranks
-other than 0 zeroed their parameters before taking their slice, so most of the model was zero;
-everything was bf16 with lr 1e-3, betas (0.9, 0.999) and zero moments (updates vanished in bf16
-rounding, and outputs that skipped the step passed an absolute tolerance), and P had to be
-divisible by W. Here the parameter shards are slices of one random model, parameters and moments
-are float32, and any world size works (zero padding).
+Source: FSDP (ZeRO-3) step with AdamW (ParallelKernelBench problem 47). In the original, ranks other
+than 0 zeroed their parameters before taking their slice, so most of the model was zero; everything
+was bf16 with lr 1e-3, betas (0.9, 0.999) and zero moments (updates vanished in bf16 rounding, and
+outputs that skipped the step passed an absolute tolerance), and P had to be divisible by W. Here
+the parameter shards are slices of one random model, parameters and moments are float32, and any
+world size works (zero padding). The batch per rank is fixed (the original splits a global batch of
+1024 samples: 128 per rank at W = 8, the pkb size).
 """
 
 import torch
