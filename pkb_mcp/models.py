@@ -160,7 +160,10 @@ class BenchResult(BaseModel):
     world_size: int
     size: str
     device: str
-    verdict: BenchVerdict
+    verdict: BenchVerdict = Field(
+        description="pass; fail; timeout; suspect: every output right but the candidate's time is below "
+        "the physical floor (below_floor), so its speedup is not credited"
+    )
     message: str
     reference: TimingStats | None = None
     candidate: TimingStats | None = None

@@ -10,6 +10,7 @@ tests/test_adversarial_gpu.py; docs/adversarial.md maps every hack to its defenc
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -272,6 +273,50 @@ def test_multicast_is_refused_before_anything_runs(isolated_dirs):
         assert r.static_report.multicast and r.wall_s < 10, "no job was started"
     assert "multicast USED (refused)" in render.check(c)
     assert list(isolated_dirs.iterdir()) == []
+
+
+# ---------------------------------------------------------------- the worker's defences, unit by unit
+
+
+def test_input_rotation_moves_data_not_addresses():
+    import torch
+
+    from harness.worker import _input_rotation
+
+    sets = [(torch.full((4,), float(i)), torch.tensor([i]), 7) for i in range(3)]
+    addresses = [[t.data_ptr() for t in s[:2]] for s in sets]
+    rotate = _input_rotation(sets)
+    assert rotate is not None
+    assert rotate() == [1, 2, 0]  # buffer 0 now holds set 1's data, ...
+    assert [float(s[0][0]) for s in sets] == [1.0, 2.0, 0.0] and [int(s[1]) for s in sets] == [1, 2, 0]
+    assert [[t.data_ptr() for t in s[:2]] for s in sets] == addresses
+    assert rotate() == [2, 0, 1]
+    differing = [(torch.zeros(2), 1), (torch.zeros(2), 2)]  # a non-tensor argument differs
+    assert _input_rotation(differing) is None
+    assert _input_rotation([(torch.zeros(2),), (torch.zeros(3),)]) is None  # shapes differ
+
+
+def test_watch_names_what_was_replaced(monkeypatch):
+    import time
+
+    import torch
+
+    from harness import timing
+    from harness.worker import SolutionError, Watch
+
+    watch = Watch()
+    watch.check("unchanged")
+    for owner, name, words in [
+        (time, "perf_counter", "time.perf_counter"),
+        (timing, "outputs_match", "harness.timing.outputs_match"),
+        (timing.Timer, "time", "harness.timing.Timer.time"),
+        (torch.Tensor, "clone", "torch.Tensor.clone"),
+    ]:
+        with monkeypatch.context() as m:
+            m.setattr(owner, name, lambda *a, **k: None)
+            with pytest.raises(SolutionError, match=re.escape(f"replaced {words} (a test)")):
+                watch.check("a test")
+    watch.check("restored")
 
 
 # ---------------------------------------------------------------- speed of light

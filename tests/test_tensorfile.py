@@ -95,3 +95,26 @@ def test_fp8_outputs_round_trip_bit_exact_and_are_judged_as_values(tmp_path):
     doubled[3, 5] *= 2
     got = Outputs("tuple", [loaded[0], doubled.to(torch.float8_e4m3fn)], {})
     assert compare(0, 0, got, want, tol).state == "wrong"
+
+
+def test_result_files_carry_a_keyed_digest(tmp_path):
+    """A file (or timing record) rewritten without the job's key is told apart from the harness's."""
+    key = tensorfile.result_key([11, 22])
+    path = tmp_path / "t0_r0.pkbt"
+    x = torch.randn(8, 4, dtype=torch.bfloat16)
+    tensorfile.save(path, [x, torch.arange(3)], "tuple", {"aliased_outputs": [0]}, key=key)
+    structure, loaded, meta = tensorfile.load(path, 1 << 20)
+    assert tensorfile.verify(key, structure, loaded, meta)
+    other = tensorfile.result_key([11, 23])  # another job's key
+    assert not tensorfile.verify(other, structure, loaded, meta)
+    assert not tensorfile.verify(key, structure, loaded, {**meta, "aliased_outputs": []}), "flags changed"
+    loaded[0][0, 0] += 1
+    assert not tensorfile.verify(key, structure, loaded, meta), "values changed"
+    tensorfile.save(path, [x], "tensor", {})  # rewritten without the key
+    assert not tensorfile.verify(key, *tensorfile.load(path, 1 << 20))
+
+    record = tensorfile.mac_record(key, {"device_ms": [0.25, 1e-7], "stop_reason": "sample cap"})
+    read_back = json.loads(json.dumps(record))
+    assert tensorfile.verify_record(key, read_back)
+    assert not tensorfile.verify_record(key, {**read_back, "device_ms": [0.000123, 1e-7]})
+    assert not tensorfile.verify_record(key, {"device_ms": [0.25]})
