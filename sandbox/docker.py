@@ -19,7 +19,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,10 @@ from sandbox.base import (
     OUTER_GRACE_S,
     SandboxJob,
     SandboxRun,
-    warm_setup,
     write_config,
 )
 from sandbox.image import SANDBOX_GID, SANDBOX_UID, ensure_image
-from sandbox.pool import WarmPool, WarmSlot
+from sandbox.pool import Pooled, WarmSlot
 
 LABEL = "pkb.sandbox"
 JOB_MOUNT = "/job"
@@ -161,7 +159,7 @@ def _inside(value: Any, host_dir: str) -> Any:
     return value
 
 
-class DockerBackend:
+class DockerBackend(Pooled):
     name = "docker"
     isolated = True
     note = "docker backend: no network, read-only root, non-root user, no capabilities, resource limits"
@@ -170,17 +168,8 @@ class DockerBackend:
         self.client = client or connect()
         self.image = ensure_image(self.client)
         sweep(self.client)
-        self.pool: WarmPool | None = None
-        self._harness_root: Path | None = None
 
-    def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
-        """Keep containers started ahead of need (sandbox/pool.py)."""
-        if self.pool is None:
-            self._harness_root = harness_root
-            self.pool = WarmPool(new_dir, self._start_warm, _alive, self._discard)
-        return self.pool
-
-    def _create(
+    def _start(
         self,
         job_id: str,
         job_dir: Path,
@@ -251,13 +240,13 @@ class DockerBackend:
             raise
         return container
 
-    def _start_warm(self, slot: WarmSlot) -> Any:
-        k = slot.key
-        assert self._harness_root is not None
-        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads)
-        return self._create(
-            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, self._harness_root, setup
-        )
+    @staticmethod
+    def _alive(container: Any) -> bool:
+        try:
+            container.reload()
+            return container.status in ("created", "running")
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return False
 
     def _discard(self, slot: WarmSlot) -> None:
         if slot.handle is not None:
@@ -274,7 +263,7 @@ class DockerBackend:
             write_config(job.job_dir, config, (SANDBOX_UID, SANDBOX_GID))  # its launcher waits for it
         else:
             write_config(job.job_dir, config, (SANDBOX_UID, SANDBOX_GID))
-            container = self._create(
+            container = self._start(
                 job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.harness_root, None
             )
         killed = cancelled = False
@@ -320,11 +309,3 @@ class DockerBackend:
                 os.chown(path, SANDBOX_UID, SANDBOX_GID)
             except PermissionError:
                 os.chmod(path, 0o777 if path.is_dir() else 0o666)
-
-
-def _alive(container: Any) -> bool:
-    try:
-        container.reload()
-        return container.status in ("created", "running")
-    except (docker.errors.APIError, requests.exceptions.RequestException):
-        return False

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.base import warm_setup
+
 IDLE_S = 600.0  # a warm sandbox nobody takes exits on its own after this
 SETTLE_S = 120.0
 
@@ -117,23 +119,18 @@ class WarmPool:
         slot = WarmSlot(key=key, job_id=job_id, job_dir=self._new_dir(job_id))
         try:
             slot.handle = self._start(slot)
+            started = True
         except Exception:
-            self._discard(slot)
-            slot = None  # type: ignore[assignment]
+            started = False
         with self._lock:
             self._starting -= 1
             self._starting_for[key] -= 1
-            if slot is not None:
-                if self._closed or key not in self._slots:
-                    slot_to_drop: WarmSlot | None = slot
-                else:
-                    self._slots[key].append(slot)
-                    slot_to_drop = None
-            else:
-                slot_to_drop = None
+            keep = started and not self._closed and key in self._slots
+            if keep:
+                self._slots[key].append(slot)
             self._lock.notify_all()
-        if slot_to_drop is not None:
-            self._discard(slot_to_drop)
+        if not keep:
+            self._discard(slot)
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:
         """Return once no sandbox is still starting or warming up (or at the timeout)."""
@@ -175,3 +172,26 @@ class WarmPool:
     def size(self) -> int:
         with self._lock:
             return sum(len(v) for v in self._slots.values())
+
+
+class Pooled:
+    """What both backends share to keep warm sandboxes: each defines `_start` (start a sandbox, warm
+    when given a set-up), `_alive(handle)` and `_discard(slot)`."""
+
+    pool: WarmPool | None = None
+    _harness_root: Path | None = None
+
+    def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
+        """Keep sandboxes started ahead of need."""
+        if self.pool is None:
+            self._harness_root = harness_root
+            self.pool = WarmPool(new_dir, self._start_warm, self._alive, self._discard)  # type: ignore[attr-defined]
+        return self.pool
+
+    def _start_warm(self, slot: WarmSlot) -> Any:
+        k = slot.key
+        assert self._harness_root is not None
+        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads)
+        return self._start(  # type: ignore[attr-defined]
+            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, self._harness_root, setup
+        )

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from sandbox.base import (
@@ -29,10 +28,9 @@ from sandbox.base import (
     SandboxJob,
     SandboxRun,
     tail,
-    warm_setup,
     write_config,
 )
-from sandbox.pool import WarmPool, WarmSlot
+from sandbox.pool import Pooled, WarmSlot
 
 FILE_SIZE_CAP = 16 << 30
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME")
@@ -72,21 +70,10 @@ def kill_job(session: int, marker: str) -> None:
         time.sleep(0.05)
 
 
-class ProcessBackend:
+class ProcessBackend(Pooled):
     name = "process"
     isolated = False
     note = "process backend: candidate code ran as this user without isolation"
-
-    def __init__(self) -> None:
-        self.pool: WarmPool | None = None
-        self._harness_root: Path | None = None
-
-    def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
-        """Keep launchers started ahead of need (sandbox/pool.py)."""
-        if self.pool is None:
-            self._harness_root = harness_root
-            self.pool = WarmPool(new_dir, self._start_warm, _alive, self._discard)
-        return self.pool
 
     def _start(
         self,
@@ -129,13 +116,9 @@ class ProcessBackend:
                 preexec_fn=_limits,
             )
 
-    def _start_warm(self, slot: WarmSlot) -> subprocess.Popen[bytes]:
-        k = slot.key
-        assert self._harness_root is not None
-        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads)
-        return self._start(
-            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, self._harness_root, setup
-        )
+    @staticmethod
+    def _alive(proc: subprocess.Popen[bytes] | None) -> bool:
+        return proc is not None and proc.poll() is None
 
     def _discard(self, slot: WarmSlot) -> None:
         proc = slot.handle
@@ -174,7 +157,3 @@ class ProcessBackend:
             cancelled=cancelled,
             warm=job.warm is not None,
         )
-
-
-def _alive(proc: subprocess.Popen[bytes] | None) -> bool:
-    return proc is not None and proc.poll() is None
