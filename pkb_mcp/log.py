@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
 
-def configure(level: str = "warning") -> None:
+def configure(level: str = "warning", file: TextIO | None = None) -> None:
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -16,7 +17,7 @@ def configure(level: str = "warning") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=file or sys.stderr),
         cache_logger_on_first_use=False,
     )
 

@@ -23,7 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.base import warm_setup
+import structlog
+
+from sandbox.base import tail, warm_setup
+
+log = structlog.get_logger("sandbox.pool")
 
 IDLE_S = 600.0  # a warm sandbox nobody takes exits on its own after this
 SETTLE_S = 120.0
@@ -89,8 +93,19 @@ class WarmPool:
                     break
                 stale.append(slot)
         for slot in stale:
+            self._report_stale(slot)
             self._discard(slot)
+        log.info("warm.take", hit=taken is not None, stale=len(stale), world_size=key.world_size)
         return taken
+
+    def _report_stale(self, slot: WarmSlot) -> None:
+        age = time.monotonic() - slot.started
+        if age >= IDLE_S - 30:
+            log.info("warm.expired", job=slot.job_id, age_s=round(age, 1))
+            return
+        # it died early: what its ranks wrote says why
+        logs = {r: tail(slot.job_dir / f"rank{r}.log", 1500) for r in range(slot.key.world_size)}
+        log.warning("warm.died", job=slot.job_id, age_s=round(age, 1), rank_logs=logs)
 
     def replenish(self, key: WarmKey) -> None:
         """Start sandboxes of this shape up to `per_key`, in the background (later if quiet)."""
@@ -120,17 +135,19 @@ class WarmPool:
         try:
             slot.handle = self._start(slot)
             started = True
-        except Exception:
+        except Exception as exc:
+            log.warning("warm.start_failed", job=job_id, error=repr(exc)[:500])
             started = False
         with self._lock:
-            self._starting -= 1
-            self._starting_for[key] -= 1
             keep = started and not self._closed and key in self._slots
             if keep:
                 self._slots[key].append(slot)
-            self._lock.notify_all()
         if not keep:
             self._discard(slot)
+        with self._lock:  # only now: `close` waits until no start is in flight, discards included
+            self._starting -= 1
+            self._starting_for[key] -= 1
+            self._lock.notify_all()
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:
         """Return once no sandbox is still starting or warming up (or at the timeout)."""
@@ -161,13 +178,18 @@ class WarmPool:
             for key in pending:
                 self.replenish(key)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = SETTLE_S) -> None:
+        """Stop every warm sandbox, waiting for those still starting, and remove what they left."""
         with self._lock:
             self._closed = True
             slots = [s for group in self._slots.values() for s in group]
             self._slots.clear()
         for slot in slots:
             self._discard(slot)
+        give_up = time.monotonic() + timeout_s
+        with self._lock:
+            while self._starting > 0 and (left := give_up - time.monotonic()) > 0:
+                self._lock.wait(left)
 
     def size(self) -> int:
         with self._lock:

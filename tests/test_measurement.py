@@ -62,3 +62,45 @@ def test_latency_bound_when_traffic_is_tiny():
     traffic = {"nvlink_bytes": 1e3, "hbm_bytes": 1e3, "flops": 1.0, "rounds": 2}
     r = roofline.floor(1, "x", 4, "pkb", traffic, "bfloat16", limits=CEIL)
     assert r.bound == "latency" and r.pct_of_floor is None
+
+
+def test_time_budget_counts_real_time_not_just_the_timed_interval(monkeypatch):
+    """A call whose clock shows little of its real cost (host work outside the measured interval)
+    must still stop at the budget, not run to the sample cap."""
+    import itertools
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from harness import timing
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        out = torch.ones(4)
+        clock = itertools.cycle([0.01, 0.02])  # never precise enough: only the budget stops it
+        monkeypatch.setattr(timing.Timer, "time", lambda self, call: (call(), next(clock), 0.01))
+        cfg = {
+            "warmup_ms": 0.0,
+            "max_warmup": 3,
+            "min_samples": 10,
+            "max_samples": 100_000,
+            "budget_ms": 300.0,
+            "precision": 0.0,
+        }
+        t0 = time.perf_counter()
+        rec = timing.run_timing(
+            prepare=lambda i: None,
+            call_on_set=lambda i: time.sleep(0.005) or out,  # 5 ms of real work the clock misses
+            normalize=lambda o: [o],
+            judged=[[out]],
+            device=torch.device("cpu"),
+            cfg=cfg,
+            tolerance={"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0},
+        )
+        took = time.perf_counter() - t0
+    finally:
+        dist.destroy_process_group()
+    assert rec["stop_reason"] == "time budget spent"
+    assert 0.3 <= took < 3.0 and len(rec["device_ms"]) < 150

@@ -3,6 +3,7 @@ each warm sandbox serves one job, unused ones expire, and closing the pool leave
 Process backend here; tests/test_sandbox_docker.py runs the same with containers."""
 
 import secrets
+import time
 
 import pytest
 
@@ -89,9 +90,16 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
     started = []
     from sandbox.pool import WarmPool
 
+    def start(slot):
+        slot.job_dir.mkdir()
+        for r in range(slot.key.world_size):
+            (slot.job_dir / f"rank{r}.ready").touch()  # as a warmed-up launcher's workers leave
+        started.append(slot.key)
+        return "handle"
+
     pool = WarmPool(
         new_dir=lambda job_id: isolated_dirs / job_id,
-        start=lambda slot: started.append(slot.key) or "handle",
+        start=start,
         alive=lambda handle: True,
         discard=lambda slot: None,
         per_key=1,
@@ -100,6 +108,8 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
     with pool.quiet():
         pool.replenish(key)
         assert started == [] and pool.size() == 0, "nothing starts while a benchmark is timed"
+    t0 = time.monotonic()
     pool.settle()
+    assert time.monotonic() - t0 < 10, "settle returns once the sandbox is ready"
     assert started == [key] and pool.size() == 1
     assert pool.take(key) is not None and pool.take(key) is None, "a warm sandbox serves one job"

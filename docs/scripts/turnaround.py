@@ -56,7 +56,12 @@ def main() -> None:
     ap.add_argument(
         "--budget-s", type=float, default=480.0, help="stop starting new fidelity calls after this"
     )
+    ap.add_argument("--log", type=Path, help="write the server's info-level logs (JSON lines) here")
     args = ap.parse_args()
+    if args.log:
+        from pkb_mcp import log
+
+        log.configure("info", open(args.log, "a"))  # noqa: SIM115 - open for the whole run
     t_start = time.monotonic()
     cuda = args.device == "cuda"
     ws = 4 if cuda else 2
