@@ -195,9 +195,11 @@ def _collect(
     outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])
     out_dir = job_dir / "out"
     if out_dir.is_dir():
+        # trials write t<trial>_r<rank>, benchmarks s<set>_r<rank>: only this mode's files count
+        prefix = "s" if request.mode == "benchmark" else "t"
         for path in out_dir.iterdir():
             m = OUTPUT_NAME.match(path.name)
-            if not m:
+            if not m or m.group(1) != prefix:
                 continue
             key = (int(m.group(2)), int(m.group(3)))
             try:

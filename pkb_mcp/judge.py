@@ -79,7 +79,7 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
                 g64, w64 = gc.to(wide), wc.to(wide)
                 diff = (g64 - w64).abs()
                 ref_abs = w64.abs()
-                nonfinite = ~torch.isfinite(gc) & torch.isfinite(wc)
+                nonfinite = ~torch.isfinite(g64) & torch.isfinite(w64)
                 bad = ~(diff <= tol["atol"] + tol["rtol"] * ref_abs) | nonfinite
                 diff = torch.nan_to_num_(diff, nan=math.inf)  # |a - b| is NaN where either is
             n_bad = int(bad.sum())

@@ -118,3 +118,31 @@ def test_result_files_carry_a_keyed_digest(tmp_path):
     assert tensorfile.verify_record(key, read_back)
     assert not tensorfile.verify_record(key, {**read_back, "device_ms": [0.000123, 1e-7]})
     assert not tensorfile.verify_record(key, {"device_ms": [0.25]})
+
+
+@pytest.mark.parametrize("mode, kept", [("outputs", 1.0), ("benchmark", 2.0)])
+def test_a_job_collects_only_its_own_modes_result_files(tmp_path, mode, kept):
+    """Trial files (t<n>) and timed-set files (s<n>) share numbers: a file of the other mode left in
+    the job directory must never stand in for one of this mode."""
+    from pkb_mcp.jobs import JobRequest, _collect
+
+    out = tmp_path / "out"
+    out.mkdir()
+    tensorfile.save(out / "t0_r0.pkbt", [torch.full((4,), 1.0)], "tensor", {})
+    tensorfile.save(out / "s0_r0.pkbt", [torch.full((4,), 2.0)], "tensor", {})
+    request = JobRequest(
+        mode=mode,
+        problem_path=tmp_path / "p.py",
+        solution_path=tmp_path / "p.py",
+        world_size=1,
+        device="cpu",
+        gpus=[],
+        size={},
+        dtype="float32",
+        seeds=[1],
+        tolerance={},
+        timeout_s=10,
+    )
+    outcome = _collect(tmp_path, request, "", killed=False, wall_s=0.0)
+    assert list(outcome.outputs) == [(0, 0)]
+    assert outcome.outputs[(0, 0)].tensors[0].eq(kept).all()
