@@ -67,9 +67,8 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
             gc = gf[start : start + CHUNK]
             wc = wf[start : start + CHUNK]
             if torch.equal(gc, wc):  # bit for bit (a NaN never equals itself: those take the long way)
-                if not exact:
-                    w64 = wc.to(wide).abs()
-                    ref_sq += float(torch.dot(w64, w64))
+                ref_abs = wc.to(wide).abs()
+                ref_sq += float(torch.dot(ref_abs, ref_abs))
                 continue
             if exact:
                 bad = gc != wc

@@ -17,7 +17,8 @@ def configure(level: str = "warning", file: TextIO | None = None) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=file or sys.stderr),
+        # sys.stderr is looked up at each use: it may be replaced after this (pytest's capture does)
+        logger_factory=lambda *_: structlog.PrintLogger(file or sys.stderr),
         cache_logger_on_first_use=False,
     )
 

@@ -25,12 +25,13 @@ from typing import Any
 
 import structlog
 
+from sandbox import base
 from sandbox.base import tail, warm_setup
 
 log = structlog.get_logger("sandbox.pool")
 
-IDLE_S = 600.0  # a warm sandbox nobody takes exits on its own after this
 SETTLE_S = 120.0
+EXPIRY_MARGIN_S = 30.0  # a sandbox this close to exiting on its own (base.WARM_IDLE_S) is not handed out
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class WarmPool:
             self._slots.move_to_end(key)
             while slots:
                 slot = slots.pop(0)
-                if self._alive(slot.handle) and time.monotonic() - slot.started < IDLE_S - 30:
+                if self._alive(slot.handle) and not self._expiring(slot):
                     taken = slot
                     break
                 stale.append(slot)
@@ -98,9 +99,13 @@ class WarmPool:
         log.info("warm.take", hit=taken is not None, stale=len(stale), world_size=key.world_size)
         return taken
 
+    @staticmethod
+    def _expiring(slot: WarmSlot) -> bool:
+        return time.monotonic() - slot.started >= base.WARM_IDLE_S - EXPIRY_MARGIN_S
+
     def _report_stale(self, slot: WarmSlot) -> None:
         age = time.monotonic() - slot.started
-        if age >= IDLE_S - 30:
+        if self._expiring(slot):
             log.info("warm.expired", job=slot.job_id, age_s=round(age, 1))
             return
         # it died early: what its ranks wrote says why

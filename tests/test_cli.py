@@ -116,3 +116,19 @@ def test_check_through_a_real_subprocess_exit_codes():
         "2",
     )
     assert code == 1 and "first mismatch" in out and "index [512, 0]" in out
+
+
+def test_logs_go_to_the_current_stderr_even_after_it_was_replaced(monkeypatch):
+    """A logger made earlier must not keep writing to a stream that was swapped out (and maybe closed)."""
+    import io
+
+    from pkb_mcp import log
+
+    logger = log.get("test")
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    logger.warning("one")
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    logger.warning("two")
+    assert '"event": "two"' in second.getvalue()

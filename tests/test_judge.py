@@ -84,3 +84,17 @@ def test_the_verdict_leads_with_the_root_cause_not_the_rank_that_lost_its_peer()
     exited = RankResult(rank=1, state="exited", ended_s=1.02, message="exited with status 0 before finishing")
     assert _verdict([collateral, cause]) == ("fail", "rank 1: raised RuntimeError: rank 1 gives up")
     assert "exited" in _verdict([collateral, exited])[1]
+
+
+def test_error_norm_counts_every_chunk_identical_or_not(monkeypatch):
+    """Bit-identical chunks take a shortcut; the relative error norm is still over the whole output."""
+    import pkb_mcp.judge
+
+    monkeypatch.setattr(pkb_mcp.judge, "CHUNK", 4)
+    ref = torch.randn(12, dtype=torch.float64)
+    got = ref.clone()
+    got[8:] *= 1.001  # only the last chunk differs
+    r = compare(0, 0, out(got), out(ref), TOL)
+    want = float((got - ref).norm() / ref.norm())
+    assert r.state == "pass" and math.isclose(r.rel_norm_error, want, rel_tol=1e-9)
+    assert math.isclose(r.max_abs_error, float((got - ref).abs().max()), rel_tol=1e-9)
