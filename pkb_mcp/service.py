@@ -474,7 +474,8 @@ def check(
     mac_key = tensorfile.result_key(seeds)
     ranks = _judge(p, world_size, list(range(trials)), cand_outcome, ref_outcome, mac_key)
     verdict, why = _verdict(ranks)
-    message = f"all {world_size} ranks match the reference in {trials} trials" if verdict == "pass" else why
+    in_trials = f"{trials} trial" + ("s" if trials != 1 else "")
+    message = f"all {world_size} ranks match the reference in {in_trials}" if verdict == "pass" else why
     progress(3, 3, message)
     return result(verdict, message, ranks)
 

@@ -115,7 +115,15 @@ def check_row(part: str, pid: int, solution: Path, ws: int, size: str, trials: i
     }
 
 
-def run_refs(out: Path, ids: list[int], world_sizes: list[int], sizes: list[str], with_check: bool) -> None:
+def run_refs(
+    out: Path,
+    ids: list[int],
+    world_sizes: list[int],
+    sizes: list[str],
+    with_check: bool,
+    with_bench: bool = True,
+    trials: int = 3,
+) -> None:
     for ws in world_sizes:
         for pid in ids:
             p = problems.resolve(pid)
@@ -123,8 +131,9 @@ def run_refs(out: Path, ids: list[int], world_sizes: list[int], sizes: list[str]
                 if p.world_size_error(ws, size):
                     continue
                 if with_check:
-                    emit(out, check_row("refs", pid, p.path, ws, size, trials=3))
-                emit(out, bench_row("refs", pid, p.path, ws, size))
+                    emit(out, check_row("refs", pid, p.path, ws, size, trials=trials))
+                if with_bench:
+                    emit(out, bench_row("refs", pid, p.path, ws, size))
 
 
 def run_examples(out: Path, world_sizes: list[int], sizes: list[str], only: str | None) -> None:
@@ -298,6 +307,8 @@ def main() -> None:
         "--warm", action="store_true", help="keep sandboxes started ahead of need, as pkb serve does"
     )
     ap.add_argument("--no-refs-check", action="store_true", help="refs: bench only (check done elsewhere)")
+    ap.add_argument("--no-refs-bench", action="store_true", help="refs: check only")
+    ap.add_argument("--trials", type=int, default=3, help="trials of each refs check")
     args = ap.parse_args()
     if args.summarize:
         print(summarize(args.summarize))
@@ -318,7 +329,8 @@ def main() -> None:
     if "examples" in args.parts and DEVICE == "cuda":
         run_examples(args.out, args.world_sizes, args.example_sizes, args.example)
     if "refs" in args.parts:
-        run_refs(args.out, ids, args.world_sizes, args.sizes, not args.no_refs_check)
+        checks, benches = not args.no_refs_check, not args.no_refs_bench
+        run_refs(args.out, ids, args.world_sizes, args.sizes, checks, benches, args.trials)
     print(summarize(args.out))
 
 
