@@ -26,7 +26,9 @@ def solution(*args):
     first = out if isinstance(out, torch.Tensor) else out[0]
     flat = first.view(-1)
     i = flat.numel() // 3
-    flat[i] = flat[i] * 2 + 1  # one element clearly wrong
+    # one element clearly wrong whatever its value (x * 2 + 1 would leave x = -1, and values near it
+    # within tolerance: a perturbed candidate of problem 13 once passed that way)
+    flat[i] = flat[i] + 4 * (flat[i].abs() + 1)
     return out
 """
 
