@@ -6,6 +6,7 @@
 #   warm       issue 5: why checks ran cold in run E (server log at info level), then the warm
 #              run_correctness turnaround of problem 1 (5 trials, 4 GPUs, Docker)
 #   refs-pkb   issues 5, 7: every reference against itself at world size 4, size pkb (fidelity call 1)
+#   refs-w2    issue 2: every reference against itself at world size 2, size pkb
 #   refs-large-a, refs-large-b   issue 7: the same at size large, first and second half of the suite
 #   fidelity2, fidelity3         issue 5: fidelity calls 2 and 3 (every reference at pkb again)
 #   examples2  issues 2, 4: the examples checked and benchmarked at world size 2 (and 018 at large)
@@ -18,8 +19,8 @@ git status --short > "$OUT/status.txt" 2>/dev/null
 ALL=$(python3 -c "from pkb_mcp import problems; print(','.join(str(i) for i in sorted(problems.suite())))")
 HALF_A=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 1' | paste -sd,)
 HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
-refs() {  # refs NAME SIZE PROBLEMS: references against themselves at world size 4
-  timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes 4 --parts refs \
+refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves (world size 4)
+  timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-4}" --parts refs \
     --sizes "$2" --problems "$3" --no-refs-check --warm > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
@@ -36,6 +37,7 @@ for part in "$@"; do
         --check-repeats 7 --think-s 8 --log "$OUT/warm_log.jsonl" | tail -3
       grep -E '"warm\.(take|died|expired|start_failed)"' "$OUT/warm_log.jsonl" | cut -c1-600 | head -20 ;;
     refs-pkb) refs refs_pkb pkb "$ALL" ;;
+    refs-w2) refs refs_w2 pkb "$ALL" 2 ;;
     refs-large-a) refs refs_large_a large "$HALF_A" ;;
     refs-large-b) refs refs_large_b large "$HALF_B" ;;
     fidelity2) refs fidelity_2 pkb "$ALL" ;;
