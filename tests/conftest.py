@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pkb_mcp.models import Ceilings
+
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
 
@@ -33,3 +35,26 @@ def job_processes(jobs_dir: Path) -> list[int]:
         if b"PKB_JOB=" in environ and str(jobs_dir).encode() in environ:
             found.append(int(entry.name))
     return [p for p in found if p != os.getpid()]
+
+
+# Round figures for roofline tests: 400 MB over NVLink take 1 ms, over HBM 0.1 ms.
+CEIL = Ceilings(
+    nvlink_gbps=400.0,
+    hbm_gbps=4000.0,
+    tflops={"bfloat16": 800.0, "float32": 60.0},
+    round_latency_us=5.0,
+    source="test",
+)
+
+
+def docker_client():
+    """A client of the local Docker engine, or None when none answers. With PKB_REQUIRE_DOCKER=1 (CI)
+    a missing engine is an error, so Docker tests fail there rather than skip."""
+    try:
+        from sandbox.docker import connect
+
+        return connect()
+    except Exception as exc:  # no engine here
+        if os.environ.get("PKB_REQUIRE_DOCKER") == "1":
+            raise RuntimeError(f"PKB_REQUIRE_DOCKER=1 but {exc}") from exc
+        return None

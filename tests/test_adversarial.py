@@ -9,29 +9,20 @@ tests/test_adversarial_gpu.py; docs/adversarial.md maps every hack to its defenc
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
 from pkb_mcp import render, roofline, service
-from pkb_mcp.models import BenchResult, Ceilings, SandboxInfo
+from pkb_mcp.models import BenchResult, SandboxInfo
 
-from .conftest import CANDIDATES, job_processes
+from .conftest import CANDIDATES, CEIL, docker_client, job_processes
 
 ADV = Path(__file__).resolve().parent / "adversarial"
 FORGED_MS = 0.000123  # the sample time every forging candidate writes
 
-try:
-    from sandbox.docker import connect
-
-    DOCKER = connect()
-except Exception as exc:  # no engine here
-    DOCKER = None
-    NO_DOCKER = str(exc)
-if DOCKER is None and os.environ.get("PKB_REQUIRE_DOCKER") == "1":
-    raise RuntimeError(f"PKB_REQUIRE_DOCKER=1 but {NO_DOCKER}")
+DOCKER = docker_client()
 SANDBOXES = [
     "process",
     pytest.param("docker", marks=pytest.mark.skipif(DOCKER is None, reason="no Docker engine answers")),
@@ -320,15 +311,6 @@ def test_watch_names_what_was_replaced(monkeypatch):
 
 
 # ---------------------------------------------------------------- speed of light
-
-
-CEIL = Ceilings(
-    nvlink_gbps=400.0,
-    hbm_gbps=4000.0,
-    tflops={"bfloat16": 800.0, "float32": 60.0},
-    round_latency_us=5.0,
-    source="test",
-)
 
 
 def test_speed_of_light_guard_flags_times_below_the_physical_floor():

@@ -2,7 +2,8 @@ import pytest
 
 from harness.timing import median_ci_halfwidth
 from pkb_mcp import roofline, stats
-from pkb_mcp.models import Ceilings
+
+from .conftest import CEIL
 
 
 def record(device, wall=None):
@@ -38,15 +39,6 @@ def test_median_confidence_shrinks_with_samples():
     few = median_ci_halfwidth([1.0, 2.0, 3.0] * 4)
     many = median_ci_halfwidth([1.0, 2.0, 3.0] * 400 + [2.0] * 1000)
     assert many < few and median_ci_halfwidth([1.0]) == float("inf")
-
-
-CEIL = Ceilings(
-    nvlink_gbps=400.0,
-    hbm_gbps=4000.0,
-    tflops={"bfloat16": 800.0, "float32": 60.0},
-    round_latency_us=5.0,
-    source="test",
-)
 
 
 def test_floor_is_largest_term_plus_latency():

@@ -11,19 +11,11 @@ import pytest
 
 from pkb_mcp import service
 from sandbox import select_backend
+from sandbox.docker import LABEL, sweep
 
-from .conftest import CANDIDATES, ROOT, job_processes
+from .conftest import CANDIDATES, ROOT, docker_client, job_processes
 
-try:
-    from sandbox.docker import LABEL, connect, sweep
-
-    CLIENT = connect()
-except Exception as exc:  # no engine here
-    CLIENT = None
-    REASON = str(exc)
-
-if CLIENT is None and os.environ.get("PKB_REQUIRE_DOCKER") == "1":
-    raise RuntimeError(f"PKB_REQUIRE_DOCKER=1 but {REASON}")
+CLIENT = docker_client()
 pytestmark = pytest.mark.skipif(CLIENT is None, reason="no Docker engine answers")
 
 
