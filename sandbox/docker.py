@@ -248,6 +248,20 @@ class DockerBackend(Pooled):
         except (docker.errors.APIError, requests.exceptions.RequestException):
             return False
 
+    @staticmethod
+    def _describe(slot: WarmSlot) -> str:
+        """How a container that stopped ended: its state and the launcher's last lines."""
+        container = slot.handle
+        if container is None:
+            return "never started"
+        container.reload()
+        state = container.attrs.get("State", {})
+        logs = container.logs(stdout=True, stderr=True, tail=40).decode("utf-8", "replace")
+        return (
+            f"status {container.status}, exit code {state.get('ExitCode')}, "
+            f"OOM-killed {state.get('OOMKilled')}, error {state.get('Error')!r}; launcher: {logs}"
+        )
+
     def _discard(self, slot: WarmSlot) -> None:
         if slot.handle is not None:
             with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):

@@ -58,7 +58,8 @@ class WarmPool:
     """Up to `per_key` warm sandboxes for each of the `max_keys` most recently used job shapes.
 
     `start(slot)` starts a sandbox for the slot and returns its handle; `alive(handle)` says whether
-    it still runs; `discard(slot)` stops it and removes what it left.
+    it still runs; `discard(slot)` stops it and removes what it left; `describe(slot)` says how a
+    sandbox that is no longer alive ended (exit status, its launcher's last lines).
     """
 
     def __init__(
@@ -67,10 +68,12 @@ class WarmPool:
         start: Callable[[WarmSlot], Any],
         alive: Callable[[Any], bool],
         discard: Callable[[WarmSlot], None],
+        describe: Callable[[WarmSlot], str] = lambda slot: "",
         per_key: int = 2,
         max_keys: int = 2,
     ):
         self._new_dir, self._start, self._alive, self._discard = new_dir, start, alive, discard
+        self._describe = describe
         self.per_key, self.max_keys = per_key, max_keys
         self._lock = threading.Condition()
         self._slots: OrderedDict[WarmKey, list[WarmSlot]] = OrderedDict()
@@ -110,7 +113,18 @@ class WarmPool:
             return
         # it died early: what its ranks wrote says why
         logs = {r: tail(slot.job_dir / f"rank{r}.log", 1500) for r in range(slot.key.world_size)}
-        log.warning("warm.died", job=slot.job_id, age_s=round(age, 1), rank_logs=logs)
+        try:
+            ended = self._describe(slot)
+        except Exception as exc:  # a diagnosis must never turn into a failure of the job
+            ended = f"(could not tell: {exc!r})"
+        log.warning(
+            "warm.died",
+            job=slot.job_id,
+            age_s=round(age, 1),
+            was_ready=slot.ready(),
+            ended=ended[-2000:],
+            rank_logs=logs,
+        )
 
     def replenish(self, key: WarmKey) -> None:
         """Start sandboxes of this shape up to `per_key`, in the background (later if quiet)."""
@@ -203,7 +217,7 @@ class WarmPool:
 
 class Pooled:
     """What both backends share to keep warm sandboxes: each defines `_start` (start a sandbox, warm
-    when given a set-up), `_alive(handle)` and `_discard(slot)`."""
+    when given a set-up), `_alive(handle)`, `_discard(slot)` and `_describe(slot)`."""
 
     pool: WarmPool | None = None
     _harness_root: Path | None = None
@@ -212,7 +226,13 @@ class Pooled:
         """Keep sandboxes started ahead of need."""
         if self.pool is None:
             self._harness_root = harness_root
-            self.pool = WarmPool(new_dir, self._start_warm, self._alive, self._discard)  # type: ignore[attr-defined]
+            self.pool = WarmPool(
+                new_dir,
+                self._start_warm,
+                self._alive,  # type: ignore[attr-defined]
+                self._discard,  # type: ignore[attr-defined]
+                self._describe,  # type: ignore[attr-defined]
+            )
         return self.pool
 
     def _start_warm(self, slot: WarmSlot) -> Any:

@@ -120,6 +120,13 @@ class ProcessBackend(Pooled):
     def _alive(proc: subprocess.Popen[bytes] | None) -> bool:
         return proc is not None and proc.poll() is None
 
+    @staticmethod
+    def _describe(slot: WarmSlot) -> str:
+        """How a launcher that stopped ended: its exit status and last lines."""
+        if slot.handle is None:
+            return "never started"
+        return f"exit status {slot.handle.poll()}; launcher: {tail(slot.job_dir / 'launcher.log', 2000)}"
+
     def _discard(self, slot: WarmSlot) -> None:
         proc = slot.handle
         if proc is not None:

@@ -204,3 +204,16 @@ def test_warm_containers_serve_one_job_each_and_leave_nothing(isolated_dirs):
 
     run_pool_lifecycle(DockerBackend(CLIENT), isolated_dirs)
     assert_clean(isolated_dirs)
+
+
+def test_a_warm_container_that_died_is_reported_with_how_it_ended(isolated_dirs):
+    from sandbox.docker import DockerBackend
+
+    from .test_warm_pool import run_died_report
+
+    def stop(container):
+        container.kill()
+        container.wait(timeout=60)
+
+    run_died_report(DockerBackend(CLIENT), isolated_dirs, stop, "exit code 137")
+    assert_clean(isolated_dirs)

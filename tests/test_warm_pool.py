@@ -113,3 +113,40 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
     assert time.monotonic() - t0 < 10, "settle returns once the sandbox is ready"
     assert started == [key] and pool.size() == 1
     assert pool.take(key) is not None and pool.take(key) is None, "a warm sandbox serves one job"
+
+
+def run_died_report(backend, isolated_dirs, stop, ended):
+    """Warm sandboxes stopped by `stop(handle)`: never handed out, and the log says how each ended
+    (`ended` is in the description), with each rank's log and whether it had been ready."""
+    from structlog.testing import capture_logs
+
+    pool = enable_warm_pool(backend)
+    key = WarmKey("cpu", (), 2, 1)
+    try:
+        pool.replenish(key)
+        pool.settle()
+        slots = list(pool._slots[key])
+        assert len(slots) == 2 and all(s.ready() for s in slots)
+        for s in slots:
+            stop(s.handle)
+        with capture_logs() as logs:
+            assert pool.take(key) is None, "a dead sandbox is never handed out"
+    finally:
+        pool.close()
+    died = [e for e in logs if e["event"] == "warm.died"]
+    assert len(died) == 2
+    for e in died:
+        assert e["was_ready"] is True
+        assert ended in e["ended"]
+        assert set(e["rank_logs"]) == {0, 1}
+    assert list(isolated_dirs.iterdir()) == []
+
+
+def test_a_warm_sandbox_that_died_is_reported_with_how_it_ended(isolated_dirs):
+    import signal
+
+    def stop(proc):
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+    run_died_report(ProcessBackend(), isolated_dirs, stop, f"exit status {-signal.SIGTERM}")

@@ -4,7 +4,7 @@
 #     source .gpu/setup.sh && bash docs/scripts/gpu_batch.sh PART [PART ...]
 # Every part writes its JSONL and logs under $OUT (default ./gpu-out), then prints a summary.
 #   warm       issue 5: why checks ran cold in run E (server log at info level), then the warm
-#              run_correctness turnaround of problem 1 (5 trials, 4 GPUs, Docker)
+#              run_correctness turnaround of problem 1 (5 trials, 4 GPUs, Docker); warm2: on 2 GPUs
 #   refs-pkb   issues 5, 7: every reference against itself at world size 4, size pkb (fidelity call 1)
 #   refs-w2    issue 2: every reference against itself at world size 2, size pkb
 #   refs-large-a, refs-large-b   issue 7: the same at size large, first and second half of the suite
@@ -32,10 +32,11 @@ examples() {  # examples WORLD_SIZE
 
 for part in "$@"; do
   case "$part" in
-    warm)
-      timeout 300 python3 docs/scripts/turnaround.py --out "$OUT/warm.jsonl" --parts check \
-        --check-repeats 7 --think-s 8 --log "$OUT/warm_log.jsonl" | tail -3
-      grep -E '"warm\.(take|died|expired|start_failed)"' "$OUT/warm_log.jsonl" | cut -c1-600 | head -20 ;;
+    warm|warm2)
+      ws=4; [ "$part" = warm2 ] && ws=2
+      timeout 300 python3 docs/scripts/turnaround.py --out "$OUT/$part.jsonl" --parts check --world-size $ws \
+        --check-repeats 7 --think-s 8 --log "$OUT/${part}_log.jsonl" | tail -3
+      grep -E '"warm\.(take|died|expired|start_failed)"|"job\.end"' "$OUT/${part}_log.jsonl" | cut -c1-900 | head -40 ;;
     refs-pkb) refs refs_pkb pkb "$ALL" ;;
     refs-w2) refs refs_w2 pkb "$ALL" 2 ;;
     refs-large-a) refs refs_large_a large "$HALF_A" ;;

@@ -7,7 +7,7 @@ Everything goes through the real MCP server (the SDK's in-process client against
 scheduler, the Docker sandbox when an engine answers, sandboxes started ahead of need) as an agent
 would use it. Parts, in order (each row is appended to the JSONL file as soon as it is measured):
   calibrate   `pkb calibrate` on all GPUs (saved: the roofline uses it from then on)
-  check       run_correctness of problem 1, 5 trials, 4 GPUs, repeated; the first call is cold
+  check       run_correctness of problem 1, 5 trials, 4 GPUs (--world-size), repeated; the first call is cold
   bench12     benchmark of examples/012 on problem 12, three calls (end-to-end wall, speedup spread)
   throughput  8 clients submit 40 run_correctness jobs (world size 2) at once: none lost, per-client
               completion times, checks per minute
@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument(
         "--budget-s", type=float, default=480.0, help="stop starting new fidelity calls after this"
     )
+    ap.add_argument("--world-size", type=int, help="ranks of the checks and benchmarks (cuda: 4, cpu: 2)")
     ap.add_argument("--log", type=Path, help="write the server's info-level logs (JSON lines) here")
     args = ap.parse_args()
     if args.log:
@@ -64,7 +65,7 @@ def main() -> None:
         log.configure("info", open(args.log, "a"))  # noqa: SIM115 - open for the whole run
     t_start = time.monotonic()
     cuda = args.device == "cuda"
-    ws = 4 if cuda else 2
+    ws = args.world_size or (4 if cuda else 2)
 
     import torch
     from mcp import Client
