@@ -19,8 +19,8 @@ git status --short > "$OUT/status.txt" 2>/dev/null
 ALL=$(python3 -c "from pkb_mcp import problems; print(','.join(str(i) for i in sorted(problems.suite())))")
 HALF_A=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 1' | paste -sd,)
 HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
-refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves (world size 4)
-  timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-4}" --parts refs \
+refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves (default: $WS, else 4)
+  timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
     --sizes "$2" --problems "$3" --no-refs-check --warm > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
