@@ -130,6 +130,10 @@ def run_timing(
 ) -> dict[str, Any]:
     """Warm up, then sample until precision, budget or cap; every rank returns the same record.
 
+    Precision is judged only once `min_span_ms` of real time has been sampled: consecutive calls
+    share the GPU's state of the moment (its clocks above all), so a few milliseconds of tightly
+    grouped samples can be precise about one moment and still miss the typical time by percents.
+
     `prepare(i)` runs before each call on input set i, outside the timed region. `rotate()`, when
     given, runs at the start of every round through the sets (outside the timed region too): it
     moves other data into the same buffers and returns, for each buffer i, the set whose data it now
@@ -170,6 +174,7 @@ def run_timing(
     walls: list[float] = []
     mismatches: list[int] = []
     stop = "sample cap"
+    spent = 0.0
     # the budget is real time, alignment and checks included (the slowest rank's, so that every
     # rank stops at the same call): a host-synchronous solution's device interval says little of it
     t_sampling = time.perf_counter()
@@ -188,7 +193,7 @@ def run_timing(
                 stop = "outputs changed while timing"
                 break
         n = len(events)
-        if n < cfg["min_samples"]:
+        if n < cfg["min_samples"] or spent < cfg.get("min_span_ms", 0.0):
             continue
         if median_ci_halfwidth(events) <= cfg["precision"] * statistics.median(events):
             stop = "precision reached"
@@ -201,6 +206,7 @@ def run_timing(
         "wall_ms": walls,
         "warmup_calls": warmup + len(probe),
         "stop_reason": stop,
+        "sampled_ms": spent,
         "timed_output_mismatches": mismatches,
         "input_sets": n_sets,
         "clock": "cuda events" if device.type == "cuda" else "host perf_counter",

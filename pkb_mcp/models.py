@@ -122,6 +122,7 @@ class TimingStats(BaseModel):
     min_ms: float
     samples: int
     stop_reason: str
+    sampled_ms: float = Field(0.0, description="real time spent sampling (the slowest rank's)")
     warmup_calls: int
     input_sets: int = Field(description="distinct input sets rotated through (L2 defeat)")
     clock: str

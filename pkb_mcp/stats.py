@@ -51,6 +51,7 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
         min_ms=min(events),
         samples=len(events),
         stop_reason=str(record["stop_reason"]),
+        sampled_ms=float(record.get("sampled_ms", 0.0)),
         warmup_calls=int(record["warmup_calls"]),
         input_sets=int(record["input_sets"]),
         clock=str(record["clock"]),

@@ -96,3 +96,50 @@ def test_time_budget_counts_real_time_not_just_the_timed_interval(monkeypatch):
         dist.destroy_process_group()
     assert rec["stop_reason"] == "time budget spent"
     assert 0.3 <= took < 3.0 and len(rec["device_ms"]) < 150
+
+
+def test_precision_is_judged_only_after_the_minimum_sampling_span(monkeypatch):
+    """Tightly grouped samples reach the precision target at once; sampling still goes on until
+    `min_span_ms` of real time has passed, and the record says how long it sampled."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from harness import timing
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        out = torch.ones(4)
+        monkeypatch.setattr(timing.Timer, "time", lambda self, call: (call(), 0.01, 0.01))
+        cfg = {
+            "warmup_ms": 0.0,
+            "max_warmup": 3,
+            "min_samples": 10,
+            "max_samples": 100_000,
+            "budget_ms": 5000.0,
+            "precision": 0.005,
+        }
+
+        def sample(min_span_ms):
+            t0 = time.perf_counter()
+            rec = timing.run_timing(
+                prepare=lambda i: None,
+                call_on_set=lambda i: time.sleep(0.001) or out,
+                normalize=lambda o: [o],
+                judged=[[out]],
+                device=torch.device("cpu"),
+                cfg={**cfg, "min_span_ms": min_span_ms},
+                tolerance={"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0},
+            )
+            return rec, time.perf_counter() - t0
+
+        quick, quick_s = sample(0.0)
+        spanned, spanned_s = sample(300.0)
+    finally:
+        dist.destroy_process_group()
+    assert quick["stop_reason"] == spanned["stop_reason"] == "precision reached"
+    assert len(quick["device_ms"]) == 10 and quick_s < 0.3
+    assert spanned["sampled_ms"] >= 300.0 and spanned_s >= 0.3
+    assert len(spanned["device_ms"]) > 50
