@@ -175,6 +175,11 @@ class BenchResult(BaseModel):
     below_floor: bool = Field(
         False, description="the candidate's median is below the roofline floor: the time is not credited"
     )
+    within_noise: bool | None = Field(
+        None,
+        description="on GPUs: the speedup is within the spread of identical code between runs (about "
+        "4%), so it is no evidence of a difference; benchmark again",
+    )
     ranks: list[RankResult] = []
     wall_s: float
     sandbox: SandboxInfo

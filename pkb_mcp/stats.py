@@ -8,10 +8,16 @@ reference q3 / candidate q1).
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
 from pkb_mcp.models import TimingStats
+
+# How far apart two benchmarks of identical code land on H200s (separate processes, W=2, every
+# problem but the host-synchronous 10): up to 3.9% in docs/gpu-results.md, 2026-11-22. A speedup
+# closer to 1 than this is no evidence of a difference.
+RUN_TO_RUN_SPREAD = 0.04
 
 # The device clock missed work the host waited for (side streams, threads): the wall-clock median
 # exceeds the event median by more than this fraction plus the alignment overhead.
@@ -67,3 +73,8 @@ def speedup(reference: TimingStats, candidate: TimingStats) -> tuple[float, floa
         reference.q1_ms / candidate.q3_ms,
         reference.q3_ms / candidate.q1_ms,
     )
+
+
+def within_noise(speedup: float) -> bool:
+    """Whether identical code could have given this speedup (RUN_TO_RUN_SPREAD either way)."""
+    return abs(math.log(speedup)) < math.log1p(RUN_TO_RUN_SPREAD)
