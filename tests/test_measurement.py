@@ -153,3 +153,50 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
         assert stats.within_noise(s), s
     for s in (1.041, 1 / 1.041, 0.5, 2.0):
         assert not stats.within_noise(s), s
+
+
+def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_dirs):
+    """The measurement study's rounds (docs/scripts/noise.py): one median per round, the first
+    being the benchmark's own; and the study's spread arithmetic."""
+    import math
+    import secrets
+    import statistics
+    import sys
+    from pathlib import Path
+
+    from pkb_mcp import problems, service
+    from pkb_mcp.jobs import JobRequest, run_job
+    from sandbox.process import ProcessBackend
+
+    p = problems.resolve(1)
+    tcfg = {**service.timing_config("cpu"), "rounds": 3, "round_gap_ms": 10.0}
+    outcome = run_job(
+        JobRequest(
+            mode="benchmark",
+            problem_path=p.path,
+            solution_path=p.path,
+            world_size=2,
+            device="cpu",
+            gpus=[],
+            size=p.size("pkb"),
+            dtype=p.dtype,
+            seeds=[secrets.randbits(62)],
+            tolerance=p.tolerance,
+            timeout_s=120,
+            timing=tcfg,
+        ),
+        ProcessBackend(),
+    )
+    assert outcome.ok
+    medians = outcome.timing["round_medians_ms"]
+    assert len(medians) == 3 and all(m > 0 for m in medians)
+    assert medians[0] == statistics.median(outcome.timing["device_ms"]), "round 0 is the benchmark's"
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "scripts"))
+    import noise
+
+    jobs = [[1.0, 1.0 * math.e**0.02], [2.0, 2.0 * math.e**0.02]]
+    s = noise.summarize(7, jobs)
+    assert math.isclose(s["within_pct"], math.sqrt(2) * 1.0, abs_tol=1e-3)  # each pair: sd of (0, 0.02)
+    assert math.isclose(s["between_pct"], math.log(2) / math.sqrt(2) * 100, abs_tol=1e-3)
+    assert math.isclose(s["jobs_pct"], s["between_pct"], abs_tol=1e-3)

@@ -1,0 +1,142 @@
+"""Where the spread of identical code comes from: within one set of processes, or between them.
+
+A benchmark times the reference and the candidate in separate jobs (separate processes). On 2 H200s
+the medians of identical code then differ by up to ~4% (docs/gpu-results.md, run F), although the
+samples within each job are tight. This script runs each problem's reference in PROCESSES separate
+jobs, and within each job times it ROUNDS times with a pause between rounds, exactly as a benchmark
+times one side. Then, per problem (log scale, so the figures are relative):
+
+  within   spread of the round medians inside one job (pooled over jobs): what the same processes
+           give at another moment (GPU clocks, the node's state)
+  between  spread of the jobs' first-round medians: what a benchmark sees for one side
+  jobs     spread of the jobs' mean over rounds: what stays with the processes however long they run
+
+If `between` is about `within`, the spread is a matter of the moment, and alternating reference and
+candidate rounds inside their two jobs would cancel it. If `jobs` stays near `between`, the spread
+belongs to the processes (memory placement, communicator set-up): only more jobs per side reduce it.
+
+    python3 docs/scripts/noise.py --out noise.jsonl [--problems 1,17,23,40,47,86] [--world-size 2]
+`--device cpu` is a dry run (gloo, small counts) for machines without GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from pkb_mcp import problems, service  # noqa: E402
+from pkb_mcp.jobs import JobRequest, run_job  # noqa: E402
+from sandbox import select_backend  # noqa: E402
+
+
+def spread_pct(values: list[float]) -> float:
+    """Standard deviation of log(values), in percent."""
+    return statistics.stdev(math.log(v) for v in values) * 100 if len(values) > 1 else 0.0
+
+
+def pooled_within_pct(jobs: list[list[float]]) -> float:
+    """Pooled standard deviation of log(round medians) inside each job, in percent."""
+    num = den = 0.0
+    for rounds in jobs:
+        if len(rounds) > 1:
+            logs = [math.log(v) for v in rounds]
+            mean = statistics.fmean(logs)
+            num += sum((x - mean) ** 2 for x in logs)
+            den += len(logs) - 1
+    return math.sqrt(num / den) * 100 if den else 0.0
+
+
+def summarize(problem: int, jobs: list[list[float]]) -> dict:
+    return {
+        "part": "summary",
+        "problem": problem,
+        "jobs": len(jobs),
+        "rounds": min(len(r) for r in jobs),
+        "within_pct": round(pooled_within_pct(jobs), 3),
+        "between_pct": round(spread_pct([r[0] for r in jobs]), 3),
+        "jobs_pct": round(spread_pct([math.exp(statistics.fmean(math.log(v) for v in r)) for r in jobs]), 3),
+        "median_ms": statistics.median(v for r in jobs for v in r),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("noise.jsonl"))
+    ap.add_argument("--problems", default="1,17,23,40,47,86")
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--size", default="pkb")
+    ap.add_argument("--processes", type=int, default=4, help="separate jobs per problem")
+    ap.add_argument("--rounds", type=int, default=4, help="timed rounds inside each job")
+    ap.add_argument("--gap-ms", type=float, default=300.0, help="pause between rounds")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--sandbox", default="auto", choices=["auto", "docker", "process"])
+    args = ap.parse_args()
+    if args.processes < 2 or args.rounds < 2:
+        ap.error("--processes and --rounds must each be at least 2: the spreads need two of each")
+    backend = select_backend(args.sandbox)
+    tcfg = {**service.timing_config(args.device), "rounds": args.rounds, "round_gap_ms": args.gap_ms}
+    gpus = list(range(args.world_size)) if args.device == "cuda" else []
+    with open(args.out, "a") as out:
+
+        def emit(row: dict) -> None:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(json.dumps(row), flush=True)
+
+        emit({"part": "machine", "backend": backend.name, "argv": sys.argv[1:], "timing": tcfg})
+        for pid in [int(x) for x in args.problems.split(",") if x]:
+            p = problems.resolve(pid)
+            if (why := p.world_size_error(args.world_size, args.size)) is not None:
+                emit({"part": "skipped", "problem": pid, "why": why})
+                continue
+            jobs: list[list[float]] = []
+            for j in range(args.processes):
+                t0 = time.perf_counter()
+                outcome = run_job(
+                    JobRequest(
+                        mode="benchmark",
+                        problem_path=p.path,
+                        solution_path=p.path,
+                        world_size=args.world_size,
+                        device=args.device,
+                        gpus=gpus,
+                        size=p.size(args.size),
+                        dtype=p.dtype,
+                        seeds=[secrets.randbits(62)],
+                        tolerance=p.tolerance,
+                        timeout_s=300.0,
+                        timing=tcfg,
+                    ),
+                    backend,
+                )
+                medians = (outcome.timing or {}).get("round_medians_ms")
+                if not outcome.ok or not medians:
+                    failed = [f"rank {r.rank}: {r.state} {r.error}" for r in outcome.ranks if r.state != "ok"]
+                    emit({"part": "job", "problem": pid, "job": j, "ok": False, "why": failed[:2]})
+                    break
+                jobs.append([float(m) for m in medians])
+                emit(
+                    {
+                        "part": "job",
+                        "problem": pid,
+                        "job": j,
+                        "ok": True,
+                        "round_medians_ms": medians,
+                        "wall_s": round(time.perf_counter() - t0, 2),
+                    }
+                )
+            if len(jobs) >= 2:
+                emit(summarize(pid, jobs))
+
+
+if __name__ == "__main__":
+    main()
