@@ -130,9 +130,9 @@ def run_timing(
 ) -> dict[str, Any]:
     """Warm up, then sample until precision, budget or cap; every rank returns the same record.
 
-    Precision is judged only once `min_span_ms` of real time has been sampled: consecutive calls
-    share the GPU's state of the moment (its clocks above all), so a few milliseconds of tightly
-    grouped samples can be precise about one moment and still miss the typical time by percents.
+    Precision is judged only once `min_span_ms` of real time has been sampled, so that the median
+    stands for a stretch of the GPU's running and not for the few milliseconds in which tightly
+    grouped samples already meet the precision target.
 
     `prepare(i)` runs before each call on input set i, outside the timed region. `rotate()`, when
     given, runs at the start of every round through the sets (outside the timed region too): it

@@ -18,6 +18,7 @@ import faulthandler
 import importlib.util
 import json
 import os
+import random
 import signal
 import statistics
 import sys
@@ -477,14 +478,35 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             # Measurement studies (docs/scripts/noise.py) time the same solution again in the same
             # processes, after a pause: the spread of these medians is the part of the run-to-run
             # spread that is not the process's own. Benchmarks use one round.
+            # With `move_memory`, every round after the first finds its inputs and the solution's
+            # own buffers at other device addresses: the spread of the round medians then includes
+            # what memory placement does, which otherwise differs only between processes.
             medians = [statistics.median(record["device_ms"])]
+            mismatched = [len(record["timed_output_mismatches"])]
+            spacers: list = []
             for _ in range(int(tcfg.get("rounds", 1)) - 1):
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 time.sleep(float(tcfg.get("round_gap_ms", 0.0)) / 1e3)
+                if tcfg.get("move_memory"):
+                    while rotate is not None and holds != list(range(n_sets)):
+                        rotate_sets()  # each set's data back in its own buffers
+                    working.clear()
+                    first = ()
+                    spacers.append(
+                        torch.empty(random.randrange(1, 64) << 20, dtype=torch.uint8, device=device)
+                    )
+                    sets = [tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in s) for s in sets]
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()  # old buffers go back to the driver, not to the next round
+                    rotate = _input_rotation(sets)
                 dist.barrier()
-                medians.append(statistics.median(timed_round()["device_ms"]))
+                later = timed_round()
+                medians.append(statistics.median(later["device_ms"]))
+                mismatched.append(len(later["timed_output_mismatches"]))
             record["round_medians_ms"] = medians
+            record["round_mismatches"] = mismatched  # timed outputs unlike their judged ones, per round
+            del spacers, first
             if pristine is not None:
                 changed = [i for i, s in enumerate(sets) if mutated_inputs(list(s), list(pristine[holds[i]]))]
                 record["inputs_mutated_while_timing"] = bool(

@@ -155,7 +155,8 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
         assert not stats.within_noise(s), s
 
 
-def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_dirs):
+@pytest.mark.parametrize("move_memory", [False, True])
+def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_dirs, move_memory):
     """The measurement study's rounds (docs/scripts/noise.py): one median per round, the first
     being the benchmark's own; and the study's spread arithmetic."""
     import math
@@ -169,7 +170,7 @@ def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_
     from sandbox.process import ProcessBackend
 
     p = problems.resolve(1)
-    tcfg = {**service.timing_config("cpu"), "rounds": 3, "round_gap_ms": 10.0}
+    tcfg = {**service.timing_config("cpu"), "rounds": 3, "round_gap_ms": 10.0, "move_memory": move_memory}
     outcome = run_job(
         JobRequest(
             mode="benchmark",
@@ -188,6 +189,7 @@ def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_
         ProcessBackend(),
     )
     assert outcome.ok
+    assert outcome.timing["round_mismatches"] == [0, 0, 0], "moved inputs still match their judged outputs"
     medians = outcome.timing["round_medians_ms"]
     assert len(medians) == 3 and all(m > 0 for m in medians)
     assert medians[0] == statistics.median(outcome.timing["device_ms"]), "round 0 is the benchmark's"

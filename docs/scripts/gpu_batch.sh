@@ -11,8 +11,8 @@
 #   fidelity2, fidelity3         issue 5: fidelity calls 2 and 3 (every reference at pkb again)
 #   examples2  issues 2, 4: the examples checked and benchmarked at world size 2 (and 018 at large)
 #   examples4  issue 4: the examples at world size 4 in containers
-#   noise      issue 5: the spread of identical code, within a job's processes and between jobs
-#              (docs/scripts/noise.py, world size $WS, else 2)
+#   noise      issue 5: the spread of identical code, within a job's processes and between jobs,
+#              then with memory moved between rounds (docs/scripts/noise.py, world size $WS, else 2)
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -47,10 +47,12 @@ for part in "$@"; do
     fidelity3) refs fidelity_3 pkb "$ALL" ;;
     examples2) examples 2 ;;
     examples4) examples 4 ;;
-    noise)
-      timeout 590 python3 docs/scripts/noise.py --out "$OUT/noise.jsonl" --world-size "${WS:-2}" \
-        > "$OUT/noise.log" 2>&1
-      grep '"summary"' "$OUT/noise.log" ;;
+    noise)  # the same study twice: memory where it landed, then moved every round
+      timeout 290 python3 docs/scripts/noise.py --out "$OUT/noise.jsonl" --world-size "${WS:-2}" \
+        --processes 3 > "$OUT/noise.log" 2>&1
+      timeout 290 python3 docs/scripts/noise.py --out "$OUT/noise_moved.jsonl" --world-size "${WS:-2}" \
+        --processes 3 --move-memory > "$OUT/noise_moved.log" 2>&1
+      grep -h '"summary"' "$OUT/noise.log" "$OUT/noise_moved.log" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

@@ -13,7 +13,10 @@ times one side. Then, per problem (log scale, so the figures are relative):
 
 If `between` is about `within`, the spread is a matter of the moment, and alternating reference and
 candidate rounds inside their two jobs would cancel it. If `jobs` stays near `between`, the spread
-belongs to the processes (memory placement, communicator set-up): only more jobs per side reduce it.
+belongs to the processes (run F: it does). `--move-memory` then tests whether it is where their
+memory landed: every round after the first gets its inputs and the solution's buffers at new device
+addresses. If `within` then grows to about `between`, a benchmark can sample several placements
+per side inside its two jobs instead of paying for more jobs.
 
     python3 docs/scripts/noise.py --out noise.jsonl [--problems 1,17,23,40,47,86] [--world-size 2]
 `--device cpu` is a dry run (gloo, small counts) for machines without GPUs.
@@ -77,13 +80,19 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=4, help="separate jobs per problem")
     ap.add_argument("--rounds", type=int, default=4, help="timed rounds inside each job")
     ap.add_argument("--gap-ms", type=float, default=300.0, help="pause between rounds")
+    ap.add_argument("--move-memory", action="store_true", help="new device addresses every round")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--sandbox", default="auto", choices=["auto", "docker", "process"])
     args = ap.parse_args()
     if args.processes < 2 or args.rounds < 2:
         ap.error("--processes and --rounds must each be at least 2: the spreads need two of each")
     backend = select_backend(args.sandbox)
-    tcfg = {**service.timing_config(args.device), "rounds": args.rounds, "round_gap_ms": args.gap_ms}
+    tcfg = {
+        **service.timing_config(args.device),
+        "rounds": args.rounds,
+        "round_gap_ms": args.gap_ms,
+        "move_memory": args.move_memory,
+    }
     gpus = list(range(args.world_size)) if args.device == "cuda" else []
     with open(args.out, "a") as out:
 
@@ -131,6 +140,7 @@ def main() -> None:
                         "job": j,
                         "ok": True,
                         "round_medians_ms": medians,
+                        "round_mismatches": (outcome.timing or {}).get("round_mismatches"),
                         "wall_s": round(time.perf_counter() - t0, 2),
                     }
                 )
