@@ -150,3 +150,30 @@ def test_a_warm_sandbox_that_died_is_reported_with_how_it_ended(isolated_dirs):
         proc.wait(timeout=60)
 
     run_died_report(ProcessBackend(), isolated_dirs, stop, f"exit status {-signal.SIGTERM}")
+
+
+def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
+    """Of two live sandboxes, the one ready for its job is handed out first, whatever their order;
+    one still warming up is handed out when it is all there is."""
+    from sandbox.pool import WarmPool
+
+    def start(slot):
+        slot.job_dir.mkdir()
+        return "handle"
+
+    pool = WarmPool(
+        new_dir=lambda job_id: isolated_dirs / job_id,
+        start=start,
+        alive=lambda handle: True,
+        discard=lambda slot: None,
+        per_key=2,
+    )
+    key = WarmKey("cpu", (), 2, 1)
+    pool.replenish(key)
+    pool.settle(timeout_s=0.5)  # never ready: settle gives up
+    first, second = pool._slots[key]
+    for r in range(2):
+        (second.job_dir / f"rank{r}.ready").touch()
+    assert pool.take(key) is second, "the ready one, though it is second"
+    assert pool.take(key) is first, "then the one still warming up"
+    assert pool.take(key) is None
