@@ -178,7 +178,7 @@ class BenchResult(BaseModel):
     within_noise: bool | None = Field(
         None,
         description="on GPUs: the speedup is within the spread of identical code between runs (about "
-        "4%), so it is no evidence of a difference; benchmark again",
+        "5%), so it is no evidence of a difference",
     )
     ranks: list[RankResult] = []
     wall_s: float

@@ -14,10 +14,11 @@ from typing import Any
 
 from pkb_mcp.models import TimingStats
 
-# How far apart two benchmarks of identical code land on H200s (separate processes, W=2, every
-# problem but the host-synchronous 10): up to 3.9% in docs/gpu-results.md, 2026-11-22. A speedup
-# closer to 1 than this is no evidence of a difference.
-RUN_TO_RUN_SPREAD = 0.04
+# How far from 1.00x a benchmark of identical code lands on H200s (reference and candidate in
+# separate processes): up to 5.1% in 105 benchmarks (W=2, 35 problems, 3 calls each, all but the
+# host-synchronous problem 10; docs/gpu-results.md, run F). A speedup closer to 1 than this is no
+# evidence of a difference.
+RUN_TO_RUN_SPREAD = 0.05
 
 # The device clock missed work the host waited for (side streams, threads): the wall-clock median
 # exceeds the event median by more than this fraction plus the alignment overhead.
