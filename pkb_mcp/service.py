@@ -582,7 +582,8 @@ def bench(
         ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend, cancel)
         if not ref_outcome.ok or ref_outcome.timing is None:
             raise _reference_failed(p, ref_outcome)
-        ref_stats, _ = stats.summarize(ref_outcome.timing)
+        ref_stats, ref_warnings = stats.summarize(ref_outcome.timing)
+        run.warnings.extend(f"reference: {w}" for w in ref_warnings)
         progress(1, 3, f"reference: {ref_stats.median_ms:.4g} ms; timing the candidate")
         cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
     sets = int(ref_outcome.timing["input_sets"])

@@ -6,21 +6,32 @@ from pkb_mcp import roofline, stats
 from .conftest import CEIL
 
 
-def record(device, wall=None):
+def record(device, wall=None, clock="cuda events"):
     return {
         "device_ms": device,
         "wall_ms": wall or device,
         "stop_reason": "precision reached",
         "warmup_calls": 5,
         "input_sets": 2,
-        "clock": "cuda events",
+        "clock": clock,
     }
 
 
 def test_summary_reports_median_quartiles_and_samples():
-    s, warnings = stats.summarize(record([1.0, 2.0, 3.0, 4.0, 5.0]))
+    s, warnings = stats.summarize(record([1.0, 2.0, 3.0, 4.0, 5.0], clock="host perf_counter"))
     assert (s.median_ms, s.q1_ms, s.q3_ms, s.samples, s.min_ms) == (3.0, 2.0, 4.0, 5, 1.0)
     assert warnings == []
+
+
+def test_widely_varying_device_times_are_flagged_as_unreliable():
+    """Problem 10's reference on H200s: calls that wait on the host vary widely, and speedups from
+    them do not repeat; the spread every other reference showed passes quietly."""
+    _, wide = stats.summarize(record([0.4, 0.45, 0.6, 0.7, 0.9]))
+    assert len(wide) == 1 and "vary widely" in wide[0] and "unreliable" in wide[0]
+    _, usual = stats.summarize(record([0.09, 0.095, 0.1, 0.105, 0.11]))
+    assert usual == []
+    _, cpu = stats.summarize(record([0.4, 0.45, 0.6, 0.7, 0.9], clock="host perf_counter"))
+    assert cpu == [], "CPU timings are a dry run: their spread says nothing about a GPU"
 
 
 def test_events_that_miss_work_fall_back_to_wall_clock():
