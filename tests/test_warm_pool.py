@@ -86,9 +86,21 @@ def test_unused_warm_sandbox_expires(isolated_dirs, monkeypatch):
     assert job_processes(isolated_dirs) == []
 
 
+def fake_pool(jobs_dir, start, per_key):
+    """A pool whose sandboxes are whatever `start` makes of them: always alive, nothing to discard."""
+    from sandbox.pool import WarmPool
+
+    return WarmPool(
+        new_dir=lambda job_id: jobs_dir / job_id,
+        start=start,
+        alive=lambda handle: True,
+        discard=lambda slot: None,
+        per_key=per_key,
+    )
+
+
 def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
     started = []
-    from sandbox.pool import WarmPool
 
     def start(slot):
         slot.job_dir.mkdir()
@@ -97,13 +109,7 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
         started.append(slot.key)
         return "handle"
 
-    pool = WarmPool(
-        new_dir=lambda job_id: isolated_dirs / job_id,
-        start=start,
-        alive=lambda handle: True,
-        discard=lambda slot: None,
-        per_key=1,
-    )
+    pool = fake_pool(isolated_dirs, start, per_key=1)
     key = WarmKey("cpu", (), 2, 1)
     with pool.quiet():
         pool.replenish(key)
@@ -155,19 +161,12 @@ def test_a_warm_sandbox_that_died_is_reported_with_how_it_ended(isolated_dirs):
 def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
     """Of two live sandboxes, the one ready for its job is handed out first, whatever their order;
     one still warming up is handed out when it is all there is."""
-    from sandbox.pool import WarmPool
 
     def start(slot):
         slot.job_dir.mkdir()
         return "handle"
 
-    pool = WarmPool(
-        new_dir=lambda job_id: isolated_dirs / job_id,
-        start=start,
-        alive=lambda handle: True,
-        discard=lambda slot: None,
-        per_key=2,
-    )
+    pool = fake_pool(isolated_dirs, start, per_key=2)
     key = WarmKey("cpu", (), 2, 1)
     pool.replenish(key)
     pool.settle(timeout_s=0.5)  # never ready: settle gives up
