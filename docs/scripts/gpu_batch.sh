@@ -3,6 +3,8 @@
 # On the device machine, from the repository root, with .gpu carried:
 #     source .gpu/setup.sh && bash docs/scripts/gpu_batch.sh PART [PART ...]
 # Every part writes its JSONL and logs under $OUT (default ./gpu-out), then prints a summary.
+# commit.txt and status.txt describe the .git that travelled, which can be older than the working
+# tree that did (the device tool sends the session's checkout): record the commit from your own log.
 #   warm       issue 5: why checks ran cold in run E (server log at info level), then the warm
 #              run_correctness turnaround of problem 1 (5 trials, 4 GPUs, Docker); warm2: on 2 GPUs
 #   refs-pkb   issues 5, 7: every reference against itself at world size 4, size pkb (fidelity call 1)
