@@ -629,24 +629,25 @@ def bench(
         f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
         f"reference {ref_stats.median_ms:.4g} ms"
     )
-    if run.device == "cuda":
-        fields["within_noise"] = stats.within_noise(speed)
-        if fields["within_noise"]:
-            message += (
-                f"; identical code lands up to {stats.RUN_TO_RUN_SPREAD:.0%} either way between runs, "
-                "so this is no evidence of a difference"
-            )
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
-    elif below_floor(cand_stats.median_ms, roof):
-        verdict = "suspect"
-        fields["below_floor"] = True
-        message = floor_message(cand_stats.median_ms, roof, speed)
-    elif roof.note:
-        run.warnings.append(
-            f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
-            f"{roof.floor_ms:.4g} ms: the measurement is suspect"
-        )
+    else:
+        fields["within_noise"] = stats.within_noise(speed)
+        if below_floor(cand_stats.median_ms, roof):
+            verdict = "suspect"
+            fields["below_floor"] = True
+            message = floor_message(cand_stats.median_ms, roof, speed)
+        else:
+            if fields["within_noise"]:
+                message += (
+                    f"; identical code lands up to {stats.RUN_TO_RUN_SPREAD:.0%} either way between "
+                    "runs, so this is no evidence of a difference"
+                )
+            if roof.note:
+                run.warnings.append(
+                    f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
+                    f"{roof.floor_ms:.4g} ms: the measurement is suspect"
+                )
     progress(3, 3, f"speedup {speed:.3f}x")
     return result(
         verdict,
