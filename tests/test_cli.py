@@ -1,6 +1,7 @@
 """The command line: exit codes, one-sentence errors, tables and JSON."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -115,7 +116,8 @@ def test_check_through_a_real_subprocess_exit_codes():
         "--trials",
         "2",
     )
-    assert code == 1 and "first mismatch" in out and "index [512, 0]" in out
+    # the first unreduced row; the column depends on the random inputs
+    assert code == 1 and "first mismatch" in out and re.search(r"index \[512, \d+\]", out)
 
 
 def test_logs_go_to_the_current_stderr_even_after_it_was_replaced(monkeypatch):

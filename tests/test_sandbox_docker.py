@@ -52,7 +52,7 @@ def test_reference_and_wrong_candidate_in_docker(isolated_dirs):
     assert ok.verdict == "pass" and ok.sandbox.backend == "docker" and ok.sandbox.isolated
     assert not any("not isolated" in w or "without isolation" in w for w in ok.warnings)
     bad = check(ROOT / "examples" / "wrong_allreduce_half.py")
-    assert bad.verdict == "fail" and bad.ranks[0].first_mismatch.index == [512, 0]
+    assert bad.verdict == "fail" and bad.ranks[0].first_mismatch.index[0] == 512  # the first unreduced row
     assert_clean(isolated_dirs)
 
 

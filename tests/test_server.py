@@ -148,7 +148,9 @@ async def test_run_correctness_with_progress_passes_and_fails(client):
         {"problem": "allreduce", "source": wrong, "world_size": 2, "trials": 1, "device": "cpu"},
     )
     result = bad.structured_content["result"]
-    assert result["verdict"] == "fail" and result["ranks"][0]["first_mismatch"]["index"] == [512, 0]
+    # Row 512 is the first unreduced row; which of its elements is first outside the tolerance
+    # depends on the random inputs (a small value from the other rank can fall inside it).
+    assert result["verdict"] == "fail" and result["ranks"][0]["first_mismatch"]["index"][0] == 512
     assert len(json.dumps(bad.structured_content)) < 10_000, "compact for clients that cap output"
 
 
