@@ -14,6 +14,11 @@ that judged output, so a solution cannot be right once and wrong afterwards. Bet
 the sets the worker may also move each set's data into another set's buffers (`rotate`): the same
 addresses then hold other inputs, so a result cached by buffer address comes back stale and fails
 the comparison.
+
+A job may time its solution in several placements (`placements` in the timing configuration): the
+worker moves the inputs and the solution's memory to other device addresses between them, each
+placement samples with its share of the budget (`placement_config`), and `pool_placements` merges
+their records into one.
 """
 
 from __future__ import annotations
@@ -213,3 +218,52 @@ def run_timing(
         "alignment_sleep_us": timer.sleep_us if device.type == "cuda" else 0.0,
         "rotated_inputs": rotate is not None,
     }
+
+
+# The parts of a timing configuration that a job's placements share out between them.
+_SHARED_MS = ("warmup_ms", "budget_ms", "min_span_ms")
+
+
+def placement_config(cfg: dict[str, Any], placements: int) -> dict[str, Any]:
+    """The configuration of one of `placements` rounds: its share of the warm-up, budget, minimum
+    span and sample cap (never fewer samples than `min_samples`)."""
+    if placements <= 1:
+        return dict(cfg)
+    share = {k: float(cfg[k]) / placements for k in _SHARED_MS if k in cfg}
+    cap = max(int(cfg["max_samples"]) // placements, int(cfg["min_samples"]))
+    return {**cfg, **share, "max_samples": cap, "max_warmup": max(int(cfg["max_warmup"]) // placements, 3)}
+
+
+def pool_placements(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from the records of a job's placements: samples concatenated in order (timed-call
+    indices continue across placements), the per-placement medians and sample counts kept."""
+    if len(records) == 1:
+        only = dict(records[0])
+        only["placement_medians_ms"] = [statistics.median(only["device_ms"])]
+        only["placement_samples"] = [len(only["device_ms"])]
+        return only
+    pooled = dict(records[-1])
+    pooled["device_ms"] = [x for r in records for x in r["device_ms"]]
+    pooled["wall_ms"] = [x for r in records for x in r["wall_ms"]]
+    mismatches: list[int] = []
+    offset = 0
+    for r in records:
+        mismatches += [offset + i for i in r["timed_output_mismatches"]]
+        offset += len(r["device_ms"])
+    pooled["timed_output_mismatches"] = mismatches
+    pooled["warmup_calls"] = sum(int(r["warmup_calls"]) for r in records)
+    pooled["sampled_ms"] = sum(float(r["sampled_ms"]) for r in records)
+    pooled["alignment_sleep_us"] = max(float(r["alignment_sleep_us"]) for r in records)
+    pooled["placement_medians_ms"] = [statistics.median(r["device_ms"]) for r in records]
+    pooled["placement_samples"] = [len(r["device_ms"]) for r in records]
+    reasons = [str(r["stop_reason"]) for r in records]
+    counts = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
+    if "outputs changed while timing" in counts:
+        pooled["stop_reason"] = "outputs changed while timing"
+    elif len(counts) == 1:
+        pooled["stop_reason"] = reasons[0]
+    else:
+        pooled["stop_reason"] = ", ".join(
+            f"{k} in {n} of {len(records)} placements" for k, n in counts.items()
+        )
+    return pooled

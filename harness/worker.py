@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import sys
 import time
 import traceback
@@ -461,6 +460,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
 
             stage = "benchmark timing"
 
+            placements = max(1, int(tcfg.get("placements", 1)))
+            round_cfg = timing.placement_config(tcfg, placements)
+
             def timed_round() -> dict[str, Any]:
                 return timing.run_timing(
                     prepare,
@@ -468,27 +470,24 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                     normalize,
                     judged,
                     device,
-                    tcfg,
+                    round_cfg,
                     cfg["tolerance"],
                     rotate=rotate_sets if rotate is not None else None,
                     after_call=lambda: watch.check("while being timed"),
                 )
 
-            record = timed_round()
-            # Measurement studies (docs/scripts/noise.py) time the same solution again in the same
-            # processes, after a pause: the spread of these medians is the part of the run-to-run
-            # spread that is not the process's own. Benchmarks use one round.
-            # With `move_memory`, every round after the first finds its inputs and the solution's
-            # own buffers at other device addresses: the spread of the round medians then includes
-            # what memory placement does, which otherwise differs only between processes.
-            medians = [statistics.median(record["device_ms"])]
-            mismatched = [len(record["timed_output_mismatches"])]
+            # Placements after the first find the inputs, the solution's own buffers and the
+            # allocator's free blocks at other device addresses: a process's times depend on where
+            # its memory landed (docs/plan-fidelity.md), and several placements average that out.
+            # The moved inputs keep their data, so their judged outputs still apply.
+            # `move_memory: false` keeps the memory where it is (the noise study's baseline).
+            records = [timed_round()]
             spacers: list = []
-            for _ in range(int(tcfg.get("rounds", 1)) - 1):
+            while len(records) < placements and records[-1]["stop_reason"] != "outputs changed while timing":
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 time.sleep(float(tcfg.get("round_gap_ms", 0.0)) / 1e3)
-                if tcfg.get("move_memory"):
+                if tcfg.get("move_memory", True):
                     while rotate is not None and holds != list(range(n_sets)):
                         rotate_sets()  # each set's data back in its own buffers
                     working.clear()
@@ -501,12 +500,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                         torch.cuda.empty_cache()  # old buffers go back to the driver, not to the next round
                     rotate = _input_rotation(sets)
                 dist.barrier()
-                later = timed_round()
-                medians.append(statistics.median(later["device_ms"]))
-                mismatched.append(len(later["timed_output_mismatches"]))
-            record["round_medians_ms"] = medians
-            record["round_mismatches"] = mismatched  # timed outputs unlike their judged ones, per round
-            del spacers, first
+                records.append(timed_round())
+            record = timing.pool_placements(records)
+            del spacers, first, records
             if pristine is not None:
                 changed = [i for i, s in enumerate(sets) if mutated_inputs(list(s), list(pristine[holds[i]]))]
                 record["inputs_mutated_while_timing"] = bool(

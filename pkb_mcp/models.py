@@ -115,7 +115,10 @@ class CheckResult(BaseModel):
 
 
 class TimingStats(BaseModel):
-    median_ms: float = Field(description="median over timed calls of the slowest rank's time")
+    median_ms: float = Field(
+        description="median over timed calls of the slowest rank's time; with several placements, "
+        "the median of the placements' medians"
+    )
     q1_ms: float
     q3_ms: float
     iqr_ms: float
@@ -127,6 +130,14 @@ class TimingStats(BaseModel):
     input_sets: int = Field(description="distinct input sets rotated through (L2 defeat)")
     clock: str
     wall_median_ms: float = Field(description="host wall-clock median of the same region (cross-check)")
+    placements: int = Field(
+        1, description="sampling rounds, each with the inputs and the solution's memory at other addresses"
+    )
+    placement_spread: float | None = Field(
+        None,
+        description="standard deviation of log(median) between placements (0.01 = 1%); "
+        "null with one placement",
+    )
 
 
 class Ceilings(BaseModel):

@@ -40,6 +40,7 @@ from sandbox.base import Backend
 Progress = Callable[[float, float | None, str], None]
 MAX_SOLUTION_BYTES = 1 << 20
 MAX_TRIALS = 100
+MAX_PLACEMENTS = 16
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible
 # (the slack covers traffic models that round up and ceilings a kernel can beat a little).
@@ -547,8 +548,14 @@ def bench(
     progress: Progress = _noop,
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
+    placements: int = 1,
 ) -> BenchResult:
-    """Time the reference and the candidate the same way on the same inputs; re-check every timed output."""
+    """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
+
+    `placements` > 1 times each side in that many memory placements within its job, sharing the
+    same sampling budget (docs/plan-fidelity.md); the default is one, today's measured method."""
+    if not 1 <= placements <= MAX_PLACEMENTS:
+        raise UserError(f"placements must be between 1 and {MAX_PLACEMENTS}, not {placements}")
     run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
     p = run.problem
 
@@ -574,7 +581,7 @@ def bench(
     if run.refusal:
         return result("fail", run.refusal, ranks=_refused_ranks(run))
     seeds = [secrets.randbits(62)]
-    tcfg = timing_config(run.device)
+    tcfg = {**timing_config(run.device), "placements": placements}
     progress(0, 3, "timing the reference")
     pool = warm_pool(run.backend)
     # no sandbox warms up on the GPUs while either of the two is timed
@@ -629,6 +636,12 @@ def bench(
         f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
         f"reference {ref_stats.median_ms:.4g} ms"
     )
+    if placements > 1:
+        spreads = [s.placement_spread or 0.0 for s in (cand_stats, ref_stats)]
+        message += (
+            f"; {placements} memory placements per side, their medians spread "
+            f"{spreads[0]:.1%} (candidate) and {spreads[1]:.1%} (reference)"
+        )
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
     else:

@@ -1,9 +1,9 @@
 """Timing statistics from the harness's samples, and the speedup between two of them.
 
 A sample is one timed call: the slowest rank's time (device events on GPU, host clock on CPU).
-The reported time is the median; the spread is the interquartile range. Speedup = reference
-median / candidate median, with a range from the quartiles (reference q1 / candidate q3 up to
-reference q3 / candidate q1).
+The reported time is the median (with several placements, the median of their medians); the
+spread is the interquartile range over all samples. Speedup = reference median / candidate median,
+with a range from the quartiles (reference q1 / candidate q3 up to reference q3 / candidate q1).
 """
 
 from __future__ import annotations
@@ -39,13 +39,31 @@ def quartiles(samples: list[float]) -> tuple[float, float, float]:
     return q[0], q[1], q[2]
 
 
+def placement_median(samples: list[float], counts: list[int]) -> tuple[float, float | None]:
+    """(median, spread) of samples taken in consecutive placements of `counts` samples each: the
+    median of the placements' medians, and the standard deviation of their logarithms (None for
+    one placement)."""
+    medians = []
+    start = 0
+    for n in counts:
+        medians.append(statistics.median(samples[start : start + n]))
+        start += n
+    if len(medians) == 1 or min(medians) <= 0:
+        return statistics.median(medians), None
+    return statistics.median(medians), statistics.stdev(math.log(m) for m in medians)
+
+
 def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
     """TimingStats from a harness timing record, plus warnings about the measurement itself."""
     events = [float(x) for x in record["device_ms"]]
     walls = [float(x) for x in record["wall_ms"]]
     if not events:
         raise ValueError("the timing record holds no samples")
+    counts = [int(n) for n in record.get("placement_samples") or [len(events)]]
+    if sum(counts) != len(events) or len(walls) != len(events) or min(counts) < 1:
+        raise ValueError("the timing record's placements do not add up to its samples")
     q1, med, q3 = quartiles(events)
+    med, spread = placement_median(events, counts)
     wall_med = statistics.median(walls)
     warnings = []
     if wall_med > med * (1 + EVENT_GAP_FRACTION) + EVENT_GAP_FLOOR_MS:
@@ -53,7 +71,8 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
             f"device events ({med:.4g} ms) missed work the host waited for ({wall_med:.4g} ms): work on a "
             "side stream or thread? The wall-clock figures are reported instead."
         )
-        q1, med, q3 = quartiles(walls)
+        q1, _, q3 = quartiles(walls)
+        med, spread = placement_median(walls, counts)
         events = walls
     elif record["clock"] == "cuda events" and q3 - q1 > WIDE_SPREAD * med:
         warnings.append(
@@ -73,6 +92,8 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
         input_sets=int(record["input_sets"]),
         clock=str(record["clock"]),
         wall_median_ms=wall_med,
+        placements=len(counts),
+        placement_spread=spread,
     )
     return stats, warnings
 

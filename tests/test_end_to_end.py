@@ -116,7 +116,23 @@ def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     assert r.reference and r.candidate and r.speedup is not None
     assert r.candidate.samples >= 10 and r.candidate.input_sets >= 2
     assert r.speedup_low <= r.speedup <= r.speedup_high
+    assert r.candidate.placements == 1 and r.candidate.placement_spread is None
+    assert "placements" not in r.message
     assert_clean(isolated_dirs)
+
+
+def test_benchmark_in_several_memory_placements_on_cpu(isolated_dirs):
+    p = problems.suite()[1]
+    r = service.bench(1, p.path, world_size=2, device="cpu", placements=3)
+    assert r.verdict == "pass", r.message
+    for side in (r.reference, r.candidate):
+        assert side.placements == 3 and side.placement_spread is not None and side.placement_spread >= 0
+        assert side.samples >= 3 * 10, "each placement takes at least the minimum sample count"
+    assert "3 memory placements per side" in r.message
+    assert_clean(isolated_dirs)
+    for bad in (0, 17):
+        with pytest.raises(service.UserError, match="placements must be between 1 and 16"):
+            service.bench(1, p.path, world_size=2, device="cpu", placements=bad)
 
 
 def test_benchmark_of_a_wrong_candidate_fails_before_any_speedup(isolated_dirs):

@@ -166,10 +166,72 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
         assert not stats.within_noise(s), s
 
 
+def test_a_job_s_placements_share_one_budget_and_pool_into_one_record():
+    from harness.timing import placement_config, pool_placements
+
+    cfg = {
+        "warmup_ms": 200.0,
+        "max_warmup": 2000,
+        "min_samples": 30,
+        "max_samples": 3000,
+        "budget_ms": 2000.0,
+        "min_span_ms": 500.0,
+        "precision": 0.005,
+    }
+    assert placement_config(cfg, 1) == cfg
+    four = placement_config(cfg, 4)
+    assert (four["warmup_ms"], four["budget_ms"], four["min_span_ms"]) == (50.0, 500.0, 125.0)
+    assert (four["max_samples"], four["max_warmup"], four["min_samples"]) == (750, 500, 30)
+    assert placement_config(cfg, 200)["max_samples"] == 30, "never fewer samples than the minimum"
+
+    def rec(samples, stop="precision reached", bad=()):
+        return {
+            "device_ms": samples,
+            "wall_ms": [x + 0.01 for x in samples],
+            "timed_output_mismatches": list(bad),
+            "warmup_calls": 7,
+            "sampled_ms": 100.0,
+            "alignment_sleep_us": 60.0,
+            "stop_reason": stop,
+            "input_sets": 2,
+            "clock": "cuda events",
+        }
+
+    one = pool_placements([rec([1.0, 2.0, 3.0])])
+    assert one["placement_medians_ms"] == [2.0] and one["placement_samples"] == [3]
+    pooled = pool_placements(
+        [rec([1.0, 3.0]), rec([2.0, 2.0, 4.0], bad=[1]), rec([5.0], "time budget spent")]
+    )
+    assert pooled["device_ms"] == [1.0, 3.0, 2.0, 2.0, 4.0, 5.0]
+    assert pooled["timed_output_mismatches"] == [3], "call indices continue across placements"
+    assert pooled["placement_medians_ms"] == [2.0, 2.0, 5.0] and pooled["placement_samples"] == [2, 3, 1]
+    assert (pooled["warmup_calls"], pooled["sampled_ms"]) == (21, 300.0)
+    assert (
+        pooled["stop_reason"]
+        == "precision reached in 2 of 3 placements, time budget spent in 1 of 3 placements"
+    )
+    changed = pool_placements([rec([1.0]), rec([1.0], "outputs changed while timing")])
+    assert changed["stop_reason"] == "outputs changed while timing"
+
+
+def test_a_side_timed_in_placements_is_the_median_of_their_medians():
+    import math
+
+    r = {**record([1.0, 1.1, 1.2, 2.0, 2.0, 2.2, 2.1]), "placement_samples": [3, 4]}
+    s, _ = stats.summarize(r)
+    assert s.placements == 2 and s.median_ms == (1.1 + 2.05) / 2
+    assert s.samples == 7 and s.q1_ms == 1.15, "quartiles come from every sample"
+    assert math.isclose(s.placement_spread, math.log(2.05 / 1.1) / math.sqrt(2))
+    plain, _ = stats.summarize(record([1.0, 2.0, 3.0]))
+    assert plain.placements == 1 and plain.placement_spread is None
+    with pytest.raises(ValueError, match="do not add up"):
+        stats.summarize({**record([1.0, 2.0, 3.0]), "placement_samples": [2, 2]})
+
+
 @pytest.mark.parametrize("move_memory", [False, True])
-def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_dirs, move_memory):
-    """The measurement study's rounds (docs/scripts/noise.py): one median per round, the first
-    being the benchmark's own; and the study's spread arithmetic."""
+def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, move_memory):
+    """One median per placement, every placement's timed outputs checked against the judged ones
+    (moved inputs keep their data); the noise study's spread arithmetic."""
     import math
     import secrets
     import statistics
@@ -181,7 +243,7 @@ def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_
     from sandbox.process import ProcessBackend
 
     p = problems.resolve(1)
-    tcfg = {**service.timing_config("cpu"), "rounds": 3, "round_gap_ms": 10.0, "move_memory": move_memory}
+    tcfg = {**service.timing_config("cpu"), "placements": 3, "round_gap_ms": 10.0, "move_memory": move_memory}
     outcome = run_job(
         JobRequest(
             mode="benchmark",
@@ -200,10 +262,12 @@ def test_a_benchmark_job_can_time_several_rounds_in_the_same_processes(isolated_
         ProcessBackend(),
     )
     assert outcome.ok
-    assert outcome.timing["round_mismatches"] == [0, 0, 0], "moved inputs still match their judged outputs"
-    medians = outcome.timing["round_medians_ms"]
-    assert len(medians) == 3 and all(m > 0 for m in medians)
-    assert medians[0] == statistics.median(outcome.timing["device_ms"]), "round 0 is the benchmark's"
+    timing = outcome.timing
+    assert timing["timed_output_mismatches"] == [], "moved inputs still match their judged outputs"
+    medians, counts = timing["placement_medians_ms"], timing["placement_samples"]
+    assert len(medians) == len(counts) == 3 and all(m > 0 for m in medians)
+    assert sum(counts) == len(timing["device_ms"]) and all(n >= tcfg["min_samples"] for n in counts)
+    assert medians[0] == statistics.median(timing["device_ms"][: counts[0]])
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "scripts"))
     import noise

@@ -15,6 +15,8 @@
 #   examples4  issue 4: the examples at world size 4 in containers
 #   noise      issue 5: the spread of identical code, within a job's processes and between jobs,
 #              then with memory moved between rounds (docs/scripts/noise.py, world size $WS, else 2)
+#   placed1, placed2, placed3    issue 5: every reference at pkb against itself with each side timed
+#              in $PLACEMENTS (else 4) memory placements (docs/plan-fidelity.md); world size $WS, else 4
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -23,9 +25,9 @@ git status --short > "$OUT/status.txt" 2>/dev/null
 ALL=$(python3 -c "from pkb_mcp import problems; print(','.join(str(i) for i in sorted(problems.suite())))")
 HALF_A=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 1' | paste -sd,)
 HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
-refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves (default: $WS, else 4)
+refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE [PLACEMENTS]]: references against themselves
   timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
-    --sizes "$2" --problems "$3" --no-refs-check --warm > "$OUT/$1.log" 2>&1
+    --sizes "$2" --problems "$3" --no-refs-check --warm --placements "${5:-1}" > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
 examples() {  # examples WORLD_SIZE
@@ -47,6 +49,7 @@ for part in "$@"; do
     refs-large-b) refs refs_large_b large "$HALF_B" ;;
     fidelity2) refs fidelity_2 pkb "$ALL" ;;
     fidelity3) refs fidelity_3 pkb "$ALL" ;;
+    placed1|placed2|placed3) refs "${part}_p${PLACEMENTS:-4}" pkb "$ALL" "${WS:-4}" "${PLACEMENTS:-4}" ;;
     examples2) examples 2 ;;
     examples4) examples 4 ;;
     noise)  # the same study twice: memory where it landed, then moved every round

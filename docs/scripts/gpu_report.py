@@ -60,6 +60,7 @@ def emit(out: Path, row: dict) -> None:
 
 DEVICE = "cuda"
 SANDBOX = "auto"
+PLACEMENTS = 1
 
 
 def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
@@ -71,7 +72,9 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
         "size": size,
     }
     try:
-        r = service.bench(pid, solution, world_size=ws, size=size, device=DEVICE, sandbox=SANDBOX)
+        r = service.bench(
+            pid, solution, world_size=ws, size=size, device=DEVICE, sandbox=SANDBOX, placements=PLACEMENTS
+        )
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
     row.update(verdict=r.verdict, message=r.message, wall_s=r.wall_s, warnings=r.warnings)
@@ -309,12 +312,13 @@ def main() -> None:
     ap.add_argument("--no-refs-check", action="store_true", help="refs: bench only (check done elsewhere)")
     ap.add_argument("--no-refs-bench", action="store_true", help="refs: check only")
     ap.add_argument("--trials", type=int, default=3, help="trials of each refs check")
+    ap.add_argument("--placements", type=int, default=1, help="memory placements per benchmark side")
     args = ap.parse_args()
     if args.summarize:
         print(summarize(args.summarize))
         return
-    global DEVICE, SANDBOX
-    DEVICE, SANDBOX = args.device, args.sandbox
+    global DEVICE, SANDBOX, PLACEMENTS
+    DEVICE, SANDBOX, PLACEMENTS = args.device, args.sandbox, args.placements
     emit(args.out, {"part": "machine", **machine(), "argv": sys.argv[1:]})
     if args.warm:
         from pkb_mcp.jobs import enable_warm_pool

@@ -87,9 +87,16 @@ def main() -> None:
     if args.processes < 2 or args.rounds < 2:
         ap.error("--processes and --rounds must each be at least 2: the spreads need two of each")
     backend = select_backend(args.sandbox)
+    base = service.timing_config(args.device)
+    # Each round is one of the job's placements, with a whole benchmark side's budget (a benchmark
+    # shares one budget out between its placements).
     tcfg = {
-        **service.timing_config(args.device),
-        "rounds": args.rounds,
+        **base,
+        **{
+            k: base[k] * args.rounds
+            for k in ("warmup_ms", "max_warmup", "budget_ms", "min_span_ms", "max_samples")
+        },
+        "placements": args.rounds,
         "round_gap_ms": args.gap_ms,
         "move_memory": args.move_memory,
     }
@@ -127,7 +134,7 @@ def main() -> None:
                     ),
                     backend,
                 )
-                medians = (outcome.timing or {}).get("round_medians_ms")
+                medians = (outcome.timing or {}).get("placement_medians_ms")
                 if not outcome.ok or not medians:
                     failed = [f"rank {r.rank}: {r.state} {r.error}" for r in outcome.ranks if r.state != "ok"]
                     emit({"part": "job", "problem": pid, "job": j, "ok": False, "why": failed[:2]})
@@ -140,7 +147,8 @@ def main() -> None:
                         "job": j,
                         "ok": True,
                         "round_medians_ms": medians,
-                        "round_mismatches": (outcome.timing or {}).get("round_mismatches"),
+                        "round_samples": (outcome.timing or {}).get("placement_samples"),
+                        "mismatches": len((outcome.timing or {}).get("timed_output_mismatches", [])),
                         "wall_s": round(time.perf_counter() - t0, 2),
                     }
                 )
