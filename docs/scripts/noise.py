@@ -1,10 +1,11 @@
 """Where the spread of identical code comes from: within one set of processes, or between them.
 
 A benchmark times the reference and the candidate in separate jobs (separate processes). On 2 H200s
-the medians of identical code then differ by up to ~4% (docs/gpu-results.md, run F), although the
+the medians of identical code then differ by up to 5.1% (docs/gpu-results.md, run F), although the
 samples within each job are tight. This script runs each problem's reference in PROCESSES separate
-jobs, and within each job times it ROUNDS times with a pause between rounds, exactly as a benchmark
-times one side. Then, per problem (log scale, so the figures are relative):
+jobs, and within each job times it ROUNDS times with a pause between rounds, each round with the
+whole budget of a benchmark's side (the job's placements, in the harness's terms, without sharing
+one budget). Then, per problem (log scale, so the figures are relative):
 
   within   spread of the round medians inside one job (pooled over jobs): what the same processes
            give at another moment (GPU clocks, the node's state)
@@ -16,7 +17,8 @@ candidate rounds inside their two jobs would cancel it. If `jobs` stays near `be
 belongs to the processes (run F: it does). `--move-memory` then tests whether it is where their
 memory landed: every round after the first gets its inputs and the solution's buffers at new device
 addresses. If `within` then grows to about `between`, a benchmark can sample several placements
-per side inside its two jobs instead of paying for more jobs.
+per side inside its two jobs instead of paying for more jobs (`bench(placements=P)`,
+docs/plan-fidelity.md).
 
     python3 docs/scripts/noise.py --out noise.jsonl [--problems 1,17,23,40,47,86] [--world-size 2]
 `--device cpu` is a dry run (gloo, small counts) for machines without GPUs.
