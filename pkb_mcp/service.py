@@ -503,37 +503,42 @@ def floor_message(time_ms: float, roof: RooflineResult, speed: float) -> str:
     )
 
 
+# How each side of a benchmark is sampled (harness/timing.py). On GPUs the L2 is also flushed before
+# every timed call (its size is read from the device), so a handful of distinct input sets is enough
+# (each one is judged on the host).
+GPU_TIMING: dict[str, Any] = {
+    "warmup_ms": 200.0,
+    "max_warmup": 2000,
+    "min_samples": 30,
+    "max_samples": 3000,
+    "budget_ms": 2000.0,
+    "min_span_ms": 500.0,
+    "precision": 0.005,
+    "max_sets": 8,
+    "rotation_bytes": 8 << 30,
+}
+CPU_TIMING: dict[str, Any] = {
+    "warmup_ms": 20.0,
+    "max_warmup": 50,
+    "min_samples": 10,
+    "max_samples": 200,
+    "budget_ms": 500.0,
+    "min_span_ms": 0.0,
+    "precision": 0.01,
+    "l2_bytes": 32 << 20,
+    "max_sets": 4,
+    "rotation_bytes": 1 << 30,
+}
+
+
 def timing_config(device: str) -> dict[str, Any]:
-    """How long and how much to sample. On GPUs the L2 is also flushed before every timed call, so a
-    handful of distinct input sets is enough (each one is judged on the host)."""
+    """How long and how much to sample on this device (a fresh copy)."""
     if device == "cuda":
         import torch
 
         l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
-        return {
-            "warmup_ms": 200.0,
-            "max_warmup": 2000,
-            "min_samples": 30,
-            "max_samples": 3000,
-            "budget_ms": 2000.0,
-            "min_span_ms": 500.0,
-            "precision": 0.005,
-            "l2_bytes": l2,
-            "max_sets": 8,
-            "rotation_bytes": 8 << 30,
-        }
-    return {
-        "warmup_ms": 20.0,
-        "max_warmup": 50,
-        "min_samples": 10,
-        "max_samples": 200,
-        "budget_ms": 500.0,
-        "min_span_ms": 0.0,
-        "precision": 0.01,
-        "l2_bytes": 32 << 20,
-        "max_sets": 4,
-        "rotation_bytes": 1 << 30,
-    }
+        return {**GPU_TIMING, "l2_bytes": l2}
+    return dict(CPU_TIMING)
 
 
 def bench(

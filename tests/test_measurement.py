@@ -168,21 +168,16 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
 
 def test_a_job_s_placements_share_one_budget_and_pool_into_one_record():
     from harness.timing import placement_config, pool_placements
+    from pkb_mcp.service import GPU_TIMING as cfg
 
-    cfg = {
-        "warmup_ms": 200.0,
-        "max_warmup": 2000,
-        "min_samples": 30,
-        "max_samples": 3000,
-        "budget_ms": 2000.0,
-        "min_span_ms": 500.0,
-        "precision": 0.005,
-    }
     assert placement_config(cfg, 1) == cfg
     four = placement_config(cfg, 4)
-    assert (four["warmup_ms"], four["budget_ms"], four["min_span_ms"]) == (50.0, 500.0, 125.0)
-    assert (four["max_samples"], four["max_warmup"], four["min_samples"]) == (750, 500, 30)
-    assert placement_config(cfg, 200)["max_samples"] == 30, "never fewer samples than the minimum"
+    for k in ("warmup_ms", "budget_ms", "min_span_ms"):
+        assert four[k] == cfg[k] / 4, k
+    assert (four["max_samples"], four["max_warmup"]) == (cfg["max_samples"] // 4, cfg["max_warmup"] // 4)
+    assert four["min_samples"] == cfg["min_samples"] and four["precision"] == cfg["precision"]
+    many = placement_config(cfg, cfg["max_samples"])
+    assert many["max_samples"] == cfg["min_samples"], "never fewer samples than the minimum"
 
     def rec(samples, stop="precision reached", bad=()):
         return {
