@@ -3,6 +3,7 @@
 # On the device machine, from the repository root, with .gpu carried:
 #     source .gpu/setup.sh && bash docs/scripts/gpu_batch.sh PART [PART ...]
 # Every part writes its JSONL and logs under $OUT (default ./gpu-out), then prints a summary.
+# DEVICE=cpu makes the reference parts a dry run on a machine without GPUs.
 # commit.txt and status.txt describe the .git that travelled, which can be older than the working
 # tree that did (the device tool sends the session's checkout): record the commit from your own log.
 #   warm       issue 5: why checks ran cold in run E (server log at info level), then the warm
@@ -31,7 +32,8 @@ HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
 NOISY=16,17,19,21,22,23,40,41,42,43,45,47,53,73,86
 refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE [PLACEMENTS]]: references against themselves
   timeout "${LIMIT:-590}" python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
-    --sizes "$2" --problems "$3" --no-refs-check --warm --placements "${5:-1}" > "$OUT/$1.log" 2>&1
+    --sizes "$2" --problems "$3" --no-refs-check --warm --placements "${5:-1}" --device "${DEVICE:-cuda}" \
+    > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
 examples() {  # examples WORLD_SIZE
