@@ -18,7 +18,7 @@
 #              then with memory moved between rounds (docs/scripts/noise.py, world size $WS, else 2)
 #   placed1, placed2, placed3    issue 5: every reference at pkb against itself with each side timed
 #              in $PLACEMENTS (else 4) memory placements (docs/plan-fidelity.md); world size $WS, else 4
-#   placed-noisy  issue 5, in one call: the 15 references whose self-benchmarks spread most in run F,
+#   placed-noisy  issue 5, in one call: the 16 references whose self-benchmarks spread most in run F,
 #              three rounds of benchmarks in $PLACEMENTS (else 4) placements; world size $WS, else 2
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -29,7 +29,7 @@ ALL=$(python3 -c "from pkb_mcp import problems; print(','.join(str(i) for i in s
 HALF_A=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 1' | paste -sd,)
 HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
 # every problem with a self-benchmark outside 1.00 +- 3% or a job-to-job spread of 0.9% or more in run F
-NOISY=16,17,19,21,22,23,40,41,42,43,45,47,53,73,86
+NOISY=16,17,18,19,21,22,23,40,41,42,43,45,47,53,73,86
 refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE [PLACEMENTS]]: references against themselves
   timeout "${LIMIT:-590}" python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
     --sizes "$2" --problems "$3" --no-refs-check --warm --placements "${5:-1}" --device "${DEVICE:-cuda}" \
