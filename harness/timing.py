@@ -237,11 +237,6 @@ def placement_config(cfg: dict[str, Any], placements: int) -> dict[str, Any]:
 def pool_placements(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One record from the records of a job's placements: samples concatenated in order (timed-call
     indices continue across placements), the per-placement medians and sample counts kept."""
-    if len(records) == 1:
-        only = dict(records[0])
-        only["placement_medians_ms"] = [statistics.median(only["device_ms"])]
-        only["placement_samples"] = [len(only["device_ms"])]
-        return only
     pooled = dict(records[-1])
     pooled["device_ms"] = [x for r in records for x in r["device_ms"]]
     pooled["wall_ms"] = [x for r in records for x in r["wall_ms"]]

@@ -62,7 +62,7 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
     counts = [int(n) for n in record.get("placement_samples") or [len(events)]]
     if sum(counts) != len(events) or len(walls) != len(events) or min(counts) < 1:
         raise ValueError("the timing record's placements do not add up to its samples")
-    q1, med, q3 = quartiles(events)
+    q1, _, q3 = quartiles(events)
     med, spread = placement_median(events, counts)
     wall_med = statistics.median(walls)
     warnings = []
