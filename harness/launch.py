@@ -57,13 +57,22 @@ def setup_of(cfg: dict[str, Any]) -> dict[str, Any]:
         "world_size": int(cfg["world_size"]),
         "device": cfg["device"],
         "threads_per_rank": int(cfg.get("threads_per_rank", 1)),
+        "rank_cpus": cfg.get("rank_cpus") or [],
         "setup_timeout_s": float(cfg.get("setup_timeout_s", cfg.get("timeout_s", 120))),
     }
 
 
+def _pin(cpus: list[int]) -> Any:
+    """A child's first act, before it can start a thread: keep to `cpus` (every thread it starts
+    inherits them)."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
 def spawn(setup: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
-    """One worker per rank, each sent its set-up line; their stdin stays open for the job."""
+    """One worker per rank, each sent its set-up line; their stdin stays open for the job.
+    Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py)."""
     job_dir = Path(setup["job_dir"])
+    rank_cpus = setup.get("rank_cpus") or []
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(int(setup["world_size"])):
         log = open(job_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
@@ -74,6 +83,7 @@ def spawn(setup: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
             stderr=subprocess.STDOUT,
             env=_worker_env(rank, setup),
             cwd=job_dir,
+            preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
         )
         log.close()
         _send(proc, {**setup, "rank": rank}, close=False)

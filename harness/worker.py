@@ -499,6 +499,14 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                     if device.type == "cuda":
                         torch.cuda.empty_cache()  # old buffers go back to the driver, not to the next round
                     rotate = _input_rotation(sets)
+                if tcfg.get("new_comm"):
+                    # a study of where the spread comes from (docs/scripts/noise.py): the next
+                    # round gets a new communicator, with new buffers and proxy threads
+                    dist.destroy_process_group()
+                    round_store = dist.PrefixStore(f"round{len(records)}", store)
+                    dist.init_process_group(
+                        backend, store=round_store, rank=rank, world_size=world_size, **init_kwargs
+                    )
                 dist.barrier()
                 records.append(timed_round())
             record = timing.pool_placements(records)

@@ -148,15 +148,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = build_server(scheduler, state / "sources")
     pool = None
     if not args.no_warm:
-        from pkb_mcp.jobs import enable_warm_pool
+        from pkb_mcp.jobs import enable_warm_pool, warm_key
         from sandbox import select_backend
-        from sandbox.pool import WarmKey
 
         pool = enable_warm_pool(select_backend("auto"))
         if pool is not None and gpus >= 2:
             # the most likely first job: every GPU of the node (world size 4 where there are more)
             n = 4 if gpus >= 4 else gpus
-            pool.replenish(WarmKey("cuda", tuple(range(n)), n, 1))
+            pool.replenish(warm_key("cuda", list(range(n)), n, 1))
     try:
         if args.transport == "stdio":
             anyio.run(server.run_stdio_async)

@@ -5,6 +5,8 @@ PKB_CACHE_DIR      compile cache and node calibration (default: $XDG_CACHE_HOME/
 PKB_JOBS_DIR       where job directories are made and removed (default: the system temp dir)
 PKB_STATE_DIR      the server's job database and submitted sources (default: $XDG_STATE_HOME/pkb or
                    ~/.local/state/pkb)
+PKB_PIN_CPUS       1: each rank runs on CPU cores of its own (sandbox/cpus.py), 0: wherever the
+                   kernel puts it (default: 1 for GPU jobs, 0 for CPU jobs)
 """
 
 from __future__ import annotations
@@ -45,3 +47,11 @@ def state_dir() -> Path:
     )
     base.mkdir(parents=True, exist_ok=True)
     return base
+
+
+def pin_cpus(device: str) -> bool:
+    """Whether a job's ranks are bound to CPU cores of their own (PKB_PIN_CPUS)."""
+    env = os.environ.get("PKB_PIN_CPUS", "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"PKB_PIN_CPUS must be 0 or 1, not {env!r}")
+    return env == "1" if env else device == "cuda"

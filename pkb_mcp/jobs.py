@@ -15,6 +15,7 @@ import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.judge import Outputs
 from pkb_mcp.log import get
+from sandbox import cpus
 from sandbox.base import Backend, SandboxJob, tail
 from sandbox.pool import WarmKey, WarmPool
 
@@ -95,17 +97,28 @@ def warm_pool(backend: Backend) -> WarmPool | None:
     return getattr(backend, "pool", None)
 
 
+@cache
+def _node_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def warm_key(device: str, gpus: list[int], world_size: int, threads: int) -> WarmKey:
+    """The shape of a job's sandbox, its ranks' CPU cores included (PKB_PIN_CPUS, sandbox/cpus.py)."""
+    gpus = list(gpus) if device == "cuda" else []
+    pinned: tuple[tuple[int, ...], ...] = ()
+    if config.pin_cpus(device):
+        pinned = cpus.rank_cpus(device, gpus, world_size, _node_gpus() if device == "cuda" else 0)
+    return WarmKey(device, tuple(gpus), world_size, threads, pinned)
+
+
 def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | None = None) -> JobOutcome:
     """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed)."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before it started")
     pool = warm_pool(backend)
-    key = WarmKey(
-        request.device,
-        tuple(request.gpus) if request.device == "cuda" else (),
-        request.world_size,
-        request.threads_per_rank,
-    )
+    key = warm_key(request.device, request.gpus, request.world_size, request.threads_per_rank)
     slot = pool.take(key) if pool is not None else None
     if slot is not None:
         job_id, job_dir = slot.job_id, slot.job_dir
@@ -136,6 +149,7 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             "timeout_s": request.timeout_s,
             "timing": request.timing,
             "threads_per_rank": request.threads_per_rank,
+            "rank_cpus": [list(block) for block in key.cpus],
         }
         job = SandboxJob(
             job_id=job_id,
@@ -146,6 +160,7 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             timeout_s=request.timeout_s,
             harness_root=config.HARNESS_ROOT,
             threads=request.threads_per_rank,
+            cpus=key.cpus,
             warm=slot.handle if slot is not None else None,
         )
         log.info(

@@ -24,6 +24,7 @@ class SandboxJob:
     timeout_s: float
     harness_root: Path
     threads: int = 1
+    cpus: tuple[tuple[int, ...], ...] = ()  # each rank's CPU cores (sandbox/cpus.py); () = not pinned
     warm: Any = None
 
 
@@ -77,13 +78,16 @@ def write_config(job_dir: Path, config: dict[str, Any], owner: tuple[int, int] |
     os.replace(part, job_dir / CONFIG_NAME)
 
 
-def warm_setup(job_dir: Path | str, world_size: int, device: str, threads: int) -> dict[str, Any]:
+def warm_setup(
+    job_dir: Path | str, world_size: int, device: str, threads: int, cpus: tuple[tuple[int, ...], ...] = ()
+) -> dict[str, Any]:
     """What a warm launcher starts its workers with: nothing secret."""
     return {
         "job_dir": str(job_dir),
         "world_size": world_size,
         "device": device,
         "threads_per_rank": threads,
+        "rank_cpus": [list(block) for block in cpus],
         "setup_timeout_s": 300.0,
         "idle_s": WARM_IDLE_S,
     }

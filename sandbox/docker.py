@@ -36,6 +36,7 @@ from sandbox.base import (
     SandboxRun,
     write_config,
 )
+from sandbox.cpus import union as cpus_union
 from sandbox.image import SANDBOX_GID, SANDBOX_UID, ensure_image
 from sandbox.pool import Pooled, WarmSlot
 
@@ -176,6 +177,7 @@ class DockerBackend(Pooled):
         device: str,
         gpus: list[int],
         threads: int,
+        cpus: tuple[tuple[int, ...], ...],
         harness_root: Path,
         warm: dict[str, Any] | None,
     ) -> Any:
@@ -227,6 +229,7 @@ class DockerBackend(Pooled):
             init=True,
             ipc_mode="private",
             labels={LABEL: "1", "pkb.job": job_id, OWNER_LABEL: owner_id()},
+            cpuset_cpus=cpus_union(cpus) or None,  # a rank cannot widen its cores beyond the job's
             devices=gpu.get("devices"),
             device_requests=gpu.get("device_requests"),
             stdin_open=False,
@@ -278,7 +281,7 @@ class DockerBackend(Pooled):
         else:
             write_config(job.job_dir, config, (SANDBOX_UID, SANDBOX_GID))
             container = self._start(
-                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.harness_root, None
+                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.cpus, job.harness_root, None
             )
         killed = cancelled = False
         exit_code: int | None = None

@@ -40,6 +40,7 @@ class WarmKey:
     gpus: tuple[int, ...]
     world_size: int
     threads: int
+    cpus: tuple[tuple[int, ...], ...] = ()  # each rank's CPU cores (sandbox/cpus.py); () = not pinned
 
 
 @dataclass
@@ -245,7 +246,7 @@ class Pooled:
     def _start_warm(self, slot: WarmSlot) -> Any:
         k = slot.key
         assert self._harness_root is not None
-        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads)
+        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads, k.cpus)
         return self._start(  # type: ignore[attr-defined]
-            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, self._harness_root, setup
+            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, k.cpus, self._harness_root, setup
         )

@@ -82,6 +82,7 @@ class ProcessBackend(Pooled):
         device: str,
         gpus: list[int],
         threads: int,
+        cpus: tuple[tuple[int, ...], ...],
         harness_root: Path,
         warm: dict | None,
     ) -> subprocess.Popen[bytes]:
@@ -141,7 +142,7 @@ class ProcessBackend(Pooled):
             proc = job.warm
         else:
             proc = self._start(
-                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.harness_root, None
+                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.cpus, job.harness_root, None
             )
         killed = cancelled = False
         deadline = t0 + job.timeout_s + OUTER_GRACE_S

@@ -223,10 +223,11 @@ def test_a_side_timed_in_placements_is_the_median_of_their_medians():
         stats.summarize({**record([1.0, 2.0, 3.0]), "placement_samples": [2, 2]})
 
 
-@pytest.mark.parametrize("move_memory", [False, True])
-def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, move_memory):
+@pytest.mark.parametrize(("move_memory", "new_comm"), [(False, False), (True, False), (True, True)])
+def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, move_memory, new_comm):
     """One median per placement, every placement's timed outputs checked against the judged ones
-    (moved inputs keep their data); the noise study's spread arithmetic."""
+    (moved inputs keep their data), also with a new communicator for each placement (the noise
+    study's switch); the noise study's spread arithmetic."""
     import math
     import secrets
     import statistics
@@ -238,7 +239,13 @@ def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, mov
     from sandbox.process import ProcessBackend
 
     p = problems.resolve(1)
-    tcfg = {**service.timing_config("cpu"), "placements": 3, "round_gap_ms": 10.0, "move_memory": move_memory}
+    tcfg = {
+        **service.timing_config("cpu"),
+        "placements": 3,
+        "round_gap_ms": 10.0,
+        "move_memory": move_memory,
+        "new_comm": new_comm,
+    }
     outcome = run_job(
         JobRequest(
             mode="benchmark",

@@ -20,6 +20,11 @@
 #              in $PLACEMENTS (else 4) memory placements (docs/plan-fidelity.md); world size $WS, else 4
 #   placed-noisy  issue 5, in one call: the 16 references whose self-benchmarks spread most in run F,
 #              three rounds of benchmarks in $PLACEMENTS (else 4) placements; world size $WS, else 2
+#   bisect     issue 5: what a process keeps that makes identical code spread between jobs (run G):
+#              the noise study on $BISECT (else 45,43,52) with ranks pinned to their own cores, not
+#              pinned, with a new communicator every round, and with a 2 ms alignment sleep;
+#              world size $WS, else 4 (each variant about 2 minutes)
+# GPU jobs pin each rank to CPU cores of its own unless PKB_PIN_CPUS=0 (sandbox/cpus.py).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -66,6 +71,16 @@ for part in "$@"; do
       timeout 290 python3 docs/scripts/noise.py --out "$OUT/noise_moved.jsonl" --world-size "${WS:-2}" \
         --processes 3 --move-memory > "$OUT/noise_moved.log" 2>&1
       grep -h '"summary"' "$OUT/noise.log" "$OUT/noise_moved.log" ;;
+    bisect)
+      for variant in "pinned:--pin-cpus" "unpinned:--no-pin-cpus" "comm:--no-pin-cpus --new-comm" \
+          "sleep:--no-pin-cpus --min-sleep-us 2000"; do
+        name=${variant%%:*}
+        # shellcheck disable=SC2086  # the flags are words
+        timeout 140 python3 docs/scripts/noise.py --out "$OUT/bisect_$name.jsonl" --world-size "${WS:-4}" \
+          --problems "${BISECT:-45,43,52}" --processes 4 --rounds 2 --move-memory --device "${DEVICE:-cuda}" \
+          ${variant#*:} > "$OUT/bisect_$name.log" 2>&1
+        echo "$name:"; grep -h '"summary"' "$OUT/bisect_$name.log"
+      done ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

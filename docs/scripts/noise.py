@@ -18,7 +18,16 @@ belongs to the processes (run F: it does). `--move-memory` then tests whether it
 memory landed: every round after the first gets its inputs and the solution's buffers at new device
 addresses. If `within` then grows to about `between`, a benchmark can sample several placements
 per side inside its two jobs instead of paying for more jobs (`bench(placements=P)`,
-docs/plan-fidelity.md).
+docs/plan-fidelity.md). On 4 H200s it did not (run G): placements spread 0.3-0.5%, jobs 1.4-1.8%.
+
+The other things a process keeps, each with a switch:
+  --pin-cpus / --no-pin-cpus   each rank on CPU cores of its own, the same in every job, or wherever
+                               the kernel puts it (PKB_PIN_CPUS; the default pins GPU jobs). If jobs
+                               stop spreading when pinned, the cores were what they kept.
+  --new-comm                   a new NCCL communicator (buffers, proxy threads) for every round: if
+                               `within` then grows to `between`, the communicator was.
+  --min-sleep-us US            a longer alignment sleep before each timed call (harness/timing.py):
+                               if jobs then agree, host launch work was leaking into device time.
 
     python3 docs/scripts/noise.py --out noise.jsonl [--problems 1,17,23,40,47,86] [--world-size 2]
 `--device cpu` is a dry run (gloo, small counts) for machines without GPUs.
@@ -29,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import secrets
 import statistics
 import sys
@@ -38,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pkb_mcp import problems, service  # noqa: E402
+from pkb_mcp import config, problems, service  # noqa: E402
 from pkb_mcp.jobs import JobRequest, run_job  # noqa: E402
 from sandbox import select_backend  # noqa: E402
 
@@ -83,11 +93,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="timed rounds inside each job")
     ap.add_argument("--gap-ms", type=float, default=300.0, help="pause between rounds")
     ap.add_argument("--move-memory", action="store_true", help="new device addresses every round")
+    ap.add_argument("--pin-cpus", action=argparse.BooleanOptionalAction, default=None, help="see above")
+    ap.add_argument("--new-comm", action="store_true", help="a new communicator every round")
+    ap.add_argument("--min-sleep-us", type=float, default=None, help="alignment sleep at least this")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--sandbox", default="auto", choices=["auto", "docker", "process"])
     args = ap.parse_args()
     if args.processes < 2 or args.rounds < 2:
         ap.error("--processes and --rounds must each be at least 2: the spreads need two of each")
+    if args.pin_cpus is not None:
+        os.environ["PKB_PIN_CPUS"] = "1" if args.pin_cpus else "0"
     backend = select_backend(args.sandbox)
     base = service.timing_config(args.device)
     # Each round is one of the job's placements, with a whole benchmark side's budget (a benchmark
@@ -101,7 +116,10 @@ def main() -> None:
         "placements": args.rounds,
         "round_gap_ms": args.gap_ms,
         "move_memory": args.move_memory,
+        "new_comm": args.new_comm,
     }
+    if args.min_sleep_us is not None:
+        tcfg["min_sleep_us"] = args.min_sleep_us
     gpus = list(range(args.world_size)) if args.device == "cuda" else []
     with open(args.out, "a") as out:
 
@@ -110,7 +128,16 @@ def main() -> None:
             out.flush()
             print(json.dumps(row), flush=True)
 
-        emit({"part": "machine", "backend": backend.name, "argv": sys.argv[1:], "timing": tcfg})
+        pinned = config.pin_cpus(args.device)
+        emit(
+            {
+                "part": "machine",
+                "backend": backend.name,
+                "argv": sys.argv[1:],
+                "timing": tcfg,
+                "pinned": pinned,
+            }
+        )
         for pid in [int(x) for x in args.problems.split(",") if x]:
             p = problems.resolve(pid)
             if (why := p.world_size_error(args.world_size, args.size)) is not None:

@@ -70,12 +70,11 @@ def main() -> None:
     import torch
     from mcp import Client
 
-    from pkb_mcp.jobs import enable_warm_pool
+    from pkb_mcp.jobs import enable_warm_pool, warm_key
     from pkb_mcp.scheduler import Scheduler
     from pkb_mcp.server import build_server
     from pkb_mcp.store import JobStore
     from sandbox import select_backend
-    from sandbox.pool import WarmKey
 
     backend = select_backend("auto")
     emit(
@@ -107,7 +106,7 @@ def main() -> None:
     scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus)
     pool = enable_warm_pool(backend)
     if pool is not None:
-        pool.replenish(WarmKey(args.device, tuple(range(ws)) if cuda else (), ws, 1))
+        pool.replenish(warm_key(args.device, list(range(ws)) if cuda else [], ws, 1))
         pool.settle()
     server = build_server(scheduler, state / "sources")
     p1 = (ROOT / "problems" / "001_allreduce.py").read_text()
