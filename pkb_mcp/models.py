@@ -117,7 +117,7 @@ class CheckResult(BaseModel):
 class TimingStats(BaseModel):
     median_ms: float = Field(
         description="median over timed calls of the slowest rank's time; with several placements, "
-        "the median of the placements' medians"
+        "the median of the placements' medians; with several jobs, the median of the jobs' medians"
     )
     q1_ms: float
     q3_ms: float
@@ -131,12 +131,19 @@ class TimingStats(BaseModel):
     clock: str
     wall_median_ms: float = Field(description="host wall-clock median of the same region (cross-check)")
     placements: int = Field(
-        1, description="sampling rounds, each with the inputs and the solution's memory at other addresses"
+        1,
+        description="sampling rounds in each job, each with the inputs and the solution's memory at "
+        "other addresses",
     )
     placement_spread: float | None = Field(
         None,
-        description="standard deviation of log(median) between placements (0.01 = 1%); "
-        "null with one placement",
+        description="standard deviation of log(median) between placements (0.01 = 1%), averaged over "
+        "jobs; null with one placement",
+    )
+    jobs: int = Field(1, description="separate jobs (sets of processes) this side was timed in")
+    job_spread: float | None = Field(
+        None,
+        description="standard deviation of log(median) between those jobs (0.01 = 1%); null with one job",
     )
 
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness import tensorfile
+from harness import tensorfile, timing
 from pkb_mcp import config, judge, problems, roofline, static_report, stats
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, run_job, warm_pool
@@ -41,6 +41,7 @@ Progress = Callable[[float, float | None, str], None]
 MAX_SOLUTION_BYTES = 1 << 20
 MAX_TRIALS = 100
 MAX_PLACEMENTS = 16
+MAX_JOBS = 8
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible
 # (the slack covers traffic models that round up and ceilings a kernel can beat a little).
@@ -331,6 +332,37 @@ def _fate_result(fate: RankFate) -> RankResult:
     )
 
 
+def _refused_timing(ranks: list[RankResult], cand: JobOutcome, mac_key: bytes) -> tuple[str, str] | None:
+    """(verdict, why) when a candidate's benchmark job gives no time to use: wrong outputs, no
+    timing record, a forged one, timed outputs that changed, or inputs it changed; else None."""
+    verdict, why = _verdict(ranks)
+    if verdict != "pass" or cand.timing is None:
+        return verdict, why or "the candidate recorded no timing"
+    record = cand.timing
+    if not tensorfile.verify_record(mac_key, record):
+        return (
+            "fail",
+            "the timing record was altered after the harness wrote it (a forged result file); "
+            "no time of this run is used",
+        )
+    if record.get("timed_output_mismatches"):
+        first = record["timed_output_mismatches"][0]
+        rotated = (
+            " (between rounds the harness moves other data into the same input buffers: a result "
+            "cached by buffer address goes stale)"
+            if record.get("rotated_inputs")
+            else ""
+        )
+        return (
+            "fail",
+            f"a timed call's output (call {first}) differs from the judged output of "
+            f"the same inputs; results must be right on every call{rotated}",
+        )
+    if record.get("inputs_mutated_while_timing"):
+        return "fail", "the solution changed its inputs while being timed; inputs are read-only"
+    return None
+
+
 def _reference_failed(p: problems.Problem, outcome: JobOutcome) -> UserError:
     bad = next(r for r in outcome.ranks if r.state != "ok")
     detail = bad.error or bad.state
@@ -554,13 +586,19 @@ def bench(
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
     placements: int = 1,
+    jobs: int = 1,
 ) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
 
     `placements` > 1 times each side in that many memory placements within its job, sharing the
-    same sampling budget (docs/plan-fidelity.md); the default is one, today's measured method."""
+    same sampling budget (docs/plan-fidelity.md). `jobs` > 1 times each side in that many separate
+    jobs, reference and candidate alternating, which share the budget too: identical code spreads
+    more between jobs than within one, and the median of several jobs' medians spreads less. The
+    defaults (one of each) are the measured method of docs/gpu-results.md."""
     if not 1 <= placements <= MAX_PLACEMENTS:
         raise UserError(f"placements must be between 1 and {MAX_PLACEMENTS}, not {placements}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise UserError(f"jobs must be between 1 and {MAX_JOBS}, not {jobs}")
     run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
     p = run.problem
 
@@ -586,52 +624,43 @@ def bench(
     if run.refusal:
         return result("fail", run.refusal, ranks=_refused_ranks(run))
     seeds = [secrets.randbits(62)]
-    tcfg = {**timing_config(run.device), "placements": placements}
-    progress(0, 3, "timing the reference")
+    tcfg = {**timing.placement_config(timing_config(run.device), jobs), "placements": placements}
+    steps = 2 * jobs + 1
     pool = warm_pool(run.backend)
-    # no sandbox warms up on the GPUs while either of the two is timed
+    ran: list[tuple[JobOutcome, JobOutcome]] = []  # (reference, candidate) of each job, in order
+    ref_records: list[dict[str, Any]] = []
+
+    def job_of(job: int) -> str:
+        return f" (job {job + 1} of {jobs})" if jobs > 1 else ""
+
+    # no sandbox warms up on the GPUs while any of them is timed
     with pool.quiet() if pool is not None else contextlib.nullcontext():
-        ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend, cancel)
-        if not ref_outcome.ok or ref_outcome.timing is None:
-            raise _reference_failed(p, ref_outcome)
-        ref_stats, ref_warnings = stats.summarize(ref_outcome.timing)
-        run.warnings.extend(f"reference: {w}" for w in ref_warnings)
-        progress(1, 3, f"reference: {ref_stats.median_ms:.4g} ms; timing the candidate")
-        cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
-    sets = int(ref_outcome.timing["input_sets"])
+        for job in range(jobs):
+            progress(2 * job, steps, f"timing the reference{job_of(job)}")
+            ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend, cancel)
+            if not ref_outcome.ok or ref_outcome.timing is None:
+                raise _reference_failed(p, ref_outcome)
+            ref_records.append(ref_outcome.timing)
+            so_far = stats.summarize(stats.pool_jobs(ref_records))[0].median_ms
+            progress(2 * job + 1, steps, f"reference: {so_far:.4g} ms; timing the candidate{job_of(job)}")
+            cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
+            ran.append((ref_outcome, cand_outcome))
+            if not cand_outcome.ok:
+                break  # judged below: the first failure decides
+    ref_stats, ref_warnings = stats.summarize(stats.pool_jobs(ref_records))
+    run.warnings.extend(f"reference: {w}" for w in ref_warnings)
+    fields: dict[str, Any] = {"reference": ref_stats}
     mac_key = tensorfile.result_key(seeds)
-    ranks = _judge(p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key)
-    verdict, why = _verdict(ranks)
-    fields: dict[str, Any] = {"reference": ref_stats, "ranks": ranks}
-    if verdict != "pass" or cand_outcome.timing is None:
-        return result(verdict, why or "the candidate recorded no timing", **fields)
-    timing = cand_outcome.timing
-    if not tensorfile.verify_record(mac_key, timing):
-        return result(
-            "fail",
-            "the timing record was altered after the harness wrote it (a forged result file); "
-            "no time of this run is used",
-            **fields,
-        )
-    if timing.get("timed_output_mismatches"):
-        first = timing["timed_output_mismatches"][0]
-        rotated = (
-            " (between rounds the harness moves other data into the same input buffers: a result "
-            "cached by buffer address goes stale)"
-            if timing.get("rotated_inputs")
-            else ""
-        )
-        return result(
-            "fail",
-            f"a timed call's output (call {first}) differs from the judged output of "
-            f"the same inputs; results must be right on every call{rotated}",
-            **fields,
-        )
-    if timing.get("inputs_mutated_while_timing"):
-        return result(
-            "fail", "the solution changed its inputs while being timed; inputs are read-only", **fields
-        )
-    cand_stats, warnings = stats.summarize(timing)
+    cand_records: list[dict[str, Any]] = []
+    for job, (ref_outcome, cand_outcome) in enumerate(ran):
+        sets = int(ref_records[job]["input_sets"])
+        fields["ranks"] = _judge(p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key)
+        refused = _refused_timing(fields["ranks"], cand_outcome, mac_key)
+        if refused is not None:
+            return result(refused[0], refused[1] + job_of(job), **fields)
+        assert cand_outcome.timing is not None
+        cand_records.append(cand_outcome.timing)
+    cand_stats, warnings = stats.summarize(stats.pool_jobs(cand_records))
     run.warnings.extend(warnings)
     speed, low, high = stats.speedup(ref_stats, cand_stats)
     time_ms = cand_stats.median_ms if run.device == "cuda" else None
@@ -646,6 +675,12 @@ def bench(
         message += (
             f"; {placements} memory placements per side, their medians spread "
             f"{spreads[0]:.1%} (candidate) and {spreads[1]:.1%} (reference)"
+        )
+    if jobs > 1:
+        spreads = [s.job_spread or 0.0 for s in (cand_stats, ref_stats)]
+        message += (
+            f"; {jobs} jobs per side, their medians spread {spreads[0]:.1%} (candidate) and "
+            f"{spreads[1]:.1%} (reference)"
         )
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
@@ -666,7 +701,7 @@ def bench(
                     f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
                     f"{roof.floor_ms:.4g} ms: the measurement is suspect"
                 )
-    progress(3, 3, f"speedup {speed:.3f}x")
+    progress(steps, steps, f"speedup {speed:.3f}x")
     return result(
         verdict,
         message,

@@ -1,8 +1,9 @@
 """Timing statistics from the harness's samples, and the speedup between two of them.
 
 A sample is one timed call: the slowest rank's time (device events on GPU, host clock on CPU).
-The reported time is the median (with several placements, the median of their medians); the
-spread is the interquartile range over all samples. Speedup = reference median / candidate median,
+The reported time is the median (with several placements, the median of their medians; with
+several jobs, the median of the jobs' medians); the spread is the interquartile range over all
+samples. Speedup = reference median / candidate median,
 with a range from the quartiles (reference q1 / candidate q3 up to reference q3 / candidate q1).
 """
 
@@ -39,6 +40,13 @@ def quartiles(samples: list[float]) -> tuple[float, float, float]:
     return q[0], q[1], q[2]
 
 
+def log_spread(values: list[float]) -> float | None:
+    """Standard deviation of the logarithms (0.01 = 1%); None for fewer than two or a non-positive."""
+    if len(values) < 2 or min(values) <= 0:
+        return None
+    return statistics.stdev(math.log(v) for v in values)
+
+
 def placement_median(samples: list[float], counts: list[int]) -> tuple[float, float | None]:
     """(median, spread) of samples taken in consecutive placements of `counts` samples each: the
     median of the placements' medians, and the standard deviation of their logarithms (None for
@@ -48,9 +56,50 @@ def placement_median(samples: list[float], counts: list[int]) -> tuple[float, fl
     for n in counts:
         medians.append(statistics.median(samples[start : start + n]))
         start += n
-    if len(medians) == 1 or min(medians) <= 0:
-        return statistics.median(medians), None
-    return statistics.median(medians), statistics.stdev(math.log(m) for m in medians)
+    return statistics.median(medians), log_spread(medians)
+
+
+def job_median(
+    samples: list[float], placements: list[int], jobs: list[int]
+) -> tuple[float, float | None, float | None]:
+    """(median, placement spread, job spread) of samples from consecutive jobs of `jobs` samples,
+    each job's in consecutive placements (`placements`, all jobs' in order): the median of the jobs'
+    medians (each the median of its placements' medians), the placements' spread inside a job
+    (averaged over jobs; None with one placement a job) and the jobs' spread (None for one job)."""
+    medians: list[float] = []
+    spreads: list[float] = []
+    start = 0
+    counts = iter(placements)
+    for n in jobs:
+        mine: list[int] = []
+        while sum(mine) < n:
+            mine.append(next(counts))
+        if sum(mine) != n:
+            raise ValueError("the timing record's placements straddle its jobs")
+        med, spread = placement_median(samples[start : start + n], mine)
+        medians.append(med)
+        if spread is not None:
+            spreads.append(spread)
+        start += n
+    return statistics.median(medians), (statistics.fmean(spreads) if spreads else None), log_spread(medians)
+
+
+def pool_jobs(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One timing record from the records of a side's jobs, in the order they ran: samples and
+    placements concatenated, each job's sample count kept (`job_samples`)."""
+    pooled = dict(records[0])
+    for key in ("device_ms", "wall_ms"):
+        pooled[key] = [x for r in records for x in r[key]]
+    pooled["placement_samples"] = [
+        int(n) for r in records for n in (r.get("placement_samples") or [len(r["device_ms"])])
+    ]
+    pooled["job_samples"] = [len(r["device_ms"]) for r in records]
+    pooled["warmup_calls"] = sum(int(r["warmup_calls"]) for r in records)
+    pooled["sampled_ms"] = sum(float(r.get("sampled_ms", 0.0)) for r in records)
+    reasons = [str(r["stop_reason"]) for r in records]
+    if len(set(reasons)) > 1:
+        pooled["stop_reason"] = "; ".join(f"job {i + 1}: {why}" for i, why in enumerate(reasons))
+    return pooled
 
 
 def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
@@ -60,10 +109,11 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
     if not events:
         raise ValueError("the timing record holds no samples")
     counts = [int(n) for n in record.get("placement_samples") or [len(events)]]
-    if sum(counts) != len(events) or len(walls) != len(events) or min(counts) < 1:
+    jobs = [int(n) for n in record.get("job_samples") or [len(events)]]
+    if sum(counts) != len(events) or len(walls) != len(events) or min(counts) < 1 or sum(jobs) != len(events):
         raise ValueError("the timing record's placements do not add up to its samples")
     q1, _, q3 = quartiles(events)
-    med, spread = placement_median(events, counts)
+    med, spread, job_spread = job_median(events, counts, jobs)
     wall_med = statistics.median(walls)
     warnings = []
     if wall_med > med * (1 + EVENT_GAP_FRACTION) + EVENT_GAP_FLOOR_MS:
@@ -72,7 +122,7 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
             "side stream or thread? The wall-clock figures are reported instead."
         )
         q1, _, q3 = quartiles(walls)
-        med, spread = placement_median(walls, counts)
+        med, spread, job_spread = job_median(walls, counts, jobs)
         events = walls
     elif record["clock"] == "cuda events" and q3 - q1 > WIDE_SPREAD * med:
         warnings.append(
@@ -92,8 +142,10 @@ def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
         input_sets=int(record["input_sets"]),
         clock=str(record["clock"]),
         wall_median_ms=wall_med,
-        placements=len(counts),
+        placements=len(counts) // len(jobs),
         placement_spread=spread,
+        jobs=len(jobs),
+        job_spread=job_spread,
     )
     return stats, warnings
 

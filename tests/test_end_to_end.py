@@ -135,6 +135,23 @@ def test_benchmark_in_several_memory_placements_on_cpu(isolated_dirs):
             service.bench(1, p.path, world_size=2, device="cpu", placements=bad)
 
 
+def test_benchmark_in_several_jobs_per_side_on_cpu(isolated_dirs):
+    p = problems.suite()[1]
+    steps = []
+    r = service.bench(1, p.path, world_size=2, device="cpu", jobs=2, progress=lambda *a: steps.append(a))
+    assert r.verdict == "pass", r.message
+    for side in (r.reference, r.candidate):
+        assert side.jobs == 2 and side.job_spread is not None and side.placements == 1
+        assert side.samples >= 2 * 10, "each job takes at least the minimum sample count"
+    assert "2 jobs per side" in r.message
+    assert [s[0] for s in steps] == [0, 1, 2, 3, 5] and all(s[1] == 5 for s in steps)
+    assert "(job 2 of 2)" in steps[2][2]
+    assert_clean(isolated_dirs)
+    for bad in (0, 9):
+        with pytest.raises(service.UserError, match="jobs must be between 1 and 8"):
+            service.bench(1, p.path, world_size=2, device="cpu", jobs=bad)
+
+
 def test_benchmark_of_a_wrong_candidate_fails_before_any_speedup(isolated_dirs):
     r = service.bench(1, Path("examples/wrong_allreduce_half.py").resolve(), world_size=2, device="cpu")
     assert r.verdict == "fail" and r.speedup is None

@@ -223,6 +223,29 @@ def test_a_side_timed_in_placements_is_the_median_of_their_medians():
         stats.summarize({**record([1.0, 2.0, 3.0]), "placement_samples": [2, 2]})
 
 
+def test_a_side_timed_in_several_jobs_is_the_median_of_their_medians():
+    import math
+
+    first = {**record([1.0, 1.1, 1.2, 1.3]), "placement_samples": [2, 2], "stop_reason": "sample cap"}
+    second = {**record([2.0, 2.2, 2.1]), "placement_samples": [1, 2], "warmup_calls": 7}
+    pooled = stats.pool_jobs([first, second])
+    assert pooled["device_ms"] == [1.0, 1.1, 1.2, 1.3, 2.0, 2.2, 2.1]
+    assert pooled["placement_samples"] == [2, 2, 1, 2] and pooled["job_samples"] == [4, 3]
+    assert pooled["stop_reason"] == "job 1: sample cap; job 2: precision reached"
+    s, _ = stats.summarize(pooled)
+    # job medians: median(1.05, 1.25) = 1.15 and median(2.0, 2.15) = 2.075
+    assert s.jobs == 2 and s.placements == 2
+    assert math.isclose(s.median_ms, (1.15 + 2.075) / 2)
+    assert math.isclose(s.job_spread, math.log(2.075 / 1.15) / math.sqrt(2))
+    within = [math.log(1.25 / 1.05) / math.sqrt(2), math.log(2.15 / 2.0) / math.sqrt(2)]
+    assert math.isclose(s.placement_spread, sum(within) / 2), "placements' spread inside each job"
+    assert s.samples == 7 and s.warmup_calls == record([1.0])["warmup_calls"] + 7
+    one = stats.pool_jobs([record([1.0, 3.0, 2.0])])
+    assert stats.summarize(one)[0].jobs == 1 and stats.summarize(one)[0].job_spread is None
+    with pytest.raises(ValueError, match="straddle"):
+        stats.summarize({**pooled, "job_samples": [3, 4]})
+
+
 @pytest.mark.parametrize(("move_memory", "new_comm"), [(False, False), (True, False), (True, True)])
 def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, move_memory, new_comm):
     """One median per placement, every placement's timed outputs checked against the judged ones

@@ -20,6 +20,9 @@
 #              in $PLACEMENTS (else 4) memory placements (docs/plan-fidelity.md); world size $WS, else 4
 #   placed-noisy  issue 5, in one call: the 16 references whose self-benchmarks spread most in run F,
 #              three rounds of benchmarks in $PLACEMENTS (else 4) placements; world size $WS, else 2
+#   jobs-noisy issue 5, in one call: the references whose jobs spread most in run G, benchmarked
+#              against themselves with $JOBS (else 2) jobs per side, reference and candidate
+#              alternating, twice; world size $WS, else 4
 #   bisect     issue 5: what a process keeps that makes identical code spread between jobs (run G):
 #              the noise study on $BISECT (else 45,43,52) with ranks pinned to their own cores, not
 #              pinned, with a new communicator every round, and with a 2 ms alignment sleep;
@@ -35,10 +38,12 @@ HALF_A=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 1' | paste -sd,)
 HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
 # every problem with a self-benchmark outside 1.00 +- 3% or a job-to-job spread of 0.9% or more in run F
 NOISY=16,17,18,19,21,22,23,40,41,42,43,45,47,53,73,86
-refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE [PLACEMENTS]]: references against themselves
+# every problem whose six jobs (three calls, two sides) spread 1.0% or more in run G, but problem 10
+NOISY_G=12,15,17,23,40,41,42,43,45,52,86
+refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE [PLACEMENTS]]: references against themselves, $JOBS jobs a side
   timeout "${LIMIT:-590}" python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
-    --sizes "$2" --problems "$3" --no-refs-check --warm --placements "${5:-1}" --device "${DEVICE:-cuda}" \
-    > "$OUT/$1.log" 2>&1
+    --sizes "$2" --problems "$3" --no-refs-check --warm --placements "${5:-1}" --jobs "${JOBS:-1}" \
+    --device "${DEVICE:-cuda}" > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
 examples() {  # examples WORLD_SIZE
@@ -71,6 +76,10 @@ for part in "$@"; do
       timeout 290 python3 docs/scripts/noise.py --out "$OUT/noise_moved.jsonl" --world-size "${WS:-2}" \
         --processes 3 --move-memory > "$OUT/noise_moved.log" 2>&1
       grep -h '"summary"' "$OUT/noise.log" "$OUT/noise_moved.log" ;;
+    jobs-noisy)
+      for i in 1 2; do
+        JOBS=${JOBS:-2} LIMIT=280 refs "jobs_noisy_${i}" pkb "$NOISY_G" "${WS:-4}" | tail -14
+      done ;;
     bisect)
       for variant in "pinned:--pin-cpus" "unpinned:--no-pin-cpus" "comm:--no-pin-cpus --new-comm" \
           "sleep:--no-pin-cpus --min-sleep-us 2000"; do

@@ -61,6 +61,7 @@ def emit(out: Path, row: dict) -> None:
 DEVICE = "cuda"
 SANDBOX = "auto"
 PLACEMENTS = 1
+JOBS = 1
 
 
 def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
@@ -73,7 +74,14 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
     }
     try:
         r = service.bench(
-            pid, solution, world_size=ws, size=size, device=DEVICE, sandbox=SANDBOX, placements=PLACEMENTS
+            pid,
+            solution,
+            world_size=ws,
+            size=size,
+            device=DEVICE,
+            sandbox=SANDBOX,
+            placements=PLACEMENTS,
+            jobs=JOBS,
         )
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
@@ -313,12 +321,13 @@ def main() -> None:
     ap.add_argument("--no-refs-bench", action="store_true", help="refs: check only")
     ap.add_argument("--trials", type=int, default=3, help="trials of each refs check")
     ap.add_argument("--placements", type=int, default=1, help="memory placements per benchmark side")
+    ap.add_argument("--jobs", type=int, default=1, help="separate jobs per benchmark side")
     args = ap.parse_args()
     if args.summarize:
         print(summarize(args.summarize))
         return
-    global DEVICE, SANDBOX, PLACEMENTS
-    DEVICE, SANDBOX, PLACEMENTS = args.device, args.sandbox, args.placements
+    global DEVICE, SANDBOX, PLACEMENTS, JOBS
+    DEVICE, SANDBOX, PLACEMENTS, JOBS = args.device, args.sandbox, args.placements, args.jobs
     emit(args.out, {"part": "machine", **machine(), "argv": sys.argv[1:]})
     if args.warm:
         from pkb_mcp.jobs import enable_warm_pool
