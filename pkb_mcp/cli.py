@@ -99,6 +99,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         sandbox=args.sandbox,
         progress=_progress(args.json),
+        jobs=args.jobs,
     )
     _emit(args, result, render.bench(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
@@ -226,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time candidate and reference the same way; speedup and %% of floor")
     p.add_argument("problem", help="id or name")
     p.add_argument("file", help="solution .py")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="separate jobs per side, reference and candidate alternating (resolves smaller differences)",
+    )
     common(p, run=True)
     p.set_defaults(func=cmd_bench, default_timeout=300.0)
 

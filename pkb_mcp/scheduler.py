@@ -63,7 +63,12 @@ def _run_check(params: dict[str, Any], progress: service.Progress, cancel: threa
 
 
 def _run_bench(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
-    return service.bench(params["problem"], Path(params["path"]), **_run_args(params, progress, cancel))
+    return service.bench(
+        params["problem"],
+        Path(params["path"]),
+        jobs=params.get("jobs", 1),
+        **_run_args(params, progress, cancel),
+    )
 
 
 RUNNERS: dict[str, Runner] = {"compile": _run_compile, "check": _run_check, "bench": _run_bench}

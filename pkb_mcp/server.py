@@ -325,6 +325,15 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         size: SizePreset = "pkb",
         device: Device = None,
         timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
+        jobs: Annotated[
+            int,
+            Field(
+                ge=1,
+                le=service.MAX_JOBS,
+                description="separate jobs per side, reference and candidate alternating: more resolve "
+                "smaller differences (identical code spreads 1-2% between jobs) at a job start each",
+            ),
+        ] = 1,
         wait: Wait = True,
     ) -> Annotated[CallToolResult, BenchOutput]:
         """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
@@ -341,6 +350,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
                 "device": dev,
                 "timeout_s": timeout_s,
                 "sandbox": "auto",
+                "jobs": jobs,
             },
         )
         return await tools.finish(job_id, wait, ctx)

@@ -148,3 +148,17 @@ def test_jobs_survive_a_restart(node, tmp_path):
     wait_all(s2, [blocker, waiting])
     assert s2.get(blocker).state == "done" and s2.get(waiting).state == "done"
     assert [n for e, n, _, _ in LOG if e == "start"].count("blocker") == 2
+
+
+def test_a_benchmark_s_options_reach_the_service(monkeypatch):
+    """The runner hands every option a benchmark was submitted with to service.bench (jobs included;
+    records from before the option existed run with one job)."""
+    seen: list[dict] = []
+    monkeypatch.setattr(sched.service, "bench", lambda problem, path, **kw: seen.append(kw))
+    params = {"problem": "1", "path": "/x.py", "world_size": 2, "device": "cpu", "size": "pkb"}
+    params |= {"timeout_s": 60.0, "sandbox": "auto"}
+    cancel = threading.Event()
+    sched._run_bench({**params, "jobs": 3}, lambda *a: None, cancel)
+    sched._run_bench(params, lambda *a: None, cancel)
+    assert [kw["jobs"] for kw in seen] == [3, 1]
+    assert all(kw["world_size"] == 2 and kw["cancel"] is cancel for kw in seen)

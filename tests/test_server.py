@@ -107,6 +107,7 @@ async def test_list_and_reference_in_both_forms(client):
             {"problem": "1", "source": REFERENCE_1, "device": "cuda", "world_size": 2},
             "no CUDA GPU",
         ),
+        ("benchmark", {"problem": "1", "source": REFERENCE_1, "jobs": 0}, "greater than or equal to 1"),
         ("job_status", {"job_id": "feedface"}, "job feedface does not exist"),
     ],
 )
