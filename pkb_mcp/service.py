@@ -624,6 +624,7 @@ def bench(
     if run.refusal:
         return result("fail", run.refusal, ranks=_refused_ranks(run))
     seeds = [secrets.randbits(62)]
+    # a side's jobs share its sampling budget the way a job's placements do
     tcfg = {**timing.placement_config(timing_config(run.device), jobs), "placements": placements}
     steps = 2 * jobs + 1
     pool = warm_pool(run.backend)

@@ -3,8 +3,8 @@
 A sample is one timed call: the slowest rank's time (device events on GPU, host clock on CPU).
 The reported time is the median (with several placements, the median of their medians; with
 several jobs, the median of the jobs' medians); the spread is the interquartile range over all
-samples. Speedup = reference median / candidate median,
-with a range from the quartiles (reference q1 / candidate q3 up to reference q3 / candidate q1).
+samples. Speedup = reference median / candidate median, with a range from the quartiles (reference
+q1 / candidate q3 up to reference q3 / candidate q1).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The node's cores are split into one block per GPU, whole physical cores at a tim
 hyperthreads stay in one block), in the order Linux numbers them. Rank r of a GPU job runs on the
 block of its GPU, and every thread it starts (CUDA's, NCCL's proxy threads, the solution's) inherits
 that. So the processes of jobs on disjoint GPU sets never share a core, and a rank lands on the same
-cores in every job instead of wherever the scheduler put it (docs/plan-fidelity.md). A CPU job's
+cores in every job instead of wherever the kernel put it (docs/plan-fidelity.md). A CPU job's
 ranks get one block each out of `world_size`.
 """
 

@@ -8,7 +8,8 @@ problems named by --exclude the standard deviation of log(speedup) and the large
 
 Spreads are standard deviations of log(time), in percent. "In a job": of a side's placement
 medians, averaged over every side of every call. "Between jobs": of the sides' medians over all calls
-(reference and candidate: two jobs per call). If placements were as independent as jobs, the second
+(reference and candidate: two jobs per call; with several jobs per side, each side's median is
+already the median of its jobs'). If placements were as independent as jobs, the second
 would be about the first over the square root of the number of placements.
 
     python3 docs/scripts/fidelity.py docs/gpu-runs/2026-11-22-g/placed{1,2,3}_p4.jsonl --exclude 10
