@@ -13,7 +13,7 @@ sandbox serves exactly one job; if none arrives within SETUP's `idle_s` it exits
 The launcher watches the workers: when one fails, the others get a short grace period to finish
 (they are usually stuck in a collective) and are then killed; at the deadline everything left is
 killed. It writes launch.json:
-  {"ranks": [{"rank", "state", "exit_code", "signal", "error", "stage", "traceback", "elapsed_s"}],
+  {"ranks": [{"rank", "state", "exit_code", "signal", "error", "stage", "traceback", "elapsed_s", "cpus"}],
    "wall_s": ...}
 where state is one of ok, error, crashed, timeout, aborted, exited.
 """
@@ -166,6 +166,7 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
             "exit_code": proc.returncode,
             "signal": None,
             "elapsed_s": round(ended.get(rank, 0.0), 3),
+            "cpus": status.get("cpus"),  # the CPUs the rank could run on, as it saw them at start
         }
         rc = proc.returncode
         if status.get("state") == "ok" and rc == 0:

@@ -337,6 +337,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
     out_dir = job_dir / "out"
     stage = "setup"
     t_start = time.monotonic()
+    cpus = sorted(os.sched_getaffinity(0))  # where the launcher put this rank, before any solution ran
     try:
         if setup["device"] == "cuda":
             torch.cuda.set_device(rank)
@@ -527,7 +528,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             tmp = job_dir / "timing.part"
             tmp.write_text(json.dumps(tensorfile.mac_record(mac_key, record)))
             os.replace(tmp, job_dir / "timing.json")
-        _write_status(job_dir, rank, {"state": "ok", "elapsed_s": time.monotonic() - t_start})
+        _write_status(job_dir, rank, {"state": "ok", "elapsed_s": time.monotonic() - t_start, "cpus": cpus})
         _exit_now(0)
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
         _write_status(
@@ -539,6 +540,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 "error": f"{type(exc).__name__}: {exc}"[:2000],
                 "traceback": _trimmed_traceback(exc),
                 "elapsed_s": time.monotonic() - t_start,
+                "cpus": cpus,
             },
         )
         sys.stderr.write(_trimmed_traceback(exc))

@@ -45,6 +45,7 @@ class RankFate:
     signal: str | None = None
     log_tail: str = ""
     ended_s: float = 0.0  # when the launcher saw it end: the first failure is usually the cause
+    cpus: list[int] = field(default_factory=list)  # the CPUs it could run on (sandbox/cpus.py); [] unknown
 
 
 @dataclass
@@ -205,6 +206,7 @@ def _collect(
                 signal=e.get("signal"),
                 log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP),
                 ended_s=float(e.get("elapsed_s") or 0.0),
+                cpus=[int(c) for c in e.get("cpus") or []],
             )
         )
     outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])

@@ -28,6 +28,20 @@ def parse_cpulist(text: str) -> list[int]:
     return cpus
 
 
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 8, 10, 11] -> '0-3,8,10-11' (the kernel's cpulist format)."""
+    parts: list[str] = []
+    run: list[int] = []
+    for c in sorted(set(cpus)):
+        if run and c != run[-1] + 1:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
 def _siblings(cpu: int) -> list[int]:
     try:
         return parse_cpulist((SYS_CPU / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())

@@ -21,10 +21,12 @@ def hyperthreads(n_cores):
     return lambda c: sorted({c % n_cores, c % n_cores + n_cores})
 
 
-def test_parse_cpulist():
+def test_cpulist_format_both_ways():
     assert cpus.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
     assert cpus.parse_cpulist("5") == [5]
     assert cpus.parse_cpulist("") == []
+    assert cpus.format_cpulist([11, 0, 1, 2, 3, 8, 10, 3]) == "0-3,8,10-11"
+    assert cpus.format_cpulist([]) == ""
 
 
 def test_blocks_keep_hyperthreads_together_and_split_evenly():
@@ -148,6 +150,7 @@ def test_every_thread_of_each_rank_keeps_to_its_block_cold_and_warm(isolated_dir
     for outcome in (cold, warm):
         found = reported(outcome)
         assert {r: t for r, (t, _) in found.items()} == {0: expected[0], 1: expected[1]}
+        assert [tuple(r.cpus) for r in outcome.ranks] == list(expected), "as each rank saw them at start"
         # without a container nothing stops a process from leaving its block: pinning here is
         # placement, not a boundary
         assert all(w == set(range(os.cpu_count() or 1)) for _, w in found.values())

@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from pkb_mcp import config, problems, service  # noqa: E402
 from pkb_mcp.jobs import JobRequest, run_job  # noqa: E402
 from sandbox import select_backend  # noqa: E402
+from sandbox.cpus import format_cpulist  # noqa: E402
 
 
 def spread_pct(values: list[float]) -> float:
@@ -178,6 +179,7 @@ def main() -> None:
                         "round_medians_ms": medians,
                         "round_samples": (outcome.timing or {}).get("placement_samples"),
                         "mismatches": len((outcome.timing or {}).get("timed_output_mismatches", [])),
+                        "rank_cpus": [format_cpulist(r.cpus) for r in outcome.ranks],
                         "wall_s": round(time.perf_counter() - t0, 2),
                     }
                 )
