@@ -181,6 +181,14 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             pool.replenish(key)
 
 
+def _cpu_list(value: Any) -> list[int]:
+    """A rank's reported CPUs: written inside the sandbox, so anything but a list of CPU numbers is
+    taken as no report."""
+    if isinstance(value, list) and len(value) <= 1 << 14 and all(type(c) is int and c >= 0 for c in value):
+        return value
+    return []
+
+
 def _collect(
     job_dir: Path, request: JobRequest, launcher_log: str, killed: bool, wall_s: float
 ) -> JobOutcome:
@@ -206,7 +214,7 @@ def _collect(
                 signal=e.get("signal"),
                 log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP),
                 ended_s=float(e.get("elapsed_s") or 0.0),
-                cpus=[int(c) for c in e.get("cpus") or []],
+                cpus=_cpu_list(e.get("cpus")),
             )
         )
     outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])

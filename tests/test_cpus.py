@@ -60,6 +60,15 @@ def test_gpu_jobs_on_disjoint_gpus_get_disjoint_cores():
     assert cpus.union(()) == ""
 
 
+def test_a_forged_cpu_report_is_no_report():
+    """A rank's status file is written inside the sandbox: the host takes only a list of CPU numbers."""
+    from pkb_mcp.jobs import _cpu_list
+
+    assert _cpu_list([0, 5]) == [0, 5]
+    for forged in ("0-3", [1, "2"], [True], [-1], {"0": 1}, None, [0] * (1 << 15)):
+        assert _cpu_list(forged) == []
+
+
 def test_pin_setting(monkeypatch):
     monkeypatch.delenv("PKB_PIN_CPUS", raising=False)
     assert config.pin_cpus("cuda") and not config.pin_cpus("cpu")
