@@ -58,3 +58,34 @@ def docker_client():
         if os.environ.get("PKB_REQUIRE_DOCKER") == "1":
             raise RuntimeError(f"PKB_REQUIRE_DOCKER=1 but {exc}") from exc
         return None
+
+
+def cpu_job(
+    mode: str = "outputs",
+    solution: Path | None = None,
+    world_size: int = 2,
+    seeds: list[int] | None = None,
+    timing: dict | None = None,
+    timeout_s: float = 60,
+):
+    """A job of problem 1 (all-reduce) on CPU: the reference itself unless `solution` is given."""
+    import secrets
+
+    from pkb_mcp import problems
+    from pkb_mcp.jobs import JobRequest
+
+    p = problems.resolve(1)
+    return JobRequest(
+        mode=mode,
+        problem_path=p.path,
+        solution_path=solution or p.path,
+        world_size=world_size,
+        device="cpu",
+        gpus=[],
+        size=p.size("pkb"),
+        dtype=p.dtype,
+        seeds=seeds or [secrets.randbits(62)],
+        tolerance=p.tolerance,
+        timeout_s=timeout_s,
+        timing=timing,
+    )

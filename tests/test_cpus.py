@@ -4,16 +4,15 @@ and that every thread of every rank keeps to its block, cold or warm, with proce
 
 import os
 import re
-import secrets
 
 import pytest
 
-from pkb_mcp import config, problems
-from pkb_mcp.jobs import JobRequest, enable_warm_pool, run_job, warm_key
+from pkb_mcp import config
+from pkb_mcp.jobs import enable_warm_pool, run_job, warm_key
 from sandbox import cpus, select_backend
 from sandbox.process import ProcessBackend
 
-from .conftest import docker_client
+from .conftest import cpu_job, docker_client
 
 
 def hyperthreads(n_cores):
@@ -121,23 +120,6 @@ def reported(outcome):
     return found
 
 
-def reporter_job(solution, world_size=2):
-    p = problems.resolve(1)
-    return JobRequest(
-        mode="outputs",
-        problem_path=p.path,
-        solution_path=solution,
-        world_size=world_size,
-        device="cpu",
-        gpus=[],
-        size=p.size("pkb"),
-        dtype=p.dtype,
-        seeds=[secrets.randbits(62)],
-        tolerance=p.tolerance,
-        timeout_s=60,
-    )
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin ranks apart")
 def test_every_thread_of_each_rank_keeps_to_its_block_cold_and_warm(isolated_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("PKB_PIN_CPUS", "1")
@@ -149,10 +131,10 @@ def test_every_thread_of_each_rank_keeps_to_its_block_cold_and_warm(isolated_dir
     pool = enable_warm_pool(backend)
     assert pool is not None
     try:
-        cold = run_job(reporter_job(solution), backend)
+        cold = run_job(cpu_job(solution=solution), backend)
         assert cold.ok and not cold.warm
         pool.settle()
-        warm = run_job(reporter_job(solution), backend)
+        warm = run_job(cpu_job(solution=solution), backend)
         assert warm.ok and warm.warm, "the warm sandbox was started with the same cores"
     finally:
         pool.close()
@@ -171,7 +153,7 @@ def test_a_container_holds_its_ranks_to_the_jobs_cores(isolated_dirs, tmp_path, 
     monkeypatch.setattr(cpus, "rank_cpus", lambda *a, **k: ((0,), (0,)))
     solution = tmp_path / "reporter.py"
     solution.write_text(REPORTER)
-    outcome = run_job(reporter_job(solution), select_backend("docker"))
+    outcome = run_job(cpu_job(solution=solution), select_backend("docker"))
     assert outcome.ok
     found = reported(outcome)
     assert found == {0: ((0,), {0}), 1: ((0,), {0})}, "the job's cpuset is CPU 0 alone"

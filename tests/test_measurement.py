@@ -252,16 +252,16 @@ def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, mov
     (moved inputs keep their data), also with a new communicator for each placement (the noise
     study's switch); the noise study's spread arithmetic."""
     import math
-    import secrets
     import statistics
     import sys
     from pathlib import Path
 
-    from pkb_mcp import problems, service
-    from pkb_mcp.jobs import JobRequest, run_job
+    from pkb_mcp import service
+    from pkb_mcp.jobs import run_job
     from sandbox.process import ProcessBackend
 
-    p = problems.resolve(1)
+    from .conftest import cpu_job
+
     tcfg = {
         **service.timing_config("cpu"),
         "placements": 3,
@@ -269,23 +269,7 @@ def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, mov
         "move_memory": move_memory,
         "new_comm": new_comm,
     }
-    outcome = run_job(
-        JobRequest(
-            mode="benchmark",
-            problem_path=p.path,
-            solution_path=p.path,
-            world_size=2,
-            device="cpu",
-            gpus=[],
-            size=p.size("pkb"),
-            dtype=p.dtype,
-            seeds=[secrets.randbits(62)],
-            tolerance=p.tolerance,
-            timeout_s=120,
-            timing=tcfg,
-        ),
-        ProcessBackend(),
-    )
+    outcome = run_job(cpu_job("benchmark", timing=tcfg, timeout_s=120), ProcessBackend())
     assert outcome.ok
     timing = outcome.timing
     assert timing["timed_output_mismatches"] == [], "moved inputs still match their judged outputs"

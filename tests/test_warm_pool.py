@@ -8,29 +8,15 @@ import time
 import pytest
 
 import sandbox.base
-from pkb_mcp import problems
-from pkb_mcp.jobs import JobRequest, enable_warm_pool, run_job
+from pkb_mcp.jobs import enable_warm_pool, run_job
 from sandbox.pool import WarmKey
 from sandbox.process import ProcessBackend
 
-from .conftest import job_processes
+from .conftest import cpu_job, job_processes
 
 
 def request(seeds, world_size=2):
-    p = problems.resolve(1)
-    return JobRequest(
-        mode="outputs",
-        problem_path=p.path,
-        solution_path=p.path,
-        world_size=world_size,
-        device="cpu",
-        gpus=[],
-        size=p.size("pkb"),
-        dtype=p.dtype,
-        seeds=seeds,
-        tolerance=p.tolerance,
-        timeout_s=60,
-    )
+    return cpu_job(seeds=seeds, world_size=world_size)
 
 
 def same_outputs(a, b):
