@@ -237,21 +237,26 @@ def placement_config(cfg: dict[str, Any], placements: int) -> dict[str, Any]:
 
 def pool_placements(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One record from the records of a job's placements: samples concatenated in order (timed-call
-    indices continue across placements), the per-placement medians and sample counts kept."""
+    indices continue across placements), the per-placement medians and sample counts kept. A record
+    that is itself pooled keeps its placements (the host pools a side's jobs this way too)."""
     pooled = dict(records[-1])
     pooled["device_ms"] = [x for r in records for x in r["device_ms"]]
     pooled["wall_ms"] = [x for r in records for x in r["wall_ms"]]
     mismatches: list[int] = []
     offset = 0
     for r in records:
-        mismatches += [offset + i for i in r["timed_output_mismatches"]]
+        mismatches += [offset + i for i in r.get("timed_output_mismatches", [])]
         offset += len(r["device_ms"])
     pooled["timed_output_mismatches"] = mismatches
     pooled["warmup_calls"] = sum(int(r["warmup_calls"]) for r in records)
-    pooled["sampled_ms"] = sum(float(r["sampled_ms"]) for r in records)
-    pooled["alignment_sleep_us"] = max(float(r["alignment_sleep_us"]) for r in records)
-    pooled["placement_medians_ms"] = [statistics.median(r["device_ms"]) for r in records]
-    pooled["placement_samples"] = [len(r["device_ms"]) for r in records]
+    pooled["sampled_ms"] = sum(float(r.get("sampled_ms", 0.0)) for r in records)
+    pooled["alignment_sleep_us"] = max(float(r.get("alignment_sleep_us", 0.0)) for r in records)
+    pooled["placement_medians_ms"] = [
+        m for r in records for m in r.get("placement_medians_ms") or [statistics.median(r["device_ms"])]
+    ]
+    pooled["placement_samples"] = [
+        int(n) for r in records for n in r.get("placement_samples") or [len(r["device_ms"])]
+    ]
     reasons = [str(r["stop_reason"]) for r in records]
     counts = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
     if "outputs changed while timing" in counts:

@@ -13,6 +13,7 @@ import math
 import statistics
 from typing import Any
 
+from harness.timing import pool_placements
 from pkb_mcp.models import TimingStats
 
 # How far from 1.00x a benchmark of identical code lands on H200s (reference and candidate in
@@ -85,17 +86,11 @@ def job_median(
 
 
 def pool_jobs(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One timing record from the records of a side's jobs, in the order they ran: samples and
-    placements concatenated, each job's sample count kept (`job_samples`)."""
-    pooled = dict(records[0])
-    for key in ("device_ms", "wall_ms"):
-        pooled[key] = [x for r in records for x in r[key]]
-    pooled["placement_samples"] = [
-        int(n) for r in records for n in (r.get("placement_samples") or [len(r["device_ms"])])
-    ]
+    """One timing record from the records of a side's jobs, in the order they ran, pooled the way a
+    job pools its placements (samples and placements concatenated), each job's sample count kept
+    (`job_samples`)."""
+    pooled = pool_placements(records)
     pooled["job_samples"] = [len(r["device_ms"]) for r in records]
-    pooled["warmup_calls"] = sum(int(r["warmup_calls"]) for r in records)
-    pooled["sampled_ms"] = sum(float(r.get("sampled_ms", 0.0)) for r in records)
     reasons = [str(r["stop_reason"]) for r in records]
     if len(set(reasons)) > 1:
         pooled["stop_reason"] = "; ".join(f"job {i + 1}: {why}" for i, why in enumerate(reasons))

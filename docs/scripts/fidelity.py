@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pkb_mcp import problems  # noqa: E402
+from pkb_mcp import problems, stats  # noqa: E402
 
 SIDES = ("reference", "candidate")
 
@@ -38,7 +38,7 @@ def load(path: Path) -> dict[int, dict]:
 
 
 def log_sd_pct(values: list[float]) -> float:
-    return statistics.stdev(math.log(v) for v in values) * 100 if len(values) > 1 else 0.0
+    return (stats.log_spread(values) or 0.0) * 100
 
 
 def main() -> None:

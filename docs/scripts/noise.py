@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pkb_mcp import config, problems, service  # noqa: E402
+from pkb_mcp import config, problems, service, stats  # noqa: E402
 from pkb_mcp.jobs import JobRequest, run_job  # noqa: E402
 from sandbox import select_backend  # noqa: E402
 from sandbox.cpus import format_cpulist  # noqa: E402
@@ -56,7 +56,7 @@ from sandbox.cpus import format_cpulist  # noqa: E402
 
 def spread_pct(values: list[float]) -> float:
     """Standard deviation of log(values), in percent."""
-    return statistics.stdev(math.log(v) for v in values) * 100 if len(values) > 1 else 0.0
+    return (stats.log_spread(values) or 0.0) * 100
 
 
 def pooled_within_pct(jobs: list[list[float]]) -> float:
