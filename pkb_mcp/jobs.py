@@ -172,7 +172,14 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             log.info("job.cancelled", job=job_id)
             raise Cancelled("cancelled while running; every process of the job was killed")
         outcome = _collect(job_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
-        log.info("job.end", job=job_id, wall_s=round(run.wall_s, 3), ok=outcome.ok, warm=run.warm)
+        log.info(
+            "job.end",
+            job=job_id,
+            wall_s=round(run.wall_s, 3),
+            ok=outcome.ok,
+            warm=run.warm,
+            rank_cpus=[cpus.format_cpulist(r.cpus) for r in outcome.ranks],
+        )
         outcome.warm = run.warm
         return outcome
     finally:

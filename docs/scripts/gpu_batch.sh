@@ -26,7 +26,8 @@
 #   bisect     issue 5: what a process keeps that makes identical code spread between jobs (run G):
 #              the noise study on $BISECT (else 45,43,52) with ranks pinned to their own cores, not
 #              pinned, with a new communicator every round, and with a 2 ms alignment sleep;
-#              world size $WS, else 4 (each variant about 2 minutes)
+#              world size $WS, else 4 (each variant about 2 minutes, at most $BISECT_LIMIT s, else
+#              140); $VARIANTS picks some of pinned,unpinned,comm,sleep
 # GPU jobs pin each rank to CPU cores of its own unless PKB_PIN_CPUS=0 (sandbox/cpus.py).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -84,8 +85,9 @@ for part in "$@"; do
       for variant in "pinned:--pin-cpus" "unpinned:--no-pin-cpus" "comm:--no-pin-cpus --new-comm" \
           "sleep:--no-pin-cpus --min-sleep-us 2000"; do
         name=${variant%%:*}
+        [[ ",${VARIANTS:-pinned,unpinned,comm,sleep}," == *",$name,"* ]] || continue
         # shellcheck disable=SC2086  # the flags are words
-        timeout 140 python3 docs/scripts/noise.py --out "$OUT/bisect_$name.jsonl" --world-size "${WS:-4}" \
+        timeout "${BISECT_LIMIT:-140}" python3 docs/scripts/noise.py --out "$OUT/bisect_$name.jsonl" --world-size "${WS:-4}" \
           --problems "${BISECT:-45,43,52}" --processes 4 --rounds 2 --move-memory --device "${DEVICE:-cuda}" \
           ${variant#*:} > "$OUT/bisect_$name.log" 2>&1
         echo "$name:"; grep -h '"summary"' "$OUT/bisect_$name.log"

@@ -54,6 +54,13 @@ from sandbox import select_backend  # noqa: E402
 from sandbox.cpus import format_cpulist  # noqa: E402
 
 
+def deciles(samples: list[float]) -> list[float]:
+    """The nine deciles of a job's samples, in ms (empty for fewer than ten samples)."""
+    if len(samples) < 10:
+        return []
+    return [round(q, 5) for q in statistics.quantiles(samples, n=10)]
+
+
 def spread_pct(values: list[float]) -> float:
     """Standard deviation of log(values), in percent."""
     return (stats.log_spread(values) or 0.0) * 100
@@ -179,6 +186,9 @@ def main() -> None:
                         "round_medians_ms": medians,
                         "round_samples": (outcome.timing or {}).get("placement_samples"),
                         "mismatches": len((outcome.timing or {}).get("timed_output_mismatches", [])),
+                        # the shape of the job's samples: one mode or several (a host-synchronous
+                        # reference such as problem 10 shows two)
+                        "deciles_ms": deciles((outcome.timing or {}).get("device_ms") or []),
                         "rank_cpus": [format_cpulist(r.cpus) for r in outcome.ranks],
                         "wall_s": round(time.perf_counter() - t0, 2),
                     }
