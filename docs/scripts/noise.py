@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--pin-cpus", action=argparse.BooleanOptionalAction, default=None, help="see above")
     ap.add_argument("--new-comm", action="store_true", help="a new communicator every round")
     ap.add_argument("--min-sleep-us", type=float, default=None, help="alignment sleep at least this")
+    ap.add_argument("--seed", type=int, default=None, help="one input seed for every job (else each its own)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--sandbox", default="auto", choices=["auto", "docker", "process"])
     args = ap.parse_args()
@@ -164,7 +165,7 @@ def main() -> None:
                         gpus=gpus,
                         size=p.size(args.size),
                         dtype=p.dtype,
-                        seeds=[secrets.randbits(62)],
+                        seeds=[secrets.randbits(62) if args.seed is None else args.seed],
                         tolerance=p.tolerance,
                         timeout_s=300.0,
                         timing=tcfg,
