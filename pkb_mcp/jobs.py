@@ -114,6 +114,15 @@ def warm_key(device: str, gpus: list[int], world_size: int, threads: int) -> War
     return WarmKey(device, tuple(gpus), world_size, threads, pinned)
 
 
+def prestart(request: JobRequest, backend: Backend, count: int) -> None:
+    """Have `count` warm sandboxes of this request's shape started (a benchmark of several jobs a
+    side, before its timing begins); nothing without a warm pool."""
+    pool = warm_pool(backend)
+    if pool is not None:
+        key = warm_key(request.device, request.gpus, request.world_size, request.threads_per_rank)
+        pool.replenish(key, count)
+
+
 def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | None = None) -> JobOutcome:
     """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed)."""
     if cancel is not None and cancel.is_set():

@@ -20,7 +20,7 @@ from typing import Any
 from harness import tensorfile, timing
 from pkb_mcp import config, judge, problems, roofline, static_report, stats
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, run_job, warm_pool
+from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, prestart, run_job, warm_pool
 from pkb_mcp.models import (
     BenchResult,
     Calibration,
@@ -634,11 +634,16 @@ def bench(
     def job_of(job: int) -> str:
         return f" (job {job + 1} of {jobs})" if jobs > 1 else ""
 
-    # no sandbox warms up on the GPUs while any of them is timed
+    ref_request = run.request("benchmark", p.path, seeds, tcfg)
+    # every job gets a sandbox started ahead: none may start while the other side is timed
+    if pool is not None and jobs > 1:
+        progress(0, steps, f"starting a sandbox for each of the {2 * jobs} jobs")
+    prestart(ref_request, run.backend, 2 * jobs)
+    # no sandbox warms up on the GPUs while any of them is timed (this waits for those starting)
     with pool.quiet() if pool is not None else contextlib.nullcontext():
         for job in range(jobs):
             progress(2 * job, steps, f"timing the reference{job_of(job)}")
-            ref_outcome = run_job(run.request("benchmark", p.path, seeds, tcfg), run.backend, cancel)
+            ref_outcome = run_job(ref_request, run.backend, cancel)
             if not ref_outcome.ok or ref_outcome.timing is None:
                 raise _reference_failed(p, ref_outcome)
             ref_records.append(ref_outcome.timing)

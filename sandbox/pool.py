@@ -8,7 +8,9 @@ replacement. A sandbox never serves a second job, so nothing a candidate leaves 
 another one. Nothing secret is known when a sandbox starts: seeds arrive with the job.
 
 Benchmarks must have the GPUs to themselves: while one runs (`quiet`), no sandbox is started, and
-before one starts (`settle`) every sandbox still warming up has finished doing so.
+before one starts (`settle`) every sandbox still warming up has finished doing so. A benchmark of
+several jobs a side has a sandbox started for each of its jobs first (`replenish(key, count)`), so
+that none of them starts cold while the other side is timed.
 """
 
 from __future__ import annotations
@@ -134,8 +136,9 @@ class WarmPool:
             rank_logs=logs,
         )
 
-    def replenish(self, key: WarmKey) -> None:
-        """Start sandboxes of this shape up to `per_key`, in the background (later if quiet)."""
+    def replenish(self, key: WarmKey, count: int = 0) -> None:
+        """Start sandboxes of this shape up to `per_key`, or up to `count` when that is more (a
+        benchmark of several jobs a side wants one for each), in the background (later if quiet)."""
         with self._lock:
             if self._closed:
                 return
@@ -148,7 +151,7 @@ class WarmPool:
             while len(self._slots) > self.max_keys:
                 _, old = self._slots.popitem(last=False)
                 evicted.extend(old)
-            missing = self.per_key - len(self._slots[key]) - self._starting_for.get(key, 0)
+            missing = max(self.per_key, count) - len(self._slots[key]) - self._starting_for.get(key, 0)
             self._starting += max(missing, 0)
             self._starting_for[key] = self._starting_for.get(key, 0) + max(missing, 0)
         for slot in evicted:

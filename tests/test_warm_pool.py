@@ -107,6 +107,59 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
     assert pool.take(key) is not None and pool.take(key) is None, "a warm sandbox serves one job"
 
 
+def test_a_benchmark_of_several_jobs_gets_a_sandbox_for_each(isolated_dirs):
+    started = []
+
+    def start(slot):
+        slot.job_dir.mkdir()
+        for r in range(slot.key.world_size):
+            (slot.job_dir / f"rank{r}.ready").touch()
+        started.append(slot.key)
+        return "handle"
+
+    pool = fake_pool(isolated_dirs, start, per_key=1)
+    key = WarmKey("cpu", (), 2, 1)
+    pool.replenish(key, 4)
+    pool.settle()
+    assert len(started) == 4 and pool.size() == 4, "one per job, beyond the pool's usual one"
+    pool.replenish(key, 2)
+    pool.settle()
+    assert len(started) == 4, "no more than asked for while they wait"
+    with pool.quiet():
+        taken = [pool.take(key) for _ in range(4)]
+        assert all(t is not None and t.ready() for t in taken), "every job's sandbox is ready"
+        pool.replenish(key)  # as each job ends
+        assert pool.take(key) is None and len(started) == 4, "nothing starts while timing"
+    pool.settle()
+    assert len(started) == 5 and pool.size() == 1, "afterwards the pool keeps its usual one"
+
+
+def test_bench_of_several_jobs_takes_a_warm_sandbox_for_each(isolated_dirs, monkeypatch):
+    from structlog.testing import capture_logs
+
+    from pkb_mcp import log, problems, service
+
+    log.configure("info")  # warm.take is an info event
+    backend = ProcessBackend()
+    pool = enable_warm_pool(backend)
+    monkeypatch.setattr(service, "select_backend", lambda name: backend)
+    steps: list = []
+    try:
+        with capture_logs() as logs:
+            path = problems.suite()[1].path
+            r = service.bench(
+                1, path, world_size=2, device="cpu", jobs=2, progress=lambda *a: steps.append(a[:3])
+            )
+    finally:
+        pool.close()
+        log.configure()
+    assert r.verdict == "pass", r.message
+    takes = [e for e in logs if e["event"] == "warm.take"]
+    assert len(takes) == 4 and all(e["hit"] and e["ready"] for e in takes), takes
+    assert steps[0][2] == "starting a sandbox for each of the 4 jobs"
+    assert list(isolated_dirs.iterdir()) == [] and job_processes(isolated_dirs) == []
+
+
 def run_died_report(backend, isolated_dirs, stop, ended):
     """Warm sandboxes stopped by `stop(handle)`: never handed out, and the log says how each ended
     (`ended` is in the description), with each rank's log and whether it had been ready."""

@@ -8,7 +8,8 @@ scheduler, the Docker sandbox when an engine answers, sandboxes started ahead of
 would use it. Parts, in order (each row is appended to the JSONL file as soon as it is measured):
   calibrate   `pkb calibrate` on all GPUs (saved: the roofline uses it from then on)
   check       run_correctness of problem 1, 5 trials, 4 GPUs (--world-size), repeated; the first call is cold
-  bench12     benchmark of examples/012 on problem 12, three calls (end-to-end wall, speedup spread)
+  bench12     benchmark of examples/012 on problem 12, three calls (end-to-end wall, speedup spread);
+              `--jobs J` times each side in J jobs. On CPU: problem 1's reference against itself
   throughput  8 clients submit 40 run_correctness jobs (world size 2) at once: none lost, per-client
               completion times, checks per minute
   fidelity    every reference benchmarked against itself in three separate calls, while budget lasts
@@ -58,6 +59,9 @@ def main() -> None:
     )
     ap.add_argument("--world-size", type=int, help="ranks of the checks and benchmarks (cuda: 4, cpu: 2)")
     ap.add_argument("--log", type=Path, help="write the server's info-level logs (JSON lines) here")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="jobs per side of every benchmark (bench12, fidelity)"
+    )
     args = ap.parse_args()
     if args.log:
         from pkb_mcp import log
@@ -144,20 +148,34 @@ def main() -> None:
                     },
                 )
 
-            if "bench12" in args.parts and cuda:
-                source = (ROOT / "examples" / "012_allgather_gemm_overlap.py").read_text()
-                speeds = []
+            if "bench12" in args.parts:
+                pid, path = (
+                    (12, "examples/012_allgather_gemm_overlap.py")
+                    if cuda
+                    else (1, "problems/001_allreduce.py")
+                )
+                source = (ROOT / path).read_text()
+                speeds, walls = [], []
                 for i in range(3):
                     res, wall = await call(
                         client,
                         "benchmark",
-                        {"problem": 12, "source": source, "world_size": ws, "device": args.device},
+                        {
+                            "problem": pid,
+                            "source": source,
+                            "world_size": ws,
+                            "device": args.device,
+                            "jobs": args.jobs,
+                        },
                     )
                     speeds.append(res.get("speedup"))
+                    walls.append(wall)
                     emit(
                         args.out,
                         {
                             "part": "bench12",
+                            "problem": pid,
+                            "jobs": args.jobs,
                             "repeat": i,
                             "verdict": res.get("verdict"),
                             "speedup": res.get("speedup"),
@@ -173,6 +191,7 @@ def main() -> None:
                         {
                             "part": "bench12-summary",
                             "median_speedup": med,
+                            "median_wall_s": round(statistics.median(walls), 3),
                             "max_dev_pct": max(abs(s / med - 1) * 100 for s in ok),
                         },
                     )
@@ -199,6 +218,7 @@ def main() -> None:
                                 "source": p.path.read_text(),
                                 "world_size": ws,
                                 "device": args.device,
+                                "jobs": args.jobs,
                             },
                         )
                         emit(
