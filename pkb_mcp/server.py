@@ -331,7 +331,8 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
                 ge=1,
                 le=service.MAX_JOBS,
                 description="separate jobs per side, reference and candidate alternating: more resolve "
-                "smaller differences (identical code spreads up to 2% between jobs) at a job start each",
+                "smaller differences (the medians of two jobs of identical code can differ by several %) "
+                "at a job start each",
             ),
         ] = 1,
         wait: Wait = True,
