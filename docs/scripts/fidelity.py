@@ -13,6 +13,9 @@ already the median of its jobs'). If placements were as independent as jobs, the
 would be about the first over the square root of the number of placements.
 
     python3 docs/scripts/fidelity.py docs/gpu-runs/2026-11-22-g/placed{1,2,3}_p4.jsonl --exclude 10
+
+A call that `gpu_batch.sh jobs-a` and `jobs-b` recorded in two halves is given as
+`jobs4_1_a.jsonl,jobs4_1_b.jsonl`.
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ from pkb_mcp import problems, stats  # noqa: E402
 SIDES = ("reference", "candidate")
 
 
-def load(path: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def load(call: str) -> dict[int, dict]:
+    """One call's rows by problem; a call recorded in parts is its files joined with commas."""
+    rows = [
+        json.loads(line) for p in call.split(",") for line in Path(p).read_text().splitlines() if line.strip()
+    ]
     return {int(r["problem"]): r for r in rows if r.get("part") == "refs" and r.get("speedup")}
 
 
@@ -43,7 +49,7 @@ def log_sd_pct(values: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("calls", type=Path, nargs="+", help="one gpu_report.py JSONL file per call")
+    ap.add_argument("calls", nargs="+", help="one gpu_report.py JSONL file per call (parts: A.jsonl,B.jsonl)")
     ap.add_argument("--tolerance", type=float, default=0.03, help="allowed deviation from 1.00x")
     ap.add_argument("--exclude", default="", help="problems left out of the per-call figures")
     args = ap.parse_args()
@@ -75,12 +81,13 @@ def main() -> None:
             f"| {'-' if floor is None else f'{floor:.1f}'} |"
         )
     print()
-    for path, call in zip(args.calls, calls, strict=True):
+    for files, call in zip(args.calls, calls, strict=True):
+        name = "+".join(Path(p).name for p in files.split(","))
         kept = {pid: r for pid, r in call.items() if pid not in excluded}
         logs = [math.log(r["speedup"]) for r in kept.values()]
         out = sorted(pid for pid, r in call.items() if outside(r["speedup"]))
         print(
-            f"{path.name}: {len(call)} problems, outside 1.00 +- {args.tolerance:.0%}: "
+            f"{name}: {len(call)} problems, outside 1.00 +- {args.tolerance:.0%}: "
             f"{', '.join(map(str, out)) or 'none'}; without {sorted(excluded) or 'none'}: "
             f"sd of log(speedup) {statistics.pstdev(logs) * 100:.2f}%, "
             f"largest deviation {max(abs(r['speedup'] - 1) for r in kept.values()) * 100:.1f}%"
