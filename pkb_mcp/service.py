@@ -636,13 +636,16 @@ def bench(
 
     ref_request = run.request("benchmark", p.path, seeds, tcfg)
     # every job gets a sandbox started ahead: none may start while the other side is timed
-    if pool is not None and jobs > 1:
-        progress(0, steps, f"starting a sandbox for each of the {2 * jobs} jobs")
+    ahead = (
+        f"starting a sandbox for each of the {2 * jobs} jobs, then " if pool is not None and jobs > 1 else ""
+    )
+    progress(0, steps, f"{ahead}timing the reference{job_of(0)}")
     prestart(ref_request, run.backend, 2 * jobs)
     # no sandbox warms up on the GPUs while any of them is timed (this waits for those starting)
     with pool.quiet() if pool is not None else contextlib.nullcontext():
         for job in range(jobs):
-            progress(2 * job, steps, f"timing the reference{job_of(job)}")
+            if job:
+                progress(2 * job, steps, f"timing the reference{job_of(job)}")
             ref_outcome = run_job(ref_request, run.backend, cancel)
             if not ref_outcome.ok or ref_outcome.timing is None:
                 raise _reference_failed(p, ref_outcome)

@@ -85,8 +85,8 @@ def fake_pool(jobs_dir, start, per_key):
     )
 
 
-def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
-    started = []
+def ready_at_once(started: list):
+    """A fake start: the sandbox is ready as soon as it exists; `started` records each one's shape."""
 
     def start(slot):
         slot.job_dir.mkdir()
@@ -95,7 +95,12 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
         started.append(slot.key)
         return "handle"
 
-    pool = fake_pool(isolated_dirs, start, per_key=1)
+    return start
+
+
+def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
+    started: list = []
+    pool = fake_pool(isolated_dirs, ready_at_once(started), per_key=1)
     key = WarmKey("cpu", (), 2, 1)
     with pool.quiet():
         pool.replenish(key)
@@ -108,16 +113,8 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
 
 
 def test_a_benchmark_of_several_jobs_gets_a_sandbox_for_each(isolated_dirs):
-    started = []
-
-    def start(slot):
-        slot.job_dir.mkdir()
-        for r in range(slot.key.world_size):
-            (slot.job_dir / f"rank{r}.ready").touch()
-        started.append(slot.key)
-        return "handle"
-
-    pool = fake_pool(isolated_dirs, start, per_key=1)
+    started: list = []
+    pool = fake_pool(isolated_dirs, ready_at_once(started), per_key=1)
     key = WarmKey("cpu", (), 2, 1)
     pool.replenish(key, 4)
     pool.settle()
@@ -156,7 +153,12 @@ def test_bench_of_several_jobs_takes_a_warm_sandbox_for_each(isolated_dirs, monk
     assert r.verdict == "pass", r.message
     takes = [e for e in logs if e["event"] == "warm.take"]
     assert len(takes) == 4 and all(e["hit"] and e["ready"] for e in takes), takes
-    assert steps[0][2] == "starting a sandbox for each of the 4 jobs"
+    assert steps[0] == (
+        0,
+        5,
+        "starting a sandbox for each of the 4 jobs, then timing the reference (job 1 of 2)",
+    )
+    assert [s[0] for s in steps] == [0, 1, 2, 3, 5], "progress only ever increases (MCP requires it)"
     assert list(isolated_dirs.iterdir()) == [] and job_processes(isolated_dirs) == []
 
 

@@ -187,8 +187,8 @@ def main() -> None:
                         "round_medians_ms": medians,
                         "round_samples": (outcome.timing or {}).get("placement_samples"),
                         "mismatches": len((outcome.timing or {}).get("timed_output_mismatches", [])),
-                        # the shape of the job's samples: one mode or several (a host-synchronous
-                        # reference such as problem 10 shows two)
+                        # the shape of the job's samples: whether a job differs from another by a
+                        # few slow samples or as a whole
                         "deciles_ms": deciles((outcome.timing or {}).get("device_ms") or []),
                         "rank_cpus": [format_cpulist(r.cpus) for r in outcome.ranks],
                         "wall_s": round(time.perf_counter() - t0, 2),
