@@ -206,6 +206,15 @@ def test_warm_containers_serve_one_job_each_and_leave_nothing(isolated_dirs):
     assert_clean(isolated_dirs)
 
 
+def test_a_benchmark_of_several_jobs_takes_a_warm_container_for_each(isolated_dirs, monkeypatch):
+    from sandbox.docker import DockerBackend
+
+    from .test_warm_pool import run_bench_with_pool
+
+    run_bench_with_pool(DockerBackend(CLIENT), isolated_dirs, monkeypatch)
+    assert_clean(isolated_dirs)
+
+
 def test_a_warm_container_that_died_is_reported_with_how_it_ended(isolated_dirs):
     from sandbox.docker import DockerBackend
 

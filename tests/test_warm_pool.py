@@ -131,13 +131,14 @@ def test_a_benchmark_of_several_jobs_gets_a_sandbox_for_each(isolated_dirs):
     assert len(started) == 5 and pool.size() == 1, "afterwards the pool keeps its usual one"
 
 
-def test_bench_of_several_jobs_takes_a_warm_sandbox_for_each(isolated_dirs, monkeypatch):
+def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
+    """A benchmark of two jobs a side through `backend` with a warm pool: each of its four jobs takes
+    a sandbox that finished warming up, started before the timing began."""
     from structlog.testing import capture_logs
 
     from pkb_mcp import log, problems, service
 
     log.configure("info")  # warm.take is an info event
-    backend = ProcessBackend()
     pool = enable_warm_pool(backend)
     monkeypatch.setattr(service, "select_backend", lambda name: backend)
     steps: list = []
@@ -160,6 +161,10 @@ def test_bench_of_several_jobs_takes_a_warm_sandbox_for_each(isolated_dirs, monk
     )
     assert [s[0] for s in steps] == [0, 1, 2, 3, 5], "progress only ever increases (MCP requires it)"
     assert list(isolated_dirs.iterdir()) == [] and job_processes(isolated_dirs) == []
+
+
+def test_bench_of_several_jobs_takes_a_warm_sandbox_for_each(isolated_dirs, monkeypatch):
+    run_bench_with_pool(ProcessBackend(), isolated_dirs, monkeypatch)
 
 
 def run_died_report(backend, isolated_dirs, stop, ended):
