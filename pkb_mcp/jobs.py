@@ -114,13 +114,16 @@ def warm_key(device: str, gpus: list[int], world_size: int, threads: int) -> War
     return WarmKey(device, tuple(gpus), world_size, threads, pinned)
 
 
+def _request_key(request: JobRequest) -> WarmKey:
+    return warm_key(request.device, request.gpus, request.world_size, request.threads_per_rank)
+
+
 def prestart(request: JobRequest, backend: Backend, count: int) -> None:
     """Have `count` warm sandboxes of this request's shape started (a benchmark of several jobs a
     side, before its timing begins); nothing without a warm pool."""
     pool = warm_pool(backend)
     if pool is not None:
-        key = warm_key(request.device, request.gpus, request.world_size, request.threads_per_rank)
-        pool.replenish(key, count)
+        pool.replenish(_request_key(request), count)
 
 
 def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | None = None) -> JobOutcome:
@@ -128,7 +131,7 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before it started")
     pool = warm_pool(backend)
-    key = warm_key(request.device, request.gpus, request.world_size, request.threads_per_rank)
+    key = _request_key(request)
     slot = pool.take(key) if pool is not None else None
     if slot is not None:
         job_id, job_dir = slot.job_id, slot.job_dir
