@@ -23,11 +23,11 @@
 #   jobs-noisy issue 5, in one call: the references whose jobs spread most in run G, benchmarked
 #              against themselves with $JOBS (else 2) jobs per side, reference and candidate
 #              alternating, twice; world size $WS, else 4
-#   bench12    issue 5: the benchmark of examples/012 on problem 12 at world size 4, three calls, with
-#              $JOBS (else 1) jobs per side (target: <= 20 s each)
-#   jobs-a, jobs-b   issue 5: every reference against itself at world size 4, size pkb, with $JOBS
-#              (else 4) jobs per side, first and second half of the suite (one fidelity call is both
-#              halves; $TAG, else 1, names it)
+#   bench12    issue 5: the benchmark of examples/012 on problem 12, three calls, with $JOBS (else 1)
+#              jobs per side (target: <= 20 s each); world size $WS, else 4
+#   jobs-a, jobs-b   issue 5: every reference against itself at size pkb, with $JOBS (else 4) jobs
+#              per side, first and second half of the suite (one fidelity call is both halves; $TAG,
+#              else 1, names it); world size $WS, else 4
 #   bisect     issue 5: what a process keeps that makes identical code spread between jobs (run G):
 #              the noise study on $BISECT (else 45,43,52) with ranks pinned to their own cores, not
 #              pinned, with a new communicator every round, and with a 2 ms alignment sleep;
@@ -83,8 +83,9 @@ for part in "$@"; do
         --processes 3 --move-memory > "$OUT/noise_moved.log" 2>&1
       grep -h '"summary"' "$OUT/noise.log" "$OUT/noise_moved.log" ;;
     bench12)
-      timeout 200 python3 docs/scripts/turnaround.py --out "$OUT/bench12_j${JOBS:-1}.jsonl" --parts bench12 \
-        --world-size 4 --jobs "${JOBS:-1}" --log "$OUT/bench12_j${JOBS:-1}_log.jsonl" | tail -4 ;;
+      name=bench12_w${WS:-4}_j${JOBS:-1}
+      timeout 200 python3 docs/scripts/turnaround.py --out "$OUT/$name.jsonl" --parts bench12 \
+        --world-size "${WS:-4}" --jobs "${JOBS:-1}" --device "${DEVICE:-cuda}" --log "$OUT/${name}_log.jsonl" | tail -4 ;;
     jobs-a) JOBS=${JOBS:-4} refs "jobs${JOBS:-4}_${TAG:-1}_a" pkb "$HALF_A" | tail -22 ;;
     jobs-b) JOBS=${JOBS:-4} refs "jobs${JOBS:-4}_${TAG:-1}_b" pkb "$HALF_B" | tail -22 ;;
     jobs-noisy)
