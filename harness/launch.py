@@ -13,7 +13,8 @@ sandbox serves exactly one job; if none arrives within SETUP's `idle_s` it exits
 The launcher watches the workers: when one fails, the others get a short grace period to finish
 (they are usually stuck in a collective) and are then killed; at the deadline everything left is
 killed. It writes launch.json:
-  {"ranks": [{"rank", "state", "exit_code", "signal", "error", "stage", "traceback", "elapsed_s", "cpus"}],
+  {"ranks": [{"rank", "state", "exit_code", "signal", "error", "stage", "traceback", "elapsed_s", "cpus",
+  "stages"}],
    "wall_s": ...}
 where state is one of ok, error, crashed, timeout, aborted, exited.
 """
@@ -167,6 +168,7 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
             "signal": None,
             "elapsed_s": round(ended.get(rank, 0.0), 3),
             "cpus": status.get("cpus"),  # the CPUs the rank could run on, as it saw them at start
+            "stages": status.get("stages"),  # seconds in each stage of the job (harness.worker.Stages)
         }
         rc = proc.returncode
         if status.get("state") == "ok" and rc == 0:

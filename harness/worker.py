@@ -136,6 +136,33 @@ def _snapshot(inputs: tuple) -> tuple:
     return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
 
 
+class Stages:
+    """Seconds a rank spends in each stage of its job, from the job's arrival: the host logs them,
+    so that a slow job shows where its time went (loading, inputs, judged calls, timing, teardown)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        self._name: str | None = None
+        self._since = time.monotonic()
+
+    def enter(self, name: str, label: str | None = None) -> str:
+        """Start stage `name` (its time adds to earlier stretches of the same name); returns
+        `label`, else `name`: what an error in it reports."""
+        self._close()
+        self._name = name
+        return label or name
+
+    def durations(self) -> dict[str, float]:
+        self._close()
+        return {k: round(v, 4) for k, v in self.spent.items()}
+
+    def _close(self) -> None:
+        now = time.monotonic()
+        if self._name is not None:
+            self.spent[self._name] = self.spent.get(self._name, 0.0) + now - self._since
+        self._since = now
+
+
 # ------------------------------------------------------------------ defences against the solution
 # The solution runs in this process: it can replace what the harness measures with or judges by,
 # leave work running past its return, spawn processes that outlive it, or rewrite result files.
@@ -337,6 +364,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
     out_dir = job_dir / "out"
     stage = "setup"
     t_start = time.monotonic()
+    stages = Stages()  # restarted when the job arrives: a warm sandbox's start is no part of it
     cpus = sorted(os.sched_getaffinity(0))  # where the launcher put this rank, before any solution ran
     try:
         if setup["device"] == "cuda":
@@ -364,12 +392,13 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             os._exit(0)
         cfg = {**job, "rank": rank}
         t_start = time.monotonic()
-        stage = "setup"
+        stages = Stages()
+        stage = stages.enter("setup")
         problem = load_module(cfg["problem_path"], "pkb_problem")
         mac_key = tensorfile.result_key(cfg["seeds"])  # the host checks every result file with it
         watch = Watch()
         _become_subreaper()
-        stage = "import"
+        stage = stages.enter("import")
         if cfg["solution_path"] == cfg["problem_path"]:
             solution = problem.solution
         else:
@@ -414,14 +443,14 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         record: dict[str, Any] | None = None
         if cfg["mode"] == "outputs":
             for trial, seed in enumerate(cfg["seeds"]):
-                stage = f"trial {trial}"
+                stage = stages.enter("trials", f"trial {trial}")
                 inputs = make(seed)
                 dist.barrier()
                 structure, outs, meta = judge_call(inputs)
                 tensorfile.save(out_dir / f"t{trial}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
                 del inputs, outs
         else:
-            stage = "benchmark inputs"
+            stage = stages.enter("benchmark inputs")
             tcfg = cfg["timing"]
             base = cfg["seeds"][0]
             first = make(derive_seed(base, "set", 0))
@@ -432,7 +461,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             n_sets = int(max(2, min(want, tcfg["max_sets"], tcfg["rotation_bytes"] // per_set)))
             sets = [first] + [make(derive_seed(base, "set", i)) for i in range(1, n_sets)]
             del first  # `sets` holds the inputs from here on (placements replace them)
-            stage = "benchmark first calls"
+            stage = stages.enter("benchmark first calls")
             judged: list[list] = []
             for i, inputs in enumerate(sets):
                 work = _snapshot(inputs) if mutates else inputs
@@ -460,7 +489,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             def normalize(out: Any) -> list:
                 return normalize_output(out)[1]
 
-            stage = "benchmark timing"
+            stage = stages.enter("benchmark timing")
 
             placements = max(1, int(tcfg.get("placements", 1)))
             round_cfg = timing.placement_config(tcfg, placements)
@@ -518,7 +547,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                     timing.max_over_ranks([1.0 if changed else 0.0], device)[0]
                 )
             record["per_set_bytes"] = nbytes
-        stage = "teardown"
+        stage = stages.enter("teardown")
         dist.barrier()
         dist.destroy_process_group()
         # Last writes: after every process the solution forked is gone, and followed at once by the
@@ -528,7 +557,8 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             tmp = job_dir / "timing.part"
             tmp.write_text(json.dumps(tensorfile.mac_record(mac_key, record)))
             os.replace(tmp, job_dir / "timing.json")
-        _write_status(job_dir, rank, {"state": "ok", "elapsed_s": time.monotonic() - t_start, "cpus": cpus})
+        status = {"state": "ok", "elapsed_s": time.monotonic() - t_start, "cpus": cpus}
+        _write_status(job_dir, rank, {**status, "stages": stages.durations()})
         _exit_now(0)
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
         _write_status(
@@ -541,6 +571,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 "traceback": _trimmed_traceback(exc),
                 "elapsed_s": time.monotonic() - t_start,
                 "cpus": cpus,
+                "stages": stages.durations(),
             },
         )
         sys.stderr.write(_trimmed_traceback(exc))

@@ -46,6 +46,7 @@ class RankFate:
     log_tail: str = ""
     ended_s: float = 0.0  # when the launcher saw it end: the first failure is usually the cause
     cpus: list[int] = field(default_factory=list)  # the CPUs it could run on (sandbox/cpus.py); [] unknown
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the job, as reported
 
 
 @dataclass
@@ -191,6 +192,7 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             ok=outcome.ok,
             warm=run.warm,
             rank_cpus=[cpus.format_cpulist(r.cpus) for r in outcome.ranks],
+            stages_s=slowest_stages(outcome.ranks),
         )
         outcome.warm = run.warm
         return outcome
@@ -206,6 +208,28 @@ def _cpu_list(value: Any) -> list[int]:
     if isinstance(value, list) and len(value) <= 1 << 14 and all(type(c) is int and c >= 0 for c in value):
         return value
     return []
+
+
+def _stage_times(value: Any) -> dict[str, float]:
+    """A rank's reported seconds per stage: written inside the sandbox, so anything but a short map
+    of short names to finite non-negative numbers is taken as no report."""
+    if not isinstance(value, dict) or len(value) > 16:
+        return {}
+    ok = all(
+        isinstance(k, str) and len(k) <= 40 and type(v) in (int, float) and 0 <= v < float("inf")
+        for k, v in value.items()
+    )
+    return {k: float(v) for k, v in value.items()} if ok else {}
+
+
+def slowest_stages(ranks: list[RankFate]) -> dict[str, float]:
+    """Each stage's longest time over the ranks: the ranks wait for each other, so the slowest one's
+    stage is what the job spent on it."""
+    out: dict[str, float] = {}
+    for r in ranks:
+        for name, seconds in r.stages.items():
+            out[name] = max(out.get(name, 0.0), round(seconds, 3))
+    return out
 
 
 def _collect(
@@ -234,6 +258,7 @@ def _collect(
                 log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP),
                 ended_s=float(e.get("elapsed_s") or 0.0),
                 cpus=_cpu_list(e.get("cpus")),
+                stages=_stage_times(e.get("stages")),
             )
         )
     outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])

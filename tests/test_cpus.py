@@ -68,6 +68,29 @@ def test_a_forged_cpu_report_is_no_report():
         assert _cpu_list(forged) == []
 
 
+def test_a_forged_stage_report_is_no_report():
+    """Seconds per stage come from the same status file: only a short map of names to times counts."""
+    from pkb_mcp.jobs import RankFate, _stage_times, slowest_stages
+
+    assert _stage_times({"import": 0.5, "trials": 2}) == {"import": 0.5, "trials": 2.0}
+    for forged in (
+        [("import", 1.0)],
+        {"import": -1.0},
+        {"import": float("nan")},
+        {"import": True},
+        {"import": "1"},
+        {1: 1.0},
+        {"x" * 41: 1.0},
+        {str(i): 1.0 for i in range(17)},
+    ):
+        assert _stage_times(forged) == {}
+    ranks = [
+        RankFate(0, "ok", stages={"import": 0.5, "trials": 2.0}),
+        RankFate(1, "ok", stages={"import": 0.75}),
+    ]
+    assert slowest_stages(ranks) == {"import": 0.75, "trials": 2.0}
+
+
 def test_pin_setting(monkeypatch):
     monkeypatch.delenv("PKB_PIN_CPUS", raising=False)
     assert config.pin_cpus("cuda") and not config.pin_cpus("cpu")
@@ -142,6 +165,7 @@ def test_every_thread_of_each_rank_keeps_to_its_block_cold_and_warm(isolated_dir
         found = reported(outcome)
         assert {r: t for r, (t, _) in found.items()} == {0: expected[0], 1: expected[1]}
         assert [tuple(r.cpus) for r in outcome.ranks] == list(expected), "as each rank saw them at start"
+        assert all(list(r.stages) == ["setup", "import", "trials", "teardown"] for r in outcome.ranks)
         # without a container nothing stops a process from leaving its block: pinning here is
         # placement, not a boundary
         assert all(w == set(range(os.cpu_count() or 1)) for _, w in found.values())

@@ -154,6 +154,14 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
     assert r.verdict == "pass", r.message
     takes = [e for e in logs if e["event"] == "warm.take"]
     assert len(takes) == 4 and all(e["hit"] and e["ready"] for e in takes), takes
+    # each job's log says where its time went, stage by stage (the slowest rank's)
+    stages = [e["stages_s"] for e in logs if e["event"] == "job.end"]
+    assert len(stages) == 4 and all(
+        list(s)
+        == ["setup", "import", "benchmark inputs", "benchmark first calls", "benchmark timing", "teardown"]
+        for s in stages
+    ), stages
+    assert all(s["benchmark timing"] > 0 for s in stages), stages
     assert steps[0] == (
         0,
         5,
