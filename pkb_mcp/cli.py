@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=1,
-        help="separate jobs per side, reference and candidate alternating (resolves smaller differences)",
+        help=service.JOBS_HELP.replace("%", "%%"),  # argparse formats help with %
     )
     common(p, run=True)
     p.set_defaults(func=cmd_bench, default_timeout=300.0)

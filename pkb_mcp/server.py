@@ -330,9 +330,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             Field(
                 ge=1,
                 le=service.MAX_JOBS,
-                description="separate jobs per side, reference and candidate alternating: more resolve "
-                "smaller differences (the medians of two jobs of identical code can differ by several %) "
-                "at a job start each",
+                description=service.JOBS_HELP,
             ),
         ] = 1,
         wait: Wait = True,

@@ -42,6 +42,12 @@ MAX_SOLUTION_BYTES = 1 << 20
 MAX_TRIALS = 100
 MAX_PLACEMENTS = 16
 MAX_JOBS = 8
+# what `jobs` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
+JOBS_HELP = (
+    "separate jobs per side, reference and candidate alternating: more resolve smaller differences at "
+    "a job start each (identical code on H200s: up to 5% apart with 1 job a side; with 4, within 3% in "
+    "80 of 81 benchmarks, at about twice the time)"
+)
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible
 # (the slack covers traffic models that round up and ceilings a kernel can beat a little).
