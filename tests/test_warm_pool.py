@@ -154,7 +154,7 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
     assert r.verdict == "pass", r.message
     takes = [e for e in logs if e["event"] == "warm.take"]
     assert len(takes) == 4 and all(e["hit"] and e["ready"] for e in takes), takes
-    # each job's log says where its time went, stage by stage (the slowest rank's)
+    # each job's log says where its time went, stage by stage (each stage's longest over the ranks)
     stages = [e["stages_s"] for e in logs if e["event"] == "job.end"]
     assert len(stages) == 4 and all(
         list(s)
