@@ -192,7 +192,7 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             ok=outcome.ok,
             warm=run.warm,
             rank_cpus=[cpus.format_cpulist(r.cpus) for r in outcome.ranks],
-            stages_s=slowest_stages(outcome.ranks),
+            stages_s=longest_stages(outcome.ranks),
         )
         outcome.warm = run.warm
         return outcome
@@ -222,13 +222,13 @@ def _stage_times(value: Any) -> dict[str, float]:
     return {k: float(v) for k, v in value.items()} if ok else {}
 
 
-def slowest_stages(ranks: list[RankFate]) -> dict[str, float]:
+def longest_stages(ranks: list[RankFate]) -> dict[str, float]:
     """Each stage's longest time over the ranks: the ranks wait for each other, so the slowest one's
     stage is what the job spent on it."""
     out: dict[str, float] = {}
     for r in ranks:
         for name, seconds in r.stages.items():
-            out[name] = max(out.get(name, 0.0), round(seconds, 3))
+            out[name] = max(out.get(name, 0.0), seconds)
     return out
 
 

@@ -70,7 +70,7 @@ def test_a_forged_cpu_report_is_no_report():
 
 def test_a_forged_stage_report_is_no_report():
     """Seconds per stage come from the same status file: only a short map of names to times counts."""
-    from pkb_mcp.jobs import RankFate, _stage_times, slowest_stages
+    from pkb_mcp.jobs import RankFate, _stage_times, longest_stages
 
     assert _stage_times({"import": 0.5, "trials": 2}) == {"import": 0.5, "trials": 2.0}
     for forged in (
@@ -88,7 +88,7 @@ def test_a_forged_stage_report_is_no_report():
         RankFate(0, "ok", stages={"import": 0.5, "trials": 2.0}),
         RankFate(1, "ok", stages={"import": 0.75}),
     ]
-    assert slowest_stages(ranks) == {"import": 0.75, "trials": 2.0}
+    assert longest_stages(ranks) == {"import": 0.75, "trials": 2.0}
 
 
 def test_pin_setting(monkeypatch):
