@@ -402,6 +402,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         if cfg["solution_path"] == cfg["problem_path"]:
             solution = problem.solution
         else:
+            from harness import extensions
+
+            extensions.install(job_dir)  # its load_inline builds once, into the node's cache
             candidate = load_module(cfg["solution_path"], "solution")
             solution = getattr(candidate, "solution", None)
             if not callable(solution):

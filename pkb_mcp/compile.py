@@ -8,25 +8,26 @@ build time and whether the result came from the cache.
 - A `.cu`/`.cuh` file is compiled with nvcc for one architecture (sm_90a by default) with the flags that
   torch's extension builds use, against torch's and Python's headers, so sources that include
   `<torch/extension.h>` or `<ATen/...>` build as they would under `load_inline`.
-- A `.py` solution is never executed in this process. A short Python subprocess (own session, deadline,
-  environment without the host's secrets) replaces `torch.utils.cpp_extension.load_inline` and `load`
-  with recorders, imports the file, and writes the recorded calls as JSON. Each recorded extension is then
+- A `.py` solution is never executed on the host. A discovery job in the sandbox (harness/discover.py)
+  imports it with recorders in place of `load_inline` and `load`, and finds the calls that run lazily on
+  solution()'s first call; what it reports is parsed as untrusted data. Each recorded extension is then
   built: its CUDA sources with nvcc, its C++ sources with a syntax-only host compiler check. Diagnostics in
-  inline source strings are mapped back to lines of the `.py` file.
+  inline source strings are mapped back to lines of the `.py` file. Where the node can build the
+  extension itself (pkb_mcp/extensions.py), the same build job puts it in the extension cache, so a
+  check that follows does not build it again.
+- Every compiler runs in a build job in the sandbox (harness/build.py); the host plans the commands
+  (flags from an allow-list, sources written as text into the job directory) and parses their output.
 - Results are cached by content (source text, flags, architecture, toolchain versions) under `cache_dir`:
   whole results, and for solutions each compiler run as well, so a solution whose CUDA string changed still
   reuses its C++ check. Failed builds are cached too; timed-out ones are not.
 
-Isolation: the solution's module-level code runs in the subprocess with a minimal environment, but that is
-not a sandbox; callers that handle untrusted code run this inside the sandbox backend.
-
-May import only the standard library, pydantic and torch (torch only for its header locations).
+Sandbox jobs are run through a `Tools` object (pkb_mcp.jobs.ToolJobs): the caller chooses the backend.
+May import the standard library, pydantic, torch (for its header locations) and, for the jobs,
+pkb_mcp.extensions.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import functools
 import hashlib
 import json
@@ -34,17 +35,14 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 import sysconfig
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -197,6 +195,9 @@ class CompileResult(BaseModel):
     build_time_s: float = Field(description="wall time of the whole original build")
     cache_hit: bool = Field(description="every unit (or the whole result) came from the cache")
     notes: list[str] = Field(default_factory=list)
+    sandbox: str = Field(
+        "", description="the sandbox backend its jobs ran in (docker isolates; process does not)"
+    )
 
     def all_diagnostics(self) -> list[Diagnostic]:
         return [*self.diagnostics, *(d for unit in self.units for d in unit.diagnostics)]
@@ -272,8 +273,18 @@ def _kernel_table(kernels: Sequence[tuple[str, KernelResources]]) -> list[str]:
 # Public entry points
 
 
+class Tools(Protocol):
+    """Runs harness tool programs as sandbox jobs (pkb_mcp.jobs.ToolJobs)."""
+
+    isolated: bool
+
+    def new_dir(self) -> Path: ...
+
+    def run(self, mode: str, job_dir: Path, params: dict[str, Any], timeout_s: float) -> Any: ...
+
+
 def compile_file(
-    path: Path, *, cache_dir: Path, arch: str = "sm_90a", timeout_s: float = 300
+    path: Path, *, cache_dir: Path, tools: Tools, arch: str = "sm_90a", timeout_s: float = 300
 ) -> CompileResult:
     """Build a `.cu`/`.cuh` file or the CUDA extensions of a `.py` solution file."""
     path = Path(path)
@@ -292,13 +303,14 @@ def compile_file(
         display=str(path),
         suffix=suffix,
         cache_dir=cache_dir,
+        tools=tools,
         arch=arch,
         timeout_s=timeout_s,
     )
 
 
 def compile_source(
-    source: str, *, filename: str, cache_dir: Path, arch: str = "sm_90a", timeout_s: float = 300
+    source: str, *, filename: str, cache_dir: Path, tools: Tools, arch: str = "sm_90a", timeout_s: float = 300
 ) -> CompileResult:
     """Build source text; `filename` (`x.cu`, `x.cuh` or `x.py`) decides the kind and names it in messages."""
     suffix = _kind_of(filename)
@@ -312,6 +324,7 @@ def compile_source(
             display=filename,
             suffix=suffix,
             cache_dir=cache_dir,
+            tools=tools,
             arch=arch,
             timeout_s=timeout_s,
         )
@@ -327,7 +340,15 @@ def _kind_of(filename: str) -> str:
 
 
 def _compile(
-    text: str, *, path: Path, display: str, suffix: str, cache_dir: Path, arch: str, timeout_s: float
+    text: str,
+    *,
+    path: Path,
+    display: str,
+    suffix: str,
+    cache_dir: Path,
+    tools: Tools,
+    arch: str,
+    timeout_s: float,
 ) -> CompileResult:
     if not text.strip():
         raise CompileError(f"{display} is empty; pass CUDA source or a solution that defines solution()")
@@ -339,10 +360,10 @@ def _compile(
     deadline = time.monotonic() + timeout_s
     if suffix == ".py":
         return _compile_solution(
-            text, path=path, display=display, arch=arch, cache=cache, deadline=deadline, timeout_s=timeout_s
+            text, path=path, display=display, arch=arch, cache=cache, tools=tools, deadline=deadline
         )
     return _compile_cuda_file(
-        text, path=path, display=display, arch=arch, cache=cache, deadline=deadline, timeout_s=timeout_s
+        text, path=path, display=display, arch=arch, cache=cache, tools=tools, deadline=deadline
     )
 
 
@@ -520,76 +541,99 @@ class _Cache:
 
 
 def _local_dependencies(
-    sources: Iterable[tuple[str, Path | None]], include_dirs: Sequence[Path]
+    sources: Iterable[tuple[str, Path | None]], include_dirs: Sequence[Path], root: Path | None = None
 ) -> dict[str, str]:
-    """Files the sources include from their own directory or user include dirs: {path: sha256}."""
+    """Files the sources include from their own folder or user include dirs: {path: sha256}.
+
+    Only relative names that stay inside `root` count: an include of `/etc/...` or `../..` is never
+    read here (the sandbox sees only the copies made of these files)."""
     found: dict[str, str] = {}
+    if root is None:
+        return found
+    top = os.path.realpath(root)
     pending = list(sources)
     pattern = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
     while pending and len(found) < _MAX_DEPENDENCIES:
         text, base = pending.pop()
         for quote, name in pattern.findall(text):
+            if os.path.isabs(name):
+                continue
             bases = ([base] if quote == '"' and base is not None else []) + list(include_dirs)
             for directory in bases:
                 candidate = os.path.normpath(directory / name)
-                if candidate in found or not os.path.isfile(candidate):
+                real = os.path.realpath(candidate)
+                if not real.startswith(top + os.sep) or candidate in found or not os.path.isfile(real):
                     continue
-                found[candidate] = _file_digest(candidate)
-                pending.append((_read(candidate), Path(candidate).parent))
+                found[candidate] = _file_digest(real)
+                pending.append((_read(real), Path(candidate).parent))
                 break
     return found
 
 
 # --------------------------------------------------------------------------------------------------------
-# Running a compiler
+# Running compilers: in a build job in the sandbox (harness/build.py)
 
 
-@dataclass
-class _Finished:
-    argv: list[str]
-    returncode: int | None  # None: killed at the deadline
-    output: str
-    elapsed_s: float
+def _remaining(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 1.0)
 
 
-def _run(argv: list[str], *, cwd: Path, scratch: Path, env: dict[str, str], deadline: float) -> _Finished:
-    """Run in its own session with output to a file in `scratch`; kill the whole session at the deadline."""
-    start = time.monotonic()
-    out_path = scratch / f".out-{time.monotonic_ns()}-{threading.get_ident()}.txt"
-    with open(out_path, "wb") as out:
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return _Finished(argv, 127, f"could not start {argv[0]}: {exc}", 0.0)
-        try:
-            returncode: int | None = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            returncode = None
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    with open(out_path, "rb") as out:
-        output = out.read(_MAX_CAPTURED_OUTPUT).decode("utf-8", errors="replace")
-    out_path.unlink(missing_ok=True)
-    return _Finished(argv, returncode, output, time.monotonic() - start)
+def _execute(
+    plans: Sequence[_UnitPlan],
+    cache: _Cache,
+    tools: Tools,
+    work: Path,
+    deadline: float,
+    prebuild: Sequence[Any] = (),
+) -> tuple[list[list[tuple[_JobRecord | None, bool]]], Any]:
+    """Each plan's compiler runs: from the cache, or from one build job in `work` (the job directory
+    the plans wrote their sources into), which also builds `prebuild` extension requests. Returns per
+    plan [(record or None when the job left none, cache hit)], and what the extension builds did."""
+    from pkb_mcp import extensions
+
+    keyed = []
+    for plan in plans:
+        row = []
+        for job in plan.jobs:
+            key = cache.key({**job.key_material, "toolchain": plan.toolchain}) if job.key_material else ""
+            row.append((key, cache.load(key, _JobRecord) if key else None))
+        keyed.append(row)
+    pending = [(p, j) for p, row in enumerate(keyed) for j, (_, record) in enumerate(row) if record is None]
+    commands = [{"argv": plans[p].jobs[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
+    prepared, job_dir = extensions.build_requests(
+        list(prebuild), tools, _remaining(deadline), extra={"commands": commands}, job_dir=work
+    )
+    ran: list[Any] = []
+    if job_dir is not None:
+        result = _read_build(job_dir / "build.json")
+        ran = result.get("commands", []) if isinstance(result, dict) else []
+    out: list[list[tuple[_JobRecord | None, bool]]] = [[(r, r is not None) for _, r in row] for row in keyed]
+    for n, (p, j) in enumerate(pending):
+        record = _parse_record(ran[n]) if n < len(ran) else None
+        out[p][j] = (record, False)
+        key = keyed[p][j][0]
+        finished = record is not None and record.returncode is not None and 0 <= record.returncode != 127
+        if key and finished and record is not None:  # timed-out and unstartable runs are not kept
+            cache.store(key, record, plans[p].inputs)
+    return out, prepared
 
 
-def _compiler_env(work: Path) -> dict[str, str]:
-    # Compilers need PATH (nvcc finds gcc there); nothing else of the host's environment is passed.
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(work),
-        "TMPDIR": str(work),
-        "LC_ALL": "C",
-    }
+def _read_build(path: Path) -> Any:
+    try:
+        if path.is_symlink() or path.stat().st_size > 64 * _MAX_CAPTURED_OUTPUT:
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _parse_record(value: Any) -> _JobRecord | None:
+    """A compiler run as the build job reported it (untrusted: checked, output capped)."""
+    try:
+        record = _JobRecord.model_validate(value)
+    except ValidationError:
+        return None
+    return record.model_copy(update={"output": record.output[:_MAX_CAPTURED_OUTPUT]})
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -798,6 +842,9 @@ _PTXAS_ITEM_RE = re.compile(
     r"allow-expensive-optimizations|disable-optimizer-constants|suppress-stack-size-warning)"
 )
 _CUDAFE_ITEM_RE = re.compile(r"-{1,2}(diag[_-](suppress|warning|error|remark)=[\w,-]+|display_error_number)")
+_ARCH_FLAG_RE = re.compile(
+    r"(-gencode[= ]arch=compute_\d+[af]?,code=(sm|compute)_\d+[af]?|-arch[= ]sm_\d+[af]?|--use_fast_math)"
+)
 _HOST_FLAG_RE = re.compile(
     r"-(O[0-3sgz]?|Ofast|W(?!l$|p$|a$|l,|p,|a,)[\w=+-]*|w|D\S+|U\S+|f(?!plugin)[\w=+.-]+|m[\w=.-]+|"
     r"std=[\w+]+|g\d?|pthread|fopenmp|fPIC)"
@@ -1047,36 +1094,18 @@ class _JobRecord(BaseModel):
     elapsed_s: float
 
 
-def _build_unit(plan: _UnitPlan, cache: _Cache, deadline: float, timeout_s: float) -> CompileUnit:
-    """Run (or fetch from the cache) each compiler job of a unit, then parse all of their output.
-
-    Jobs are cached one by one, so a solution whose CUDA string changed still reuses its C++ check."""
+def _unit_result(
+    plan: _UnitPlan, ran: Sequence[tuple[_JobRecord | None, bool]], timeout_s: float
+) -> CompileUnit:
+    """A unit's diagnostics and kernel resources from the output of each of its compiler runs."""
     work = plan.work
-    keys = [cache.key({**job.key_material, "toolchain": plan.toolchain}) for job in plan.jobs]
-    records: list[_JobRecord | None] = [cache.load(key, _JobRecord) for key in keys]
-    hits = [record is not None for record in records]
-    env = _compiler_env(work)
-
-    def run(job: _Job) -> _JobRecord:
-        done = _run(job.argv, cwd=work, scratch=work, env=env, deadline=deadline)
-        return _JobRecord(
-            returncode=done.returncode,
-            output=done.output.replace(str(work), "<build>"),
-            elapsed_s=round(done.elapsed_s, 3),
-        )
-
-    pending = [n for n, record in enumerate(records) if record is None]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(pending))) as pool:
-        for n, record in zip(pending, pool.map(run, [plan.jobs[n] for n in pending]), strict=True):
-            records[n] = record
-            if record.returncode is not None and record.returncode >= 0 and record.returncode != 127:
-                cache.store(keys[n], record, plan.inputs)
+    lost = _JobRecord(returncode=None, output="", elapsed_s=0.0)
+    records = [record if record is not None else lost for record, _ in ran]
+    hits = [hit for _, hit in ran]
     diagnostics = list(plan.diagnostics)
     kernels: list[KernelResources] = []
     logs: list[str] = []
-    for job, maybe_record in zip(plan.jobs, records, strict=True):
-        assert maybe_record is not None
-        record = maybe_record
+    for job, record in zip(plan.jobs, records, strict=True):
         logs.append(f"$ {_shown(job.argv, work)}\n{record.output}")
         output = record.output.replace("<build>", str(work))
         found = [_place(d, job, work) for d in parse_diagnostics(output, tool=job.tool)]
@@ -1107,7 +1136,7 @@ def _build_unit(plan: _UnitPlan, cache: _Cache, deadline: float, timeout_s: floa
         diagnostics=diagnostics,
         kernels=kernels,
         # jobs run side by side, so the unit took as long as its slowest job
-        build_time_s=max((r.elapsed_s for r in records if r is not None), default=0.0),
+        build_time_s=max((r.elapsed_s for r in records), default=0.0),
         cache_hit=bool(plan.jobs) and all(hits),
         command="\n".join(_shown(job.argv, work) for job in plan.jobs),
         log="\n".join(logs)[:_LOG_LIMIT],
@@ -1151,11 +1180,11 @@ def _cached_result(cache: _Cache, key: str) -> CompileResult | None:
 
 
 def _compile_cuda_file(
-    text: str, *, path: Path, display: str, arch: str, cache: _Cache, deadline: float, timeout_s: float
+    text: str, *, path: Path, display: str, arch: str, cache: _Cache, tools: Tools, deadline: float
 ) -> CompileResult:
     nvcc = _find_nvcc()
     start = time.monotonic()
-    deps = _local_dependencies([(text, path.parent)], [])
+    deps = _local_dependencies([(text, path.parent)], [], root=path.parent)
     material: dict[str, object] = {
         "level": "cuda-file",
         "arch": arch,
@@ -1168,12 +1197,21 @@ def _compile_cuda_file(
     cached = _cached_result(cache, key)
     if cached is not None:
         return cached
-    with tempfile.TemporaryDirectory(prefix="pkb-build-") as tmp:
-        work = Path(tmp)
+    work = tools.new_dir()
+    try:
+        # the sandbox sees copies: the file, and the headers it includes from its own folder
+        src = work / "src"
+        source = src / path.name
+        src.mkdir()
+        source.write_text(text, encoding="utf-8")
+        for dep in deps:
+            relative = Path(dep).relative_to(path.parent)
+            (src / relative).parent.mkdir(parents=True, exist_ok=True)
+            (src / relative).write_text(_read(dep), encoding="utf-8")
         stand_ins = _stand_in_dir(work, nvcc)
         argv = _nvcc_argv(
             nvcc,
-            source=path,
+            source=source,
             out=work / "out.cubin",
             arch=arch,
             std=_CU_STD,
@@ -1182,10 +1220,14 @@ def _compile_cuda_file(
             include_dirs=[],
             extra=[],
         )
-        job = _Job("nvcc", argv, key_material={}, paths={str(path): display})
+        paths = {str(source): display, **{str(src / Path(d).relative_to(path.parent)): d for d in deps}}
+        # The whole result is cached below; a job-level entry would duplicate it (no key material).
+        job = _Job("nvcc", argv, key_material={}, paths=paths)
         plan = _UnitPlan(name=Path(display).name, jobs=[job], work=work, toolchain={}, inputs=deps)
-        # The whole result is cached below; a job-level entry would duplicate it.
-        unit = _build_unit(plan, _NoCache(), deadline, timeout_s)
+        ran, _ = _execute([plan], cache, tools, work, deadline)
+        unit = _unit_result(plan, ran[0], _remaining(deadline))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     notes = [
         "compiled with nvcc -cubin: host code is checked by the CUDA front end, not compiled by the host "
         "compiler; no object file is produced"
@@ -1236,138 +1278,27 @@ def _stand_in_notes(missing: Sequence[str], texts: Iterable[str]) -> list[str]:
 # --------------------------------------------------------------------------------------------------------
 # .py solutions
 
-_EXTRACT_DRIVER = r"""
-import importlib.abc, importlib.machinery, importlib.util, json, os, sys, traceback, types
-
-solution, out_path, host_paths = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-sys.path[:0] = [os.path.dirname(solution)]
-sys.path += [p for p in host_paths if p not in sys.path]
-calls, stand_ins = [], []
-
-
-class Anything:
-    def __init__(self, label):
-        self._label = label
-    def __getattr__(self, attr):
-        if attr.startswith("__") and attr.endswith("__"):
-            raise AttributeError(attr)
-        return Anything(self._label + "." + attr)
-    def __call__(self, *args, **kwargs):
-        return Anything(self._label + "()")
-    def __getitem__(self, key):
-        return Anything(self._label + "[]")
-    def __repr__(self):
-        return "<pkb stand-in for " + self._label + ">"
-
-
-def strings(value):
-    if value is None:
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        value = [value]
-    return [os.fspath(v) if isinstance(v, os.PathLike) else str(v) for v in value]
-
-
-def caller_line():
-    frame = sys._getframe(2)
-    while frame is not None:
-        if os.path.abspath(frame.f_code.co_filename) == solution:
-            return frame.f_lineno
-        frame = frame.f_back
-    return None
-
-
-def record(api, name, **fields):
-    calls.append(dict(api=api, name=str(name), line=caller_line(), **fields))
-    return Anything("extension " + str(name))
-
-
-def load_inline(name, cpp_sources, cuda_sources=None, sycl_sources=None, functions=None, extra_cflags=None,
-                extra_cuda_cflags=None, extra_sycl_cflags=None, extra_ldflags=None, extra_include_paths=None,
-                build_directory=None, verbose=False, with_cuda=None, with_sycl=None, is_python_module=True,
-                with_pytorch_error_handling=True, keep_intermediates=True, use_pch=False,
-                no_implicit_headers=False, **unknown):
-    if isinstance(functions, str):
-        functions = [functions]
-    return record("load_inline", name, cpp_sources=strings(cpp_sources), cuda_sources=strings(cuda_sources),
-                  sources=[], functions=None if functions is None else [str(f) for f in functions],
-                  extra_cflags=strings(extra_cflags), extra_cuda_cflags=strings(extra_cuda_cflags),
-                  extra_include_paths=[os.path.abspath(p) for p in strings(extra_include_paths)],
-                  no_implicit_headers=bool(no_implicit_headers))
-
-
-def load(name, sources, extra_cflags=None, extra_cuda_cflags=None, extra_sycl_cflags=None, extra_ldflags=None,
-         extra_include_paths=None, build_directory=None, verbose=False, with_cuda=None, with_sycl=None,
-         is_python_module=True, is_standalone=False, keep_intermediates=True, **unknown):
-    return record("load", name, cpp_sources=[], cuda_sources=[], functions=None,
-                  sources=[os.path.abspath(s) for s in strings(sources)],
-                  extra_cflags=strings(extra_cflags), extra_cuda_cflags=strings(extra_cuda_cflags),
-                  extra_include_paths=[os.path.abspath(p) for p in strings(extra_include_paths)],
-                  no_implicit_headers=False)
-
-
-class StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    # Triton is absent on CPU machines; a stand-in lets a solution that also uses it import.
-    def find_spec(self, fullname, path, target=None):
-        if fullname == "triton" or fullname.startswith("triton."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__path__ = []
-        def module_getattr(attr, label=spec.name):
-            if attr.startswith("__"):
-                raise AttributeError(attr)
-            return Anything(label + "." + attr)
-        module.__getattr__ = module_getattr
-        return module
-    def exec_module(self, module):
-        if "triton" not in stand_ins:
-            stand_ins.append("triton")
-
-
-def frames_of(tb):
-    return [[f.lineno, f.name, f.line or ""] for f in traceback.extract_tb(tb)
-            if os.path.abspath(f.filename) == solution]
-
-
-error = None
-try:
-    import torch.utils.cpp_extension as cpp_extension
-    cpp_extension.load_inline = load_inline
-    cpp_extension.load = load
-    if importlib.util.find_spec("triton") is None:
-        sys.meta_path.append(StandInFinder())
-    spec = importlib.util.spec_from_file_location("pkb_candidate_solution", solution)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-except BaseException as exc:
-    frames = frames_of(exc.__traceback__)
-    error = {"type": type(exc).__name__, "message": str(exc), "frames": frames,
-             "line": frames[-1][0] if frames else None, "column": None}
-    if isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == solution:
-        error.update(message=exc.msg, line=exc.lineno, column=exc.offset)
-with open(out_path, "w") as out:
-    json.dump({"calls": calls, "error": error, "stand_ins": stand_ins}, out)
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
-"""
-
 
 class _RecordedCall(BaseModel):
+    """A builder call as harness/discover.py reports it (untrusted: validated, sizes capped upstream)."""
+
     api: Literal["load_inline", "load"]
     name: str
     line: int | None = None
+    lazy: bool = False  # found in the source, not run at import time
     cpp_sources: list[str] = Field(default_factory=list)
     cuda_sources: list[str] = Field(default_factory=list)
     sources: list[str] = Field(default_factory=list)
     functions: list[str] | None = None
     extra_cflags: list[str] = Field(default_factory=list)
     extra_cuda_cflags: list[str] = Field(default_factory=list)
+    extra_ldflags: list[str] = Field(default_factory=list)
     extra_include_paths: list[str] = Field(default_factory=list)
+    with_cuda: bool | None = None
+    is_python_module: bool = True
+    with_pytorch_error_handling: bool = True
     no_implicit_headers: bool = False
+    build_directory: bool = False
 
 
 class _ImportFailure(BaseModel):
@@ -1384,44 +1315,17 @@ class _Recording(BaseModel):
     stand_ins: list[str] = Field(default_factory=list)
 
 
-def _record_extensions(path: Path, work: Path, deadline: float, timeout_s: float) -> _Recording | Diagnostic:
-    """Import the solution in a subprocess with recording stand-ins for the extension builders."""
-    out_path = work / "recorded.json"
-    host_paths = [p for p in sys.path if p and os.path.isdir(p)]
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(work),
-        "TMPDIR": str(work),
-        "LANG": "C.UTF-8",
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-    }
-    if "LD_LIBRARY_PATH" in os.environ:
-        env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
-    argv = [
-        sys.executable,
-        "-I",
-        "-B",
-        "-c",
-        _EXTRACT_DRIVER,
-        str(path),
-        str(out_path),
-        json.dumps(host_paths),
-    ]
-    cwd = path.parent if path.parent.is_dir() else work
-    done = _run(argv, cwd=cwd, scratch=work, env=env, deadline=deadline)
-    if done.returncode is None:
-        return _tool_message(
-            f"build timed out after {timeout_s:g} s while importing the solution "
-            "(module-level code must finish quickly)"
-        )
+def _record_extensions(text: str, tools: Tools, deadline: float) -> _Recording | Diagnostic:
+    """The solution's builder calls, from a discovery job in the sandbox (kept per solution text)."""
+    from pkb_mcp import extensions
+
+    found = extensions.discover(text, tools, _remaining(deadline))
+    if isinstance(found, str):
+        return _tool_message(found, tool="python")
     try:
-        if out_path.stat().st_size > 16 * _MAX_CAPTURED_OUTPUT:
-            raise OSError("recorded extension sources are too large")
-        return _Recording.model_validate_json(out_path.read_bytes())
-    except (OSError, ValidationError):
-        tail = done.output[-1500:].strip() or f"exit status {done.returncode}"
-        return _tool_message(f"importing the solution failed before it finished:\n{tail}", tool="python")
+        return _Recording.model_validate(found)
+    except ValidationError:
+        return _tool_message("the discovery job returned malformed data; the solution was not checked")
 
 
 def _import_diagnostic(failure: _ImportFailure, display: str) -> Diagnostic:
@@ -1443,7 +1347,7 @@ def _import_diagnostic(failure: _ImportFailure, display: str) -> Diagnostic:
 
 
 def _compile_solution(
-    text: str, *, path: Path, display: str, arch: str, cache: _Cache, deadline: float, timeout_s: float
+    text: str, *, path: Path, display: str, arch: str, cache: _Cache, tools: Tools, deadline: float
 ) -> CompileResult:
     start = time.monotonic()
     try:  # compiling does not run anything; it finds syntax errors without a subprocess
@@ -1481,9 +1385,9 @@ def _compile_solution(
     if cached is not None:
         return cached
 
-    with tempfile.TemporaryDirectory(prefix="pkb-build-") as tmp:
-        work = Path(tmp)
-        recorded = _record_extensions(path, work, deadline, timeout_s)
+    recorded = _record_extensions(text, tools, deadline)
+    work = tools.new_dir()
+    try:
         if isinstance(recorded, Diagnostic):
             return CompileResult(
                 ok=False,
@@ -1504,11 +1408,17 @@ def _compile_solution(
         if not recorded.calls:
             if re.search(r"\bload_inline\b|\bcpp_extension\b", text):
                 notes.append(
-                    "the file uses torch.utils.cpp_extension but no load_inline/load call ran at "
-                    "import time; build extensions at module level so they can be checked here"
+                    "the file uses torch.utils.cpp_extension but no load_inline/load call was found: "
+                    "pass its sources as module-level strings (or constants built from them) so they "
+                    "can be checked here"
                 )
             else:
                 notes.append("no CUDA extension (load_inline / load) found; nothing to build")
+        if any(call.lazy for call in recorded.calls):
+            notes.append(
+                "load_inline calls that run on solution()'s first call were found in the source and "
+                "checked with the values their arguments have after import"
+            )
         py_lines = text.splitlines()
         plans = []
         for n, call in enumerate(recorded.calls):
@@ -1521,15 +1431,17 @@ def _compile_solution(
                     recorded.calls,
                     nvcc=nvcc,
                     work=unit_work,
-                    base=path.parent,
                     arch=arch,
                     py_lines=py_lines,
                     display=display,
                     notes=notes,
                 )
             )
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, len(plans)))) as pool:
-            units = list(pool.map(lambda plan: _build_unit(plan, cache, deadline, timeout_s), plans))
+        prebuild = _buildable([call.model_dump() for call in recorded.calls], notes)
+        ran, prepared = _execute(plans, cache, tools, work, deadline, prebuild)
+        units = [_unit_result(plan, r, _remaining(deadline)) for plan, r in zip(plans, ran, strict=True)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if any(call.api == "load_inline" and call.functions is not None for call in recorded.calls):
         notes.append(
             "pybind11 bindings that load_inline generates from functions= were not built; only "
@@ -1556,7 +1468,43 @@ def _compile_solution(
     )
     if not any(d.tool == "pkb" and d.severity == "error" for d in result.all_diagnostics()):
         cache.store(key, result.model_copy(update={"cache_hit": False}), inputs)
+    if prepared is not None and prepared.notes():  # what happened now, not kept with the cached result
+        result = result.model_copy(update={"notes": [*result.notes, *prepared.notes()]})
     return result
+
+
+def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
+    """The recorded load_inline calls this node can build for the extension cache: C++ everywhere,
+    CUDA where torch was built with CUDA."""
+    from pkb_mcp import extensions
+
+    wanted, _ = extensions.parse_requests(calls)
+    if extensions.toolchain()["torch_cuda"] != "None":
+        return wanted
+    cuda = [r.name for r in wanted if r.cuda_sources]
+    if cuda:
+        notes.append(
+            f"extension {', '.join(cuda)} was checked, not built: this node's torch has no CUDA, so it "
+            "is built by the first check on a GPU node"
+        )
+    return [r for r in wanted if not r.cuda_sources]
+
+
+def prebuild_refusal(request: Any) -> str | None:
+    """Why a load_inline request may not be built for the shared extension cache, or None.
+
+    A build job runs no candidate code only if the compilers run no program the candidate chose: its
+    flags must pass the same allow-list as compile_kernel's, with no paths, and link only libraries
+    by name."""
+    base = Path("/nonexistent")
+    host = _choose_host_flags(request.extra_cflags, base)
+    nvcc = _choose_nvcc_flags([f for f in request.extra_cuda_cflags if not _ARCH_FLAG_RE.fullmatch(f)], base)
+    dropped = host.dropped + nvcc.dropped
+    dropped += [f for f in (*host.kept, *nvcc.kept) if str(base) in f]
+    dropped += [f for f in request.extra_ldflags if not re.fullmatch(r"-l[\w.+-]+", f)]
+    if dropped:
+        return f"flag {dropped[0]!r} is not on the allow-list for shared builds"
+    return None
 
 
 def _plan_extension(
@@ -1566,7 +1514,6 @@ def _plan_extension(
     *,
     nvcc: _Nvcc | None,
     work: Path,
-    base: Path,
     arch: str,
     py_lines: list[str],
     display: str,
@@ -1576,6 +1523,7 @@ def _plan_extension(
     name = call.name if len(same_name) == 1 else f"{call.name}#{n}"
     extension = _safe_identifier(call.name)
     where = f"{display}:{call.line}" if call.line else display
+    base = work  # paths in flags name nothing of the host: the sandbox sees only the job's files
     nvcc_flags = _choose_nvcc_flags(call.extra_cuda_cflags, base)
     host_flags = _choose_host_flags(call.extra_cflags, base)
     for label, dropped in (("extra_cuda_cflags", nvcc_flags.dropped), ("extra_cflags", host_flags.dropped)):
@@ -1625,31 +1573,14 @@ def _plan_extension(
                     )
                 )
     else:
-        for named in call.sources:
-            source_path = Path(named)
-            shown = os.path.relpath(named, base) if named.startswith(str(base) + os.sep) else named
-            if not source_path.is_file():
-                known.append(
-                    Diagnostic(
-                        file=display,
-                        line=call.line,
-                        severity="error",
-                        tool="pkb",
-                        message=f"load() source {shown} does not exist",
-                    )
-                )
-                continue
-            texts.append((_read(named), source_path.parent))
-            if source_path.suffix in _CUDA_SUFFIXES:
-                cuda_files.append((source_path, shown, None))
-            elif source_path.suffix in _CPP_SUFFIXES:
-                cpp_files.append((source_path, shown, None))
-            else:
-                notes.append(f"extension {name}: {shown} is neither CUDA nor C++ source and was not checked")
+        notes.append(
+            f"extension {name}: load() builds source files, which a solution run as one file does not "
+            "have; pass the sources to load_inline as strings"
+        )
 
     if cuda_files and nvcc is None:
         raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC")
-    deps = _local_dependencies(texts, [Path(d) for d in include_dirs])
+    deps: dict[str, str] = {}  # a solution's includes are never read on the host
     for k, (source_file, shown, mapping) in enumerate(cuda_files):
         assert nvcc is not None
         argv = _nvcc_argv(

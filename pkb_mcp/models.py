@@ -111,6 +111,7 @@ class CheckResult(BaseModel):
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
+    notes: list[str] = Field([], description="what was built for the run (load_inline extensions)")
     static_report: StaticReport | None = None
 
 
@@ -202,6 +203,7 @@ class BenchResult(BaseModel):
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
+    notes: list[str] = Field([], description="what was built for the run (load_inline extensions)")
     static_report: StaticReport | None = None
 
 

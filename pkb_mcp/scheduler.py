@@ -34,7 +34,7 @@ DEADLINE_SLACK_S = 60.0
 
 def _run_compile(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
     progress(0, 1, "compiling")
-    result = service.compile_file(Path(params["path"]))
+    result = service.compile_file(Path(params["path"]), params.get("sandbox", "auto"), cancel)
     progress(1, 1, "compiled" if result.ok else "compile failed")
     return result
 

@@ -264,7 +264,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             result = service.roofline_of(problem, world_size, size, time_ms)
         return reply(result, render.roofline(result))
 
-    @mcp.tool(annotations=READ_ONLY)
+    @mcp.tool(annotations=RUNS_CODE)
     async def compile_kernel(
         ctx: Context,
         source: Source = None,
@@ -277,10 +277,12 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         ] = "python",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CompileOutput]:
-        """Build CUDA for sm_90a with nvcc: errors with line numbers, registers/smem/spills per kernel."""
+        """Build CUDA for sm_90a with nvcc in the sandbox: errors with line numbers, registers/smem/spills
+        per kernel. A solution's load_inline extensions (also those built on first call) are checked, and
+        built once for the checks that follow where the node can."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
         file = tools.solution_file(source, path, suffixes)
-        job_id = scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0})
+        job_id = scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0, "sandbox": "auto"})
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=RUNS_CODE)
