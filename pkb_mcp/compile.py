@@ -360,10 +360,17 @@ def _compile(
     deadline = time.monotonic() + timeout_s
     if suffix == ".py":
         return _compile_solution(
-            text, path=path, display=display, arch=arch, cache=cache, tools=tools, deadline=deadline
+            text, display=display, arch=arch, cache=cache, tools=tools, deadline=deadline, timeout_s=timeout_s
         )
     return _compile_cuda_file(
-        text, path=path, display=display, arch=arch, cache=cache, tools=tools, deadline=deadline
+        text,
+        path=path,
+        display=display,
+        arch=arch,
+        cache=cache,
+        tools=tools,
+        deadline=deadline,
+        timeout_s=timeout_s,
     )
 
 
@@ -445,6 +452,7 @@ def _host_compiler() -> tuple[str, str] | None:
     for name in ("c++", "g++", "clang++"):
         found = shutil.which(name)
         if found:
+            found = os.path.realpath(found)  # the sandbox has no /etc/alternatives to follow
             try:
                 out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
             except (OSError, subprocess.SubprocessError):
@@ -575,7 +583,7 @@ def _local_dependencies(
 
 
 def _remaining(deadline: float) -> float:
-    return max(deadline - time.monotonic(), 1.0)
+    return max(deadline - time.monotonic(), 0.01)
 
 
 def _execute(
@@ -610,6 +618,9 @@ def _execute(
     out: list[list[tuple[_JobRecord | None, bool]]] = [[(r, r is not None) for _, r in row] for row in keyed]
     for n, (p, j) in enumerate(pending):
         record = _parse_record(ran[n]) if n < len(ran) else None
+        if record is not None:  # the job wrote its directory as <build>; a unit's record names its own
+            output = record.output.replace("<build>", str(work)).replace(str(plans[p].work), "<build>")
+            record = record.model_copy(update={"output": output})
         out[p][j] = (record, False)
         key = keyed[p][j][0]
         finished = record is not None and record.returncode is not None and 0 <= record.returncode != 127
@@ -1180,7 +1191,15 @@ def _cached_result(cache: _Cache, key: str) -> CompileResult | None:
 
 
 def _compile_cuda_file(
-    text: str, *, path: Path, display: str, arch: str, cache: _Cache, tools: Tools, deadline: float
+    text: str,
+    *,
+    path: Path,
+    display: str,
+    arch: str,
+    cache: _Cache,
+    tools: Tools,
+    deadline: float,
+    timeout_s: float,
 ) -> CompileResult:
     nvcc = _find_nvcc()
     start = time.monotonic()
@@ -1225,7 +1244,7 @@ def _compile_cuda_file(
         job = _Job("nvcc", argv, key_material={}, paths=paths)
         plan = _UnitPlan(name=Path(display).name, jobs=[job], work=work, toolchain={}, inputs=deps)
         ran, _ = _execute([plan], cache, tools, work, deadline)
-        unit = _unit_result(plan, ran[0], _remaining(deadline))
+        unit = _unit_result(plan, ran[0], timeout_s)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     notes = [
@@ -1315,12 +1334,17 @@ class _Recording(BaseModel):
     stand_ins: list[str] = Field(default_factory=list)
 
 
-def _record_extensions(text: str, tools: Tools, deadline: float) -> _Recording | Diagnostic:
+def _record_extensions(text: str, tools: Tools, deadline: float, timeout_s: float) -> _Recording | Diagnostic:
     """The solution's builder calls, from a discovery job in the sandbox (kept per solution text)."""
     from pkb_mcp import extensions
 
     found = extensions.discover(text, tools, _remaining(deadline))
     if isinstance(found, str):
+        if found.startswith(extensions.TIMED_OUT):
+            return _tool_message(
+                f"build timed out after {timeout_s:g} s while importing the solution "
+                "(module-level code must finish quickly)"
+            )
         return _tool_message(found, tool="python")
     try:
         return _Recording.model_validate(found)
@@ -1347,7 +1371,7 @@ def _import_diagnostic(failure: _ImportFailure, display: str) -> Diagnostic:
 
 
 def _compile_solution(
-    text: str, *, path: Path, display: str, arch: str, cache: _Cache, tools: Tools, deadline: float
+    text: str, *, display: str, arch: str, cache: _Cache, tools: Tools, deadline: float, timeout_s: float
 ) -> CompileResult:
     start = time.monotonic()
     try:  # compiling does not run anything; it finds syntax errors without a subprocess
@@ -1385,7 +1409,7 @@ def _compile_solution(
     if cached is not None:
         return cached
 
-    recorded = _record_extensions(text, tools, deadline)
+    recorded = _record_extensions(text, tools, deadline, timeout_s)
     work = tools.new_dir()
     try:
         if isinstance(recorded, Diagnostic):
@@ -1439,10 +1463,13 @@ def _compile_solution(
             )
         prebuild = _buildable([call.model_dump() for call in recorded.calls], notes)
         ran, prepared = _execute(plans, cache, tools, work, deadline, prebuild)
-        units = [_unit_result(plan, r, _remaining(deadline)) for plan, r in zip(plans, ran, strict=True)]
+        units = [_unit_result(plan, r, timeout_s) for plan, r in zip(plans, ran, strict=True)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if any(call.api == "load_inline" and call.functions is not None for call in recorded.calls):
+    built = set(prepared.built + prepared.cached) if prepared is not None else set()
+    if any(
+        c.api == "load_inline" and c.functions is not None and c.name not in built for c in recorded.calls
+    ):
         notes.append(
             "pybind11 bindings that load_inline generates from functions= were not built; only "
             "that each named function is declared in cpp_sources was checked"

@@ -41,6 +41,7 @@ log = get(__name__)
 MAX_REQUESTS = 16
 DISCOVERY_SCHEMA = 1
 DISCOVERY_CAP = 16 << 20
+TIMED_OUT = "timed out"
 
 
 @dataclass
@@ -120,7 +121,7 @@ def discover(text: str, tools: Tools, timeout_s: float) -> dict[str, Any] | str:
         outcome = tools.run("discover", job_dir, {"solution_path": str(solution)}, timeout_s)
         found = read_result(job_dir / "discovered.json", DISCOVERY_CAP)
         if outcome.timed_out and not isinstance(found, dict):
-            return f"importing the solution did not finish within {timeout_s:g} s"
+            return f"{TIMED_OUT}: importing the solution did not finish within {timeout_s:.3g} s"
         if not isinstance(found, dict):
             return f"importing the solution failed before it finished: {outcome.log[-1500:].strip()}"
     finally:
