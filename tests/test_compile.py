@@ -323,7 +323,9 @@ def test_solution_errors_point_at_lines_of_the_py_file(tmp_path: Path) -> None:
 @needs_nvcc
 def test_solution_load_reads_no_host_files(tmp_path: Path) -> None:
     # load() names files; the host never reads them (a solution could name any file of the host)
-    _write(tmp_path, "kernel.cu", "// HOST_ONLY_MARKER\n__global__ void from_file(float* x) { x[0] = 1.0f; }\n")
+    _write(
+        tmp_path, "kernel.cu", "// HOST_ONLY_MARKER\n__global__ void from_file(float* x) { x[0] = 1.0f; }\n"
+    )
     path = _write(
         tmp_path,
         "solution.py",

@@ -1,7 +1,6 @@
 """Problem 1 with a C++ extension whose source is made at call time (from the input's dtype), so no
 discovery can find it before the run: each job builds it itself, once for all of its ranks."""
 
-import torch
 import torch.distributed as dist
 from torch.utils.cpp_extension import load_inline
 

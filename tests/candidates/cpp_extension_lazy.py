@@ -1,7 +1,6 @@
 """Problem 1 with a C++ extension built on the first call of solution(), the way agents write them:
 the sources are module-level strings, and load_inline runs lazily inside a helper."""
 
-import torch
 import torch.distributed as dist
 from torch.utils.cpp_extension import load_inline
 
