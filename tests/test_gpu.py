@@ -29,3 +29,16 @@ def test_wrong_example_fails_on_gpus():
 def test_examples_pass_on_two_gpus(example):
     r = service.check(int(example[:3]), EXAMPLES / example, world_size=2, device="cuda", trials=3)
     assert r.verdict == "pass", r.message
+
+
+def test_cuda_load_inline_builds_once_and_runs_in_docker():
+    """A hand-written CUDA kernel built with load_inline on first call, in the Docker sandbox: built
+    once by a build job before the first check, loaded from the node's cache by the next."""
+    example = EXAMPLES / "001_allreduce_cuda_oneshot.py"
+    first = service.check(1, example, world_size=2, device="cuda", trials=3, sandbox="docker")
+    assert first.verdict == "pass", (first.message, first.notes, [r.log_tail for r in first.ranks])
+    assert any("built extension pkb_example_oneshot_allreduce" in n for n in first.notes), first.notes
+    again = service.check(1, example, world_size=2, device="cuda", trials=3, sandbox="docker")
+    assert again.verdict == "pass", again.message
+    assert any("loaded from the build cache" in n for n in again.notes), again.notes
+    assert again.wall_s < first.wall_s / 2, (first.wall_s, again.wall_s)
