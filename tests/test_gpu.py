@@ -7,30 +7,35 @@ import pytest
 from pkb_mcp import problems, service
 
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"),
-]
+pytestmark = pytest.mark.gpu
+two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+@two_gpus
 @pytest.mark.parametrize("pid", sorted(problems.suite()))
 def test_reference_passes_on_two_gpus(pid):
     r = service.check(pid, problems.suite()[pid].path, world_size=2, device="cuda", trials=2)
     assert r.verdict == "pass", r.message
 
 
+@two_gpus
 def test_wrong_example_fails_on_gpus():
     r = service.check(1, EXAMPLES / "wrong_allreduce_half.py", world_size=2, device="cuda", trials=2)
     assert r.verdict == "fail" and r.ranks[0].first_mismatch is not None
 
 
+@two_gpus
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("[0-9][0-9][0-9]_*.py")))
 def test_examples_pass_on_two_gpus(example):
     r = service.check(int(example[:3]), EXAMPLES / example, world_size=2, device="cuda", trials=3)
     assert r.verdict == "pass", r.message
 
 
+@two_gpus
 def test_cuda_load_inline_builds_once_and_runs_in_docker():
     """A hand-written CUDA kernel built with load_inline on first call, in the Docker sandbox: built
     once by a build job before the first check, loaded from the node's cache by the next."""
@@ -42,3 +47,25 @@ def test_cuda_load_inline_builds_once_and_runs_in_docker():
     assert again.verdict == "pass", again.message
     assert any("loaded from the build cache" in n for n in again.notes), again.notes
     assert again.wall_s < first.wall_s / 2, (first.wall_s, again.wall_s)
+
+
+@one_gpu
+def test_cuda_load_inline_on_one_gpu_in_docker(tmp_path, monkeypatch):
+    """The same path on a node of one GPU: problem 1 with its world-size rule opened to one rank (an
+    all-reduce over one rank is a copy), so discovery, the CUDA build job, the read-only cache and the
+    kernel's run in the sandbox are all exercised where only one GPU is lent."""
+    single = tmp_path / "problems"
+    single.mkdir()
+    text = (Path(problems.suite()[1].path)).read_text()
+    text = text.replace('return None if world_size >= 2 else "needs at least 2 ranks"', "return None")
+    (single / "001_allreduce.py").write_text(text)
+    monkeypatch.setenv("PKB_PROBLEMS_DIR", str(single))
+    example = EXAMPLES / "001_allreduce_cuda_oneshot.py"
+    first = service.check(1, example, world_size=1, device="cuda", trials=3, sandbox="docker")
+    assert first.verdict == "pass", (first.message, first.notes, [r.log_tail for r in first.ranks])
+    assert any("built extension pkb_example_oneshot_allreduce" in n for n in first.notes), first.notes
+    again = service.check(1, example, world_size=1, device="cuda", trials=3, sandbox="docker")
+    assert again.verdict == "pass", again.message
+    assert any("loaded from the build cache" in n for n in again.notes), again.notes
+    compiled = service.compile_file(example, sandbox="docker")
+    assert compiled.ok and compiled.units[0].kernels, compiled.summary()

@@ -9,7 +9,9 @@ With an empty extension cache (a fresh PKB_CACHE_DIR), in order:
   warm_check    run_correctness again, `--repeats` times, `--think-s` apart (an agent editing): median wall
   bench         benchmark against the reference at `pkb` and `large`: speedup and % of floor
 Each row is appended to the JSONL file as soon as it is measured. `--device cpu` is a dry run on a
-machine without GPUs, with the C++ candidate of the tests.
+machine without GPUs, with the C++ candidate of the tests. `--world-size 1` (a node of one GPU) runs
+problem 1 with its world-size rule opened to one rank, an all-reduce that is a copy: the build and the
+turnaround are measured, the benchmark is not meaningful there and is skipped.
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ def main() -> None:
     )
     solution = (args.solution or default).resolve()
     os.environ["PKB_CACHE_DIR"] = tempfile.mkdtemp(prefix="pkb-ext-cache-")  # an empty extension cache
+    if args.world_size == 1:
+        single = Path(tempfile.mkdtemp(prefix="pkb-problems-"))
+        text = (ROOT / "problems" / "001_allreduce.py").read_text()
+        rule = 'return None if world_size >= 2 else "needs at least 2 ranks"'
+        (single / "001_allreduce.py").write_text(text.replace(rule, "return None"))
+        os.environ["PKB_PROBLEMS_DIR"] = str(single)
+        args.sizes = []
 
     import torch
     from mcp import Client
