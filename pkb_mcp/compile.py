@@ -400,13 +400,14 @@ def _find_nvcc() -> _Nvcc:
             raise CompileError(
                 f"PKB_NVCC={configured} is not an executable file; point it at nvcc or unset it"
             )
-        return _nvcc_info(configured)
+        return _nvcc_info(os.path.realpath(configured))
     found = shutil.which("nvcc")
     if found is None and os.access(_DEFAULT_NVCC, os.X_OK):
         found = _DEFAULT_NVCC
     if found is None:
         raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC")
-    return _nvcc_info(found)
+    # by its real path: /usr/local/cuda is often a link through /etc/alternatives, which the sandbox lacks
+    return _nvcc_info(os.path.realpath(found))
 
 
 @functools.cache
