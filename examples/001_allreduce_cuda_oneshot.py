@@ -64,7 +64,9 @@ torch::Tensor oneshot_sum(std::vector<int64_t> pointers, torch::Tensor out) {
     TORCH_CHECK(out.numel() % 8 == 0, "element count must be a multiple of 8");
     TORCH_CHECK(pointers.size() >= 1 && pointers.size() <= MAX_RANKS, "1 to 8 ranks");
     Peers peers;
-    for (size_t r = 0; r < pointers.size(); ++r) peers.buffers[r] = reinterpret_cast<const uint4*>(pointers[r]);
+    for (size_t r = 0; r < pointers.size(); ++r) {
+        peers.buffers[r] = reinterpret_cast<const uint4*>(pointers[r]);
+    }
     long long vectors = out.numel() / 8;
     int threads = 512;
     long long wanted = (vectors + threads - 1) / threads;

@@ -609,13 +609,11 @@ def _execute(
         keyed.append(row)
     pending = [(p, j) for p, row in enumerate(keyed) for j, (_, record) in enumerate(row) if record is None]
     commands = [{"argv": plans[p].jobs[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
-    prepared, job_dir = extensions.build_requests(
+    prepared, result = extensions.build_requests(
         list(prebuild), tools, _remaining(deadline), extra={"commands": commands}, job_dir=work
     )
-    ran: list[Any] = []
-    if job_dir is not None:
-        result = _read_build(job_dir / "build.json")
-        ran = result.get("commands", []) if isinstance(result, dict) else []
+    ran = result.get("commands", []) if result is not None else []
+    ran = ran if isinstance(ran, list) else []
     out: list[list[tuple[_JobRecord | None, bool]]] = [[(r, r is not None) for _, r in row] for row in keyed]
     for n, (p, j) in enumerate(pending):
         record = _parse_record(ran[n]) if n < len(ran) else None
@@ -628,15 +626,6 @@ def _execute(
         if key and finished and record is not None:  # timed-out and unstartable runs are not kept
             cache.store(key, record, plans[p].inputs)
     return out, prepared
-
-
-def _read_build(path: Path) -> Any:
-    try:
-        if path.is_symlink() or path.stat().st_size > 64 * _MAX_CAPTURED_OUTPUT:
-            return None
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
 
 
 def _parse_record(value: Any) -> _JobRecord | None:

@@ -145,10 +145,11 @@ def build_requests(
     timeout_s: float,
     extra: dict[str, Any] | None = None,
     job_dir: Path | None = None,
-) -> tuple[Prepared, Path | None]:
+) -> tuple[Prepared, dict[str, Any] | None]:
     """Build the requests that are not in the cache, with `extra` commands (compile_kernel's compiler
-    runs) in the same build job, in `job_dir` if given (where the caller wrote their sources). Returns
-    what happened and the build job's directory (the caller reads and removes it), or None if no job ran."""
+    runs) in the same build job, in `job_dir` if given (where the caller wrote their sources; the
+    caller removes it). Returns what happened and the build job's result (harness/build.py), or None
+    when no job ran or it left no readable result."""
     from pkb_mcp.compile import prebuild_refusal
 
     prepared = Prepared()
@@ -172,12 +173,28 @@ def build_requests(
             )
     if not todo and not (extra and extra.get("commands")):
         return prepared, None
+    own_dir = job_dir is None
     job_dir = job_dir or tools.new_dir()
-    params = {"extensions": [r.to_json() for _, r in todo], **(extra or {})}
-    start = time.monotonic()
-    outcome = tools.run("build", job_dir, params, timeout_s)
-    prepared.build_s = time.monotonic() - start
-    result = read_result(job_dir / "build.json")
+    try:
+        params = {"extensions": [r.to_json() for _, r in todo], **(extra or {})}
+        start = time.monotonic()
+        outcome = tools.run("build", job_dir, params, timeout_s)
+        prepared.build_s = time.monotonic() - start
+        result = read_result(job_dir / "build.json")
+        _install_results(todo, result, outcome.timed_out, job_dir, prepared)
+    finally:
+        if own_dir:
+            shutil.rmtree(job_dir, ignore_errors=True)
+    log.info(
+        "extensions.built", built=prepared.built, failed=prepared.failed, wall_s=round(prepared.build_s, 2)
+    )
+    return prepared, result if isinstance(result, dict) else None
+
+
+def _install_results(
+    todo: list[tuple[str, requests.Request]], result: Any, timed_out: bool, job_dir: Path, prepared: Prepared
+) -> None:
+    """Move what the build job built into the cache; keep its failures."""
     entries = result.get("extensions") if isinstance(result, dict) else None
     by_key = {}
     if isinstance(entries, list):
@@ -185,7 +202,7 @@ def build_requests(
     for key, request in todo:
         entry = by_key.get(key)
         if entry is None:
-            why = "timed out" if outcome.timed_out else "left no result"
+            why = "timed out" if timed_out else "left no result"
             prepared.skipped.append(f"extension {request.name}: the build job {why}; the job builds it")
             continue
         if entry.get("ok") is True and _install(job_dir / "extensions" / key, key):
@@ -193,10 +210,6 @@ def build_requests(
         elif entry.get("ok") is False:
             _record_failure(key, str(entry.get("log", ""))[-requests.FAILURE_LOG_CHARS :])
             prepared.failed.append(request.name)
-    log.info(
-        "extensions.built", built=prepared.built, failed=prepared.failed, wall_s=round(prepared.build_s, 2)
-    )
-    return prepared, job_dir
 
 
 def _install(built: Path, key: str) -> bool:
@@ -244,8 +257,6 @@ def prepare(text: str, tools: Tools, timeout_s: float) -> Prepared:
     if isinstance(found, str):
         return Prepared(skipped=[f"extensions not prebuilt: {found}"])
     wanted, why = parse_requests(found.get("calls"))
-    prepared, job_dir = build_requests(wanted, tools, timeout_s)
-    if job_dir is not None:
-        shutil.rmtree(job_dir, ignore_errors=True)
+    prepared, _ = build_requests(wanted, tools, timeout_s)
     prepared.skipped = why + prepared.skipped
     return prepared

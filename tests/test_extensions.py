@@ -191,8 +191,8 @@ def test_a_candidate_cannot_put_a_build_in_the_cache_for_others(tmp_path: Path) 
     assert list(config.extensions_dir().iterdir()) == []
     from pkb_mcp import extensions
 
-    prepared, job_dir = extensions.build_requests([request], tools, 300)
-    assert prepared.built == ["victim"] and job_dir is not None
+    prepared, result = extensions.build_requests([request], tools, 300)
+    assert prepared.built == ["victim"] and result is not None
     entry = config.extensions_dir() / request.key(extensions.toolchain())
     assert (entry / requests.OK_MARK).is_file() and (entry / "victim.so").is_file()
     assert os.stat(entry).st_uid == os.getuid()  # copied by the host, not left by a job
@@ -206,5 +206,5 @@ def test_failed_builds_are_kept_and_not_rebuilt() -> None:
     first, _ = extensions.build_requests([broken], tools, 300)
     assert first.failed == ["broken_ext"]
     start = time.monotonic()
-    again, job_dir = extensions.build_requests([broken], tools, 300)
-    assert again.failed == ["broken_ext"] and job_dir is None and time.monotonic() - start < 1
+    again, result = extensions.build_requests([broken], tools, 300)
+    assert again.failed == ["broken_ext"] and result is None and time.monotonic() - start < 1

@@ -35,18 +35,25 @@ def test_examples_pass_on_two_gpus(example):
     assert r.verdict == "pass", r.message
 
 
-@two_gpus
-def test_cuda_load_inline_builds_once_and_runs_in_docker():
-    """A hand-written CUDA kernel built with load_inline on first call, in the Docker sandbox: built
-    once by a build job before the first check, loaded from the node's cache by the next."""
+def built_once_then_cached(world_size: int) -> None:
+    """The CUDA example checked twice in Docker: built by a build job before the first check, loaded
+    from the node's cache by the next; then compile_kernel reports its kernel's resources."""
     example = EXAMPLES / "001_allreduce_cuda_oneshot.py"
-    first = service.check(1, example, world_size=2, device="cuda", trials=3, sandbox="docker")
+    first = service.check(1, example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
     assert first.verdict == "pass", (first.message, first.notes, [r.log_tail for r in first.ranks])
     assert any("built extension pkb_example_oneshot_allreduce" in n for n in first.notes), first.notes
-    again = service.check(1, example, world_size=2, device="cuda", trials=3, sandbox="docker")
+    again = service.check(1, example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
     assert again.verdict == "pass", again.message
     assert any("loaded from the build cache" in n for n in again.notes), again.notes
     assert again.wall_s < first.wall_s / 2, (first.wall_s, again.wall_s)
+    compiled = service.compile_file(example, sandbox="docker")
+    assert compiled.ok and compiled.units[0].kernels, compiled.summary()
+
+
+@two_gpus
+def test_cuda_load_inline_builds_once_and_runs_in_docker():
+    """A hand-written CUDA kernel built with load_inline on first call, in the Docker sandbox."""
+    built_once_then_cached(2)
 
 
 @one_gpu
@@ -60,12 +67,4 @@ def test_cuda_load_inline_on_one_gpu_in_docker(tmp_path, monkeypatch):
     text = text.replace('return None if world_size >= 2 else "needs at least 2 ranks"', "return None")
     (single / "001_allreduce.py").write_text(text)
     monkeypatch.setenv("PKB_PROBLEMS_DIR", str(single))
-    example = EXAMPLES / "001_allreduce_cuda_oneshot.py"
-    first = service.check(1, example, world_size=1, device="cuda", trials=3, sandbox="docker")
-    assert first.verdict == "pass", (first.message, first.notes, [r.log_tail for r in first.ranks])
-    assert any("built extension pkb_example_oneshot_allreduce" in n for n in first.notes), first.notes
-    again = service.check(1, example, world_size=1, device="cuda", trials=3, sandbox="docker")
-    assert again.verdict == "pass", again.message
-    assert any("loaded from the build cache" in n for n in again.notes), again.notes
-    compiled = service.compile_file(example, sandbox="docker")
-    assert compiled.ok and compiled.units[0].kernels, compiled.summary()
+    built_once_then_cached(1)

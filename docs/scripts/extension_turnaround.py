@@ -17,32 +17,18 @@ turnaround are measured, the benchmark is not meaningful there and is skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import anyio  # noqa: E402
-
-
-def emit(out: Path, row: dict) -> None:
-    with open(out, "a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(json.dumps(row)[:600], flush=True)
-
-
-async def call(client: Any, tool: str, args: dict) -> tuple[dict, float]:
-    t0 = time.perf_counter()
-    r = await client.call_tool(tool, args)
-    res = (r.structured_content or {}).get("result") or {"verdict": "error", "message": str(r.content)[:300]}
-    return res, time.perf_counter() - t0
+from turnaround import call, emit  # noqa: E402
 
 
 def main() -> None:
