@@ -30,9 +30,11 @@ import os
 import sys
 import traceback
 import types
+from collections.abc import Callable
 from typing import Any
 
-BUILDERS = ("load_inline", "load")
+BUILDERS = ("load_inline", "load", "compile_cuda_extension")
+ORIGINAL_PACKAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "original")
 
 
 class Anything:
@@ -273,6 +275,13 @@ def _bindings(
     return found
 
 
+def _original_helper(*args: Any, **kwargs: Any) -> Any:
+    """The original benchmark's helper, whose load_inline call the recorder sees."""
+    from utils.cuda_helpers import compile_cuda_extension  # harness/original, on sys.path
+
+    return compile_cuda_extension(*args, **kwargs)
+
+
 def record_lazy_calls(tree: ast.Module, namespace: dict[str, Any], recorder: Recorder, filename: str) -> None:
     """Record the builder calls in the source that did not run at import time."""
     ran = {call["line"] for call in recorder.calls}
@@ -288,7 +297,11 @@ def record_lazy_calls(tree: ast.Module, namespace: dict[str, Any], recorder: Rec
         named_sources = any(k.arg == "sources" for k in node.keywords)
         if _callee(node.func) == "load" and not named_sources and len(node.args) < 2:
             continue  # some other function called load
-        builder = recorder.load_inline if _callee(node.func) == "load_inline" else recorder.load
+        builder: Callable[..., Any] = {
+            "load_inline": recorder.load_inline,
+            "load": recorder.load,
+            "compile_cuda_extension": _original_helper,
+        }[str(_callee(node.func))]
         function = enclosing.get(id(node))
         envs = _bindings(function, tree, namespace, filename) if function is not None else [{}]
         for env in envs:
@@ -310,6 +323,7 @@ def record_lazy_calls(tree: ast.Module, namespace: dict[str, Any], recorder: Rec
 def main(solution: str, out_path: str) -> None:
     solution = os.path.abspath(solution)
     sys.path.insert(0, os.path.dirname(solution))
+    sys.path.append(ORIGINAL_PACKAGES)
     recorder = Recorder(solution)
     stand_ins: list[str] = []
     error = None

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 HARNESS_DIR = Path(__file__).resolve().parent
+ORIGINAL_PACKAGES = str(HARNESS_DIR / "original")  # harness/original: the original benchmark's `utils`
 
 
 class SolutionError(Exception):
@@ -405,6 +406,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             from harness import extensions
 
             extensions.install(job_dir)  # its load_inline builds once, into the node's cache
+            sys.path.append(ORIGINAL_PACKAGES)  # utils.cuda_helpers of original-benchmark files
             candidate = load_module(cfg["solution_path"], "solution")
             solution = getattr(candidate, "solution", None)
             if not callable(solution):

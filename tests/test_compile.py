@@ -504,3 +504,16 @@ def test_diagnostics_parse_nvcc_gcc_and_tool_messages() -> None:
     assert "detected during instantiation" in found[0].message
     assert found[1].code == "177-D" and found[3].code == "-Wunused-variable"
     assert found[3].message == "unused variable 'y'"
+
+
+@needs_nvcc
+def test_original_benchmark_helper_is_found_on_first_call() -> None:
+    """Files written for the original benchmark build with utils.cuda_helpers.compile_cuda_extension
+    inside a helper called on first use: the import works and the build is found and checked."""
+    from .conftest import CANDIDATES
+
+    result = compile_file(CANDIDATES / "original_helper_cuda.py", tools=TOOLS, cache_dir=Path(os.devnull))
+    assert result.ok, result.summary()
+    [unit] = result.units
+    assert unit.name == "original_style_ext"
+    assert [k.kernel for k in unit.kernels] == ["scale_kernel(float const*, float*, float, int)"]

@@ -208,3 +208,10 @@ def test_failed_builds_are_kept_and_not_rebuilt() -> None:
     start = time.monotonic()
     again, result = extensions.build_requests([broken], tools, 300)
     assert again.failed == ["broken_ext"] and result is None and time.monotonic() - start < 1
+
+
+def test_original_benchmark_helper_imports_in_the_sandbox() -> None:
+    result = service.check(
+        1, CANDIDATES / "original_helper_cuda.py", world_size=2, device="cpu", trials=1, sandbox="docker"
+    )
+    assert result.verdict == "pass", (result.message, [r.log_tail for r in result.ranks])
