@@ -297,11 +297,12 @@ def record_lazy_calls(tree: ast.Module, namespace: dict[str, Any], recorder: Rec
         named_sources = any(k.arg == "sources" for k in node.keywords)
         if _callee(node.func) == "load" and not named_sources and len(node.args) < 2:
             continue  # some other function called load
-        builder: Callable[..., Any] = {
+        builders: dict[str, Callable[..., Any]] = {
             "load_inline": recorder.load_inline,
             "load": recorder.load,
             "compile_cuda_extension": _original_helper,
-        }[str(_callee(node.func))]
+        }
+        builder = builders[str(_callee(node.func))]
         function = enclosing.get(id(node))
         envs = _bindings(function, tree, namespace, filename) if function is not None else [{}]
         for env in envs:
