@@ -56,15 +56,30 @@ def test_cuda_load_inline_builds_once_and_runs_in_docker():
     built_once_then_cached(2)
 
 
-@one_gpu
-def test_cuda_load_inline_on_one_gpu_in_docker(tmp_path, monkeypatch):
-    """The same path on a node of one GPU: problem 1 with its world-size rule opened to one rank (an
-    all-reduce over one rank is a copy), so discovery, the CUDA build job, the read-only cache and the
-    kernel's run in the sandbox are all exercised where only one GPU is lent."""
+@pytest.fixture
+def one_rank_problem_1(tmp_path, monkeypatch):
+    """Problem 1 with its world-size rule opened to one rank (an all-reduce over one rank is a copy),
+    for GPU paths that must be shown where only one GPU is lent."""
     single = tmp_path / "problems"
     single.mkdir()
     text = (Path(problems.suite()[1].path)).read_text()
     text = text.replace('return None if world_size >= 2 else "needs at least 2 ranks"', "return None")
     (single / "001_allreduce.py").write_text(text)
     monkeypatch.setenv("PKB_PROBLEMS_DIR", str(single))
+
+
+@one_gpu
+def test_cuda_load_inline_on_one_gpu_in_docker(one_rank_problem_1):
+    """The built-then-cached path on a node of one GPU: discovery, the CUDA build job, the read-only
+    cache and the kernel's run in the sandbox."""
     built_once_then_cached(1)
+
+
+@one_gpu
+def test_original_benchmark_helper_builds_cuda_on_one_gpu(one_rank_problem_1):
+    """A file in the original benchmark's style (utils.cuda_helpers.compile_cuda_extension on first
+    call) builds its CUDA through the cache and runs in Docker."""
+    candidate = Path(__file__).parent / "candidates" / "original_helper_cuda.py"
+    result = service.check(1, candidate, world_size=1, device="cuda", trials=2, sandbox="docker")
+    assert result.verdict == "pass", (result.message, result.notes, [r.log_tail for r in result.ranks])
+    assert any("built extension original_style_ext" in n for n in result.notes), result.notes
