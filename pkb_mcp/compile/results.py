@@ -1,0 +1,168 @@
+"""What a build reports: diagnostics, per-kernel resources, units and the whole result (pydantic models)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+_LOG_LIMIT = 4096  # characters of a unit's compiler log kept in its result
+Severity = Literal["error", "warning"]
+
+
+class CompileError(ValueError):
+    """Bad input or a missing toolchain: one sentence that says what to fix."""
+
+
+class Diagnostic(BaseModel):
+    """One compiler (or import) message."""
+
+    file: str | None = Field(description="file the message points at; None for tool-level messages")
+    line: int | None = Field(default=None, description="1-based line in `file`")
+    column: int | None = Field(default=None, description="1-based column, when the compiler gives one")
+    severity: Severity
+    message: str
+    code: str | None = Field(default=None, description="compiler's id for the message, e.g. 177-D")
+    tool: str = Field(description="what produced it: nvcc, ptxas, c++, python or pkb")
+
+    def location(self) -> str:
+        if self.file is None:
+            return self.tool
+        parts = [self.file]
+        if self.line is not None:
+            parts.append(str(self.line))
+            if self.column is not None:
+                parts.append(str(self.column))
+        return ":".join(parts)
+
+    def one_line(self) -> str:
+        code = f" [{self.code}]" if self.code else ""
+        first = (self.message.splitlines() or [""])[0]
+        return f"{self.location()}: {self.severity}{code}: {first}"
+
+
+def _tool_message(message: str, *, severity: Severity = "error", tool: str = "pkb") -> Diagnostic:
+    """A message about the build itself rather than a line of source."""
+    return Diagnostic(file=None, severity=severity, message=message, tool=tool)
+
+
+class KernelResources(BaseModel):
+    """Resources of one kernel (entry function) as reported by `ptxas -v` for one architecture."""
+
+    kernel: str = Field(description="demangled name (the mangled one where c++filt is unavailable)")
+    mangled: str = Field(description="symbol name as ptxas reports it")
+    arch: str
+    registers: int = Field(description="registers per thread")
+    shared_bytes: int = Field(description="static shared memory per block, bytes (dynamic smem excluded)")
+    constant_bytes: int | None = Field(
+        default=None, description="constant memory over all banks, bytes; None when ptxas does not report it"
+    )
+    stack_frame_bytes: int = Field(description="per-thread stack frame (local memory), bytes")
+    spill_store_bytes: int = Field(description="bytes of register spill stores per thread")
+    spill_load_bytes: int = Field(description="bytes of register spill loads per thread")
+    barriers: int = Field(description="named barriers used")
+    cumulative_stack_bytes: int | None = Field(
+        default=None, description="stack including callees, bytes, when ptxas reports it"
+    )
+
+
+class CompileUnit(BaseModel):
+    """One build: a .cu file, or one extension of a solution (its CUDA and C++ sources)."""
+
+    name: str
+    ok: bool
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    kernels: list[KernelResources] = Field(default_factory=list)
+    build_time_s: float = Field(description="wall time of the original build (also on a cache hit)")
+    cache_hit: bool = False
+    command: str = Field(description="compiler command lines, one per line; <build> is the temp build dir")
+    log: str = Field(default="", description=f"first {_LOG_LIMIT} characters of raw compiler output")
+
+
+class CompileResult(BaseModel):
+    """What `compile_kernel` returns."""
+
+    ok: bool = Field(description="no error anywhere (an empty solution counts as ok)")
+    kind: Literal["cuda", "solution"]
+    source: str = Field(description="the file as the caller named it")
+    arch: str
+    units: list[CompileUnit] = Field(default_factory=list)
+    diagnostics: list[Diagnostic] = Field(
+        default_factory=list, description="file-level messages, e.g. a SyntaxError in a solution"
+    )
+    build_time_s: float = Field(description="wall time of the whole original build")
+    cache_hit: bool = Field(description="every unit (or the whole result) came from the cache")
+    notes: list[str] = Field(default_factory=list)
+    sandbox: str = Field(
+        "", description="the sandbox backend its jobs ran in (docker isolates; process does not)"
+    )
+
+    def all_diagnostics(self) -> list[Diagnostic]:
+        return [*self.diagnostics, *(d for unit in self.units for d in unit.diagnostics)]
+
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.all_diagnostics() if d.severity == "error"]
+
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.all_diagnostics() if d.severity == "warning"]
+
+    def summary(self, max_messages: int = 15) -> str:
+        """Compact text: verdict, errors with file:line, warnings, kernel resource table, notes."""
+        errors, warnings = self.errors(), self.warnings()
+        verdict = "ok" if self.ok else "FAILED"
+        hit = ", cache hit" if self.cache_hit else ""
+        lines = [
+            f"{self.source} [{self.kind}, {self.arch}]: {verdict}: {_count(len(errors), 'error')}, "
+            f"{_count(len(warnings), 'warning')}; {len(self.units)} unit(s); {self.build_time_s:.1f} s{hit}"
+        ]
+        for title, group in (("errors", errors), ("warnings", warnings)):
+            if not group:
+                continue
+            lines.append(f"{title}:")
+            for d in group[:max_messages]:
+                lines.append(f"  {d.one_line()}")
+                if d.severity == "error":  # context such as a trimmed traceback or a template instantiation
+                    lines.extend(f"      {extra}" for extra in d.message.splitlines()[1:4])
+            if len(group) > max_messages:
+                lines.append(f"  ... and {len(group) - max_messages} more")
+        kernels = [(unit.name, k) for unit in self.units for k in unit.kernels]
+        if kernels:
+            lines.append("kernels (ptxas; bytes per thread for stack/spills, per block for smem):")
+            lines.extend(f"  {row}" for row in _kernel_table(kernels))
+        if self.notes:
+            lines.append("notes:")
+            lines.extend(f"  - {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _kernel_table(kernels: Sequence[tuple[str, KernelResources]]) -> list[str]:
+    header = ("unit", "kernel", "regs", "smem", "cmem", "stack", "spill st", "spill ld", "barriers")
+    rows = [header]
+    for unit, k in kernels:
+        name = k.kernel if len(k.kernel) <= 60 else k.kernel[:57] + "..."
+        cmem = "-" if k.constant_bytes is None else str(k.constant_bytes)
+        rows.append(
+            (
+                unit,
+                name,
+                str(k.registers),
+                str(k.shared_bytes),
+                cmem,
+                str(k.stack_frame_bytes),
+                str(k.spill_store_bytes),
+                str(k.spill_load_bytes),
+                str(k.barriers),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    out = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1])]
+        cells += [cell.rjust(width) for cell, width in zip(row[2:], widths[2:], strict=True)]
+        out.append("  ".join(cells).rstrip())
+    return out
