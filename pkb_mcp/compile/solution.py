@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from pkb_mcp.compile.cache import _Cache, _cached_result, _file_digest, _read
+from pkb_mcp.compile.cache import _Cache, _cached_result, _read
 from pkb_mcp.compile.flags import _choose_host_flags, _choose_nvcc_flags
 from pkb_mcp.compile.results import CompileError, CompileResult, Diagnostic, _tool_message
 from pkb_mcp.compile.toolchain import (
@@ -124,28 +124,9 @@ def _compile_solution(
     text: str, *, display: str, arch: str, cache: _Cache, tools: Tools, deadline: float, timeout_s: float
 ) -> CompileResult:
     start = time.monotonic()
-    try:  # compiling does not run anything; it finds syntax errors without a subprocess
-        compile(text, display, "exec", dont_inherit=True)
-    except SyntaxError as exc:
-        diagnostic = Diagnostic(
-            file=display,
-            line=exc.lineno,
-            column=exc.offset,
-            severity="error",
-            message=f"{type(exc).__name__}: {exc.msg}",
-            tool="python",
-        )
-        return CompileResult(
-            ok=False,
-            kind="solution",
-            source=display,
-            arch=arch,
-            diagnostics=[diagnostic],
-            build_time_s=round(time.monotonic() - start, 3),
-            cache_hit=False,
-        )
-    except ValueError as exc:  # e.g. NUL bytes
-        raise CompileError(f"{display} is not valid Python source ({exc}); fix the file") from exc
+    syntax = _syntax_error(text, display)
+    if syntax is not None:
+        return _failed(display, arch, syntax, start)
     nvcc = _optional_nvcc()
     material: dict[str, object] = {
         "level": "solution",
@@ -163,36 +144,9 @@ def _compile_solution(
     work = tools.new_dir()
     try:
         if isinstance(recorded, Diagnostic):
-            return CompileResult(
-                ok=False,
-                kind="solution",
-                source=display,
-                arch=arch,
-                diagnostics=[recorded],
-                build_time_s=round(time.monotonic() - start, 3),
-                cache_hit=False,
-            )
+            return _failed(display, arch, recorded, start)
         diagnostics = [_import_diagnostic(recorded.error, display)] if recorded.error else []
-        notes: list[str] = []
-        if recorded.stand_ins:
-            notes.append(
-                f"{', '.join(recorded.stand_ins)} is not installed here; a stand-in module let the "
-                "solution import, so its kernels were not checked"
-            )
-        if not recorded.calls:
-            if re.search(r"\bload_inline\b|\bcpp_extension\b", text):
-                notes.append(
-                    "the file uses torch.utils.cpp_extension but no load_inline/load call was found: "
-                    "pass its sources as module-level strings (or constants built from them) so they "
-                    "can be checked here"
-                )
-            else:
-                notes.append("no CUDA extension (load_inline / load) found; nothing to build")
-        if any(call.lazy for call in recorded.calls):
-            notes.append(
-                "load_inline calls that run on solution()'s first call were found in the source and "
-                "checked with the values their arguments have after import"
-            )
+        notes = _recording_notes(recorded, text)
         py_lines = text.splitlines()
         plans = []
         for n, call in enumerate(recorded.calls):
@@ -250,6 +204,62 @@ def _compile_solution(
     return result
 
 
+def _syntax_error(text: str, display: str) -> Diagnostic | None:
+    """A syntax error of the source, found by compiling it (which runs nothing), or None."""
+    try:
+        compile(text, display, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return Diagnostic(
+            file=display,
+            line=exc.lineno,
+            column=exc.offset,
+            severity="error",
+            message=f"{type(exc).__name__}: {exc.msg}",
+            tool="python",
+        )
+    except ValueError as exc:  # e.g. NUL bytes
+        raise CompileError(f"{display} is not valid Python source ({exc}); fix the file") from exc
+    return None
+
+
+def _failed(display: str, arch: str, diagnostic: Diagnostic, start: float) -> CompileResult:
+    """A result for a solution that could not be looked into: it does not parse or import."""
+    return CompileResult(
+        ok=False,
+        kind="solution",
+        source=display,
+        arch=arch,
+        diagnostics=[diagnostic],
+        build_time_s=round(time.monotonic() - start, 3),
+        cache_hit=False,
+    )
+
+
+def _recording_notes(recorded: _Recording, text: str) -> list[str]:
+    """What the discovery says about the solution's extensions, for the result's notes."""
+    notes: list[str] = []
+    if recorded.stand_ins:
+        notes.append(
+            f"{', '.join(recorded.stand_ins)} is not installed here; a stand-in module let the "
+            "solution import, so its kernels were not checked"
+        )
+    if not recorded.calls:
+        if re.search(r"\bload_inline\b|\bcpp_extension\b", text):
+            notes.append(
+                "the file uses torch.utils.cpp_extension but no load_inline/load call was found: "
+                "pass its sources as module-level strings (or constants built from them) so they "
+                "can be checked here"
+            )
+        else:
+            notes.append("no CUDA extension (load_inline / load) found; nothing to build")
+    if any(call.lazy for call in recorded.calls):
+        notes.append(
+            "load_inline calls that run on solution()'s first call were found in the source and "
+            "checked with the values their arguments have after import"
+        )
+    return notes
+
+
 def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
     """The recorded load_inline calls this node can build for the extension cache: C++ everywhere,
     CUDA where torch was built with CUDA."""
@@ -267,6 +277,45 @@ def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
     return [r for r in wanted if not r.cuda_sources]
 
 
+_Sources = list[tuple[Path, str, _LineMap]]
+
+
+def _inline_sources(
+    call: _RecordedCall, name: str, work: Path, py_lines: list[str], display: str
+) -> tuple[_Sources, _Sources, list[Diagnostic]]:
+    """The files load_inline would write for the call (CUDA, C++), each mapped back to the .py lines
+    of its strings, and what is wrong before any compiler runs (functions= names nothing declared)."""
+    cuda_files: _Sources = []
+    cpp_files: _Sources = []
+    for strings, prefix, file_name, files in (
+        (call.cuda_sources, _INLINE_CUDA_PREFIX, "cuda.cu", cuda_files),
+        (call.cpp_sources, _INLINE_CPP_PREFIX, "main.cpp", cpp_files),
+    ):
+        if not any(s.strip() for s in strings):
+            continue
+        lead = [] if call.no_implicit_headers else list(prefix)
+        generated = work / file_name
+        generated.write_text("\n".join([*lead, *strings]), encoding="utf-8")
+        label = f"{name}/{'cuda' if file_name == 'cuda.cu' else 'cpp'}_sources"
+        line_map = _LineMap(str(generated), len(lead), strings, py_lines, display, label)
+        files.append((generated, f"{name}/{file_name}", line_map))
+    known = []
+    cpp_text = "\n".join(call.cpp_sources)
+    for function in call.functions or []:
+        if not re.search(rf"\b{re.escape(function)}\b", cpp_text):
+            known.append(
+                Diagnostic(
+                    file=display,
+                    line=call.line,
+                    severity="warning",
+                    tool="pkb",
+                    message=f"functions= names {function!r} but cpp_sources does not "
+                    "declare it; the generated binding would not compile",
+                )
+            )
+    return cuda_files, cpp_files, known
+
+
 def _plan_extension(
     call: _RecordedCall,
     n: int,
@@ -279,68 +328,30 @@ def _plan_extension(
     display: str,
     notes: list[str],
 ) -> _UnitPlan:
+    """The compiler commands that check one recorded extension. A solution's includes and load()
+    source files are never read on the host: the sandbox sees only what is written here."""
     same_name = [c for c in calls if c.name == call.name]
     name = call.name if len(same_name) == 1 else f"{call.name}#{n}"
     extension = _safe_identifier(call.name)
-    where = f"{display}:{call.line}" if call.line else display
-    base = work  # paths in flags name nothing of the host: the sandbox sees only the job's files
-    nvcc_flags = _choose_nvcc_flags(call.extra_cuda_cflags, base)
-    host_flags = _choose_host_flags(call.extra_cflags, base)
+    nvcc_flags = _choose_nvcc_flags(call.extra_cuda_cflags, work)
+    host_flags = _choose_host_flags(call.extra_cflags, work)
     for label, dropped in (("extra_cuda_cflags", nvcc_flags.dropped), ("extra_cflags", host_flags.dropped)):
         if dropped:
             notes.append(f"extension {name}: {label} not used here: {' '.join(dropped)}")
-    include_dirs = [os.path.normpath(base / p) for p in call.extra_include_paths]
-    known: list[Diagnostic] = []
-    jobs: list[_Job] = []
-    cuda_std = None if nvcc_flags.user_std else _EXTENSION_STD
-    cxx_std = None if host_flags.user_std else _EXTENSION_STD
+    include_dirs = [os.path.normpath(work / p) for p in call.extra_include_paths]
     stand_ins = _stand_in_dir(work, nvcc) if nvcc else None
     host = _host_compiler()
-    cuda_files: list[tuple[Path, str, _LineMap | None]] = []
-    cpp_files: list[tuple[Path, str, _LineMap | None]] = []
-    texts: list[tuple[str, Path | None]] = []
-
     if call.api == "load_inline":
-        cuda_prefix = [] if call.no_implicit_headers else list(_INLINE_CUDA_PREFIX)
-        cpp_prefix = [] if call.no_implicit_headers else list(_INLINE_CPP_PREFIX)
-        if any(s.strip() for s in call.cuda_sources):
-            generated = work / "cuda.cu"
-            generated.write_text("\n".join([*cuda_prefix, *call.cuda_sources]), encoding="utf-8")
-            line_map = _LineMap(
-                str(generated), len(cuda_prefix), call.cuda_sources, py_lines, display, f"{name}/cuda_sources"
-            )
-            cuda_files.append((generated, f"{name}/cuda.cu", line_map))
-            texts += [(s, None) for s in call.cuda_sources]
-        if any(s.strip() for s in call.cpp_sources):
-            generated = work / "main.cpp"
-            generated.write_text("\n".join([*cpp_prefix, *call.cpp_sources]), encoding="utf-8")
-            line_map = _LineMap(
-                str(generated), len(cpp_prefix), call.cpp_sources, py_lines, display, f"{name}/cpp_sources"
-            )
-            cpp_files.append((generated, f"{name}/main.cpp", line_map))
-            texts += [(s, None) for s in call.cpp_sources]
-        cpp_text = "\n".join(call.cpp_sources)
-        for function in call.functions or []:
-            if not re.search(rf"\b{re.escape(function)}\b", cpp_text):
-                known.append(
-                    Diagnostic(
-                        file=display,
-                        line=call.line,
-                        severity="warning",
-                        tool="pkb",
-                        message=f"functions= names {function!r} but cpp_sources does not "
-                        "declare it; the generated binding would not compile",
-                    )
-                )
+        cuda_files, cpp_files, known = _inline_sources(call, name, work, py_lines, display)
     else:
+        cuda_files, cpp_files, known = [], [], []
         notes.append(
             f"extension {name}: load() builds source files, which a solution run as one file does not "
             "have; pass the sources to load_inline as strings"
         )
-
     if cuda_files and nvcc is None:
         raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC")
-    deps: dict[str, str] = {}  # a solution's includes are never read on the host
+    jobs: list[_Job] = []
     for k, (source_file, shown, mapping) in enumerate(cuda_files):
         assert nvcc is not None
         argv = _nvcc_argv(
@@ -348,13 +359,13 @@ def _plan_extension(
             source=source_file,
             out=work / f"cuda{k}.cubin",
             arch=arch,
-            std=cuda_std,
+            std=None if nvcc_flags.user_std else _EXTENSION_STD,
             extension=extension,
             stand_ins=stand_ins,
             include_dirs=include_dirs,
             extra=nvcc_flags.kept,
         )
-        material = _job_material("nvcc", argv, work, source_file, deps)
+        material = _job_material("nvcc", argv, work, source_file, {})
         jobs.append(_Job("nvcc", argv, material, mapping, {str(source_file): shown}))
     if cpp_files and host is None:
         notes.append(
@@ -366,20 +377,16 @@ def _plan_extension(
                 host[0],
                 nvcc,
                 source=source_file,
-                std=cxx_std,
+                std=None if host_flags.user_std else _EXTENSION_STD,
                 extension=extension,
                 stand_ins=stand_ins,
                 include_dirs=include_dirs,
                 extra=host_flags.kept,
             )
-            material = _job_material("c++", argv, work, source_file, deps)
+            material = _job_material("c++", argv, work, source_file, {})
             jobs.append(_Job("c++", argv, material, mapping, {str(source_file): shown}))
     if not jobs and not known:
+        where = f"{display}:{call.line}" if call.line else display
         notes.append(f"extension {name} ({where}) has no sources to build")
-
-    inputs = dict(deps)
-    for source_file, _, mapping in (*cuda_files, *cpp_files):
-        if mapping is None:
-            inputs[str(source_file)] = _file_digest(str(source_file))
     toolchain = _toolchain_fingerprint(nvcc)
-    return _UnitPlan(name=name, jobs=jobs, work=work, toolchain=toolchain, inputs=inputs, diagnostics=known)
+    return _UnitPlan(name=name, jobs=jobs, work=work, toolchain=toolchain, inputs={}, diagnostics=known)
