@@ -1,14 +1,42 @@
-"""Result models of the service layer: what the CLI prints and (next) what the MCP tools return.
+"""Result models of the service layer: what the CLI prints and what the MCP tools return.
 
 Each figure is defined once, here, in its field's description; docs/measurement.md expands on the
-timing and roofline definitions.
+timing and roofline definitions. Every model derives from `Result`, whose JSON schema carries no
+titles: the schemas go into every agent's context with tools/list, and a title repeats the field name.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def _lean(schema: dict[str, Any]) -> None:
+    """Output schemas without what an agent does not need: titles (they repeat the field names),
+    defaults (a result always has every field), and `anyOf [T, null]` where `type: [T, null]` says
+    the same in less."""
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+        prop.pop("default", None)
+        options = prop.get("anyOf")
+        if (
+            isinstance(options, list)
+            and len(options) == 2
+            and {"type": "null"} in options
+            and all(set(o) == {"type"} and isinstance(o["type"], str) for o in options)
+        ):
+            kinds = [o["type"] for o in options if o["type"] != "null"]
+            prop.pop("anyOf")
+            prop["type"] = [*kinds, "null"]
+
+
+class Result(BaseModel):
+    """A model whose JSON schema (in tools/list) is lean: see `_lean`."""
+
+    model_config = ConfigDict(json_schema_extra=_lean)
+
 
 RankState = Literal["pass", "wrong", "error", "crashed", "timeout", "aborted", "exited"]
 Verdict = Literal["pass", "fail", "timeout"]
@@ -16,7 +44,7 @@ Verdict = Literal["pass", "fail", "timeout"]
 BenchVerdict = Literal["pass", "fail", "timeout", "suspect"]
 
 
-class ProblemSummary(BaseModel):
+class ProblemSummary(Result):
     id: int
     name: str
     category: str
@@ -26,14 +54,14 @@ class ProblemSummary(BaseModel):
     summary: str
 
 
-class InputSpec(BaseModel):
+class InputSpec(Result):
     name: str
     shape: list[int] | None = None
     dtype: str | None = None
     value: str | None = Field(None, description="repr of a non-tensor argument")
 
 
-class Traffic(BaseModel):
+class Traffic(Result):
     nvlink_bytes: float = Field(description="bytes each GPU must send (= receive) over NVLink, one direction")
     hbm_bytes: float = Field(description="bytes each GPU must read plus write in HBM")
     flops: float = Field(description="floating-point operations per GPU")
@@ -54,14 +82,14 @@ class ProblemDetail(ProblemSummary):
     reference_source: str
 
 
-class Mismatch(BaseModel):
+class Mismatch(Result):
     output: int = Field(description="index of the output tensor")
     index: list[int] = Field(description="first element that fails the elementwise check")
     expected: str
     got: str
 
 
-class RankResult(BaseModel):
+class RankResult(Result):
     rank: int
     trial: int | None = Field(None, description="the first trial with this rank's worst outcome")
     state: RankState
@@ -76,29 +104,23 @@ class RankResult(BaseModel):
     ended_s: float | None = Field(None, description="seconds into the job when this rank failed")
 
 
-class SandboxInfo(BaseModel):
+class SandboxInfo(Result):
     backend: str
     isolated: bool
     note: str = ""
 
 
-class StaticReport(BaseModel):
-    """What the solution's source still calls, read from its text without running it."""
+class StaticReport(Result):
+    """What the source calls, read from its text without running it."""
 
-    collectives: list[str] = Field(
-        description="torch.distributed collectives, functional collectives and symmetric-memory ops "
-        "referenced"
-    )
-    compute_ops: list[str] = Field(description="dense torch compute ops used (matmul, @, F.linear, ...)")
-    multicast: bool = Field(description="uses NVLink multicast (multimem / NVLS): refused before running")
+    collectives: list[str] = Field(description="collectives and symmetric-memory ops referenced")
+    compute_ops: list[str] = Field(description="dense compute ops (matmul, @, F.linear, ...)")
+    multicast: bool = Field(description="uses NVLink multicast: refused before running")
     multicast_uses: list[str] = Field([], description="where multicast is used")
-    suspicious: list[str] = Field(
-        description="patterns worth review: harness imports, files, environment, threads, processes, "
-        "ctypes, monkeypatching, introspection, pointer-keyed caches, state kept across calls"
-    )
+    suspicious: list[str] = Field(description="patterns worth review (docs/adversarial.md)")
 
 
-class CheckResult(BaseModel):
+class CheckResult(Result):
     problem_id: int
     problem: str
     world_size: int
@@ -115,7 +137,7 @@ class CheckResult(BaseModel):
     static_report: StaticReport | None = None
 
 
-class TimingStats(BaseModel):
+class TimingStats(Result):
     median_ms: float = Field(
         description="median over timed calls of the slowest rank's time; with several placements, "
         "the median of the placements' medians; with several jobs, the median of the jobs' medians"
@@ -148,7 +170,7 @@ class TimingStats(BaseModel):
     )
 
 
-class Ceilings(BaseModel):
+class Ceilings(Result):
     nvlink_gbps: float = Field(description="peer copy bandwidth per GPU, one direction, GB/s")
     hbm_gbps: float = Field(description="HBM copy bandwidth counting read + write, GB/s")
     tflops: dict[str, float] = Field(description="peak rate per dtype, TFLOP/s")
@@ -156,7 +178,7 @@ class Ceilings(BaseModel):
     source: str
 
 
-class RooflineResult(BaseModel):
+class RooflineResult(Result):
     problem_id: int
     problem: str
     world_size: int
@@ -174,15 +196,14 @@ class RooflineResult(BaseModel):
     note: str = ""
 
 
-class BenchResult(BaseModel):
+class BenchResult(Result):
     problem_id: int
     problem: str
     world_size: int
     size: str
     device: str
     verdict: BenchVerdict = Field(
-        description="pass; fail; timeout; suspect: every output right but the candidate's time is below "
-        "the physical floor (below_floor), so its speedup is not credited"
+        description="suspect: outputs right but the time is below the physical floor, not credited"
     )
     message: str
     reference: TimingStats | None = None
@@ -191,13 +212,9 @@ class BenchResult(BaseModel):
     speedup_low: float | None = Field(None, description="reference q1 / candidate q3")
     speedup_high: float | None = Field(None, description="reference q3 / candidate q1")
     roofline: RooflineResult | None = None
-    below_floor: bool = Field(
-        False, description="the candidate's median is below the roofline floor: the time is not credited"
-    )
+    below_floor: bool = Field(False, description="the candidate's median is below the roofline floor")
     within_noise: bool | None = Field(
-        None,
-        description="on GPUs: the speedup is within the spread of identical code between runs (about "
-        "5%), so it is no evidence of a difference",
+        None, description="on GPUs: within the spread of identical code between runs, so no evidence"
     )
     ranks: list[RankResult] = []
     wall_s: float
@@ -207,7 +224,7 @@ class BenchResult(BaseModel):
     static_report: StaticReport | None = None
 
 
-class Calibration(BaseModel):
+class Calibration(Result):
     ceilings: Ceilings
     details: dict[str, Any] = Field(description="every measurement behind the ceilings")
     saved_to: str | None = Field(default=None, description="the calibration file the roofline now reads")

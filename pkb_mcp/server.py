@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from pkb_mcp import render, service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
-from pkb_mcp.models import BenchResult, CheckResult, ProblemDetail, ProblemSummary, RooflineResult
+from pkb_mcp.models import BenchResult, CheckResult, ProblemDetail, ProblemSummary, Result, RooflineResult
 from pkb_mcp.scheduler import Scheduler
 from pkb_mcp.store import JobRecord
 
@@ -57,11 +57,11 @@ Device = Annotated[Literal["cpu", "cuda"] | None, Field(description="default: cu
 Wait = Annotated[bool, Field(description="true: return the result; false: return a job id at once")]
 
 
-class ProblemList(BaseModel):
+class ProblemList(Result):
     problems: list[ProblemSummary]
 
 
-class JobOutput(BaseModel):
+class JobOutput(Result):
     """What a long tool returns: the job, and its result once it has one."""
 
     job_id: str
@@ -84,8 +84,10 @@ class CompileOutput(JobOutput):
 
 
 class AnyJobOutput(JobOutput):
-    kind: str
-    result: CheckResult | BenchResult | CompileResult | None = None
+    kind: str = Field(description="compile, check or bench")
+    result: dict[str, Any] | None = Field(
+        None, description="the result as compile_kernel, run_correctness or benchmark return it (by kind)"
+    )
 
 
 OUTPUTS: dict[str, type[JobOutput]] = {"check": CheckOutput, "bench": BenchOutput, "compile": CompileOutput}
@@ -277,9 +279,8 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         ] = "python",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CompileOutput]:
-        """Build CUDA for sm_90a with nvcc in the sandbox: errors with line numbers, registers/smem/spills
-        per kernel. A solution's load_inline extensions (also those built on first call) are checked, and
-        built once for the checks that follow where the node can."""
+        """Build CUDA for sm_90a in the sandbox: errors by line, registers/smem/spills per kernel; a
+        solution's load_inline extensions are checked and built once for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
         file = tools.solution_file(source, path, suffixes)
         job_id = scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0, "sandbox": "auto"})
@@ -370,8 +371,11 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         with tool_errors():
             record = scheduler.get(job_id)
         out = tools.output(record)
+        result = getattr(out, "result", None)
         full = AnyJobOutput(
-            kind=record.kind, **out.model_dump(exclude={"result"}), result=getattr(out, "result", None)
+            kind=record.kind,
+            **out.model_dump(exclude={"result"}),
+            result=result.model_dump(mode="json") if result is not None else None,
         )
         return reply(full, tools.text(out))
 

@@ -44,9 +44,8 @@ MAX_PLACEMENTS = 16
 MAX_JOBS = 8
 # what `jobs` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
 JOBS_HELP = (
-    "separate jobs per side, reference and candidate alternating: more resolve smaller differences at "
-    "a job start each (identical code on H200s: up to 5% apart with 1 job a side, within 3% in 80 of 81 "
-    "benchmarks with 4, at about twice the time; code that waits on the host inside a call spreads more)"
+    "separate jobs per side, reference and candidate alternating: more jobs resolve smaller differences, "
+    "at a job start each (docs/measurement.md)"
 )
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible

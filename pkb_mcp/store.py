@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from pkb_mcp.models import Result
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -35,7 +37,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 
 
-class JobRecord(BaseModel):
+class JobRecord(Result):
     id: str
     kind: str = Field(description="compile, check or bench")
     state: str = Field(description="queued, running, done, failed or cancelled")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from pkb_mcp.models import Result
 
 _LOG_LIMIT = 4096  # characters of a unit's compiler log kept in its result
 Severity = Literal["error", "warning"]
@@ -15,7 +17,7 @@ class CompileError(ValueError):
     """Bad input or a missing toolchain: one sentence that says what to fix."""
 
 
-class Diagnostic(BaseModel):
+class Diagnostic(Result):
     """One compiler (or import) message."""
 
     file: str | None = Field(description="file the message points at; None for tool-level messages")
@@ -47,7 +49,7 @@ def _tool_message(message: str, *, severity: Severity = "error", tool: str = "pk
     return Diagnostic(file=None, severity=severity, message=message, tool=tool)
 
 
-class KernelResources(BaseModel):
+class KernelResources(Result):
     """Resources of one kernel (entry function) as reported by `ptxas -v` for one architecture."""
 
     kernel: str = Field(description="demangled name (the mangled one where c++filt is unavailable)")
@@ -67,7 +69,7 @@ class KernelResources(BaseModel):
     )
 
 
-class CompileUnit(BaseModel):
+class CompileUnit(Result):
     """One build: a .cu file, or one extension of a solution (its CUDA and C++ sources)."""
 
     name: str
@@ -80,7 +82,7 @@ class CompileUnit(BaseModel):
     log: str = Field(default="", description=f"first {_LOG_LIMIT} characters of raw compiler output")
 
 
-class CompileResult(BaseModel):
+class CompileResult(Result):
     """What `compile_kernel` returns."""
 
     ok: bool = Field(description="no error anywhere (an empty solution counts as ok)")
