@@ -12,24 +12,31 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+def lean_property(prop: dict[str, Any]) -> None:
+    """One property's schema without a title, a default of null, or `anyOf [T, null]` (written
+    `type: [T, null]`, which says the same in less)."""
+    prop.pop("title", None)
+    if prop.get("default", 0) is None:
+        prop.pop("default")
+    options = prop.get("anyOf")
+    if (
+        isinstance(options, list)
+        and len(options) == 2
+        and {"type": "null"} in options
+        and all(set(o) == {"type"} and isinstance(o["type"], str) for o in options)
+    ):
+        kinds = [o["type"] for o in options if o["type"] != "null"]
+        prop.pop("anyOf")
+        prop["type"] = [*kinds, "null"]
+
+
 def _lean(schema: dict[str, Any]) -> None:
     """Output schemas without what an agent does not need: titles (they repeat the field names),
-    defaults (a result always has every field), and `anyOf [T, null]` where `type: [T, null]` says
-    the same in less."""
+    defaults (a result always has every field), and the longer form of optional fields."""
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
-        prop.pop("title", None)
+        lean_property(prop)
         prop.pop("default", None)
-        options = prop.get("anyOf")
-        if (
-            isinstance(options, list)
-            and len(options) == 2
-            and {"type": "null"} in options
-            and all(set(o) == {"type"} and isinstance(o["type"], str) for o in options)
-        ):
-            kinds = [o["type"] for o in options if o["type"] != "null"]
-            prop.pop("anyOf")
-            prop["type"] = [*kinds, "null"]
 
 
 class Result(BaseModel):
@@ -62,10 +69,10 @@ class InputSpec(Result):
 
 
 class Traffic(Result):
-    nvlink_bytes: float = Field(description="bytes each GPU must send (= receive) over NVLink, one direction")
-    hbm_bytes: float = Field(description="bytes each GPU must read plus write in HBM")
+    nvlink_bytes: float = Field(description="bytes each GPU sends (= receives) over NVLink")
+    hbm_bytes: float = Field(description="bytes each GPU reads plus writes in HBM")
     flops: float = Field(description="floating-point operations per GPU")
-    rounds: float = Field(description="dependent communication steps (latency term)")
+    rounds: float = Field(description="dependent communication steps")
 
 
 class ProblemDetail(ProblemSummary):
@@ -83,25 +90,25 @@ class ProblemDetail(ProblemSummary):
 
 
 class Mismatch(Result):
-    output: int = Field(description="index of the output tensor")
-    index: list[int] = Field(description="first element that fails the elementwise check")
+    output: int = Field(description="which output")
+    index: list[int] = Field(description="the first failing element")
     expected: str
     got: str
 
 
 class RankResult(Result):
     rank: int
-    trial: int | None = Field(None, description="the first trial with this rank's worst outcome")
+    trial: int | None = None
     state: RankState
     message: str = ""
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     rel_norm_error: float | None = Field(None, description="‖out−ref‖ / ‖ref‖ over all outputs")
-    mismatched: int | None = Field(None, description="elements failing allclose")
+    mismatched: int | None = None
     first_mismatch: Mismatch | None = None
     traceback: str | None = None
     log_tail: str | None = None
-    ended_s: float | None = Field(None, description="seconds into the job when this rank failed")
+    ended_s: float | None = Field(None, description="when it failed, s into the job")
 
 
 class SandboxInfo(Result):
@@ -111,13 +118,13 @@ class SandboxInfo(Result):
 
 
 class StaticReport(Result):
-    """What the source calls, read from its text without running it."""
+    # What the source calls, read from its text without running it (pkb_mcp/static_report.py).
 
-    collectives: list[str] = Field(description="collectives and symmetric-memory ops referenced")
-    compute_ops: list[str] = Field(description="dense compute ops (matmul, @, F.linear, ...)")
-    multicast: bool = Field(description="uses NVLink multicast: refused before running")
-    multicast_uses: list[str] = Field([], description="where multicast is used")
-    suspicious: list[str] = Field(description="patterns worth review (docs/adversarial.md)")
+    collectives: list[str]
+    compute_ops: list[str]
+    multicast: bool = Field(description="uses NVLink multicast: refused")
+    multicast_uses: list[str] = []
+    suspicious: list[str] = Field(description="patterns worth review")
 
 
 class CheckResult(Result):
@@ -129,18 +136,17 @@ class CheckResult(Result):
     trials: int
     verdict: Verdict
     message: str
-    ranks: list[RankResult] = Field(description="one entry per rank: its worst outcome over all trials")
+    ranks: list[RankResult] = Field(description="each rank's worst outcome")
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
-    notes: list[str] = Field([], description="what was built for the run (load_inline extensions)")
+    notes: list[str] = Field([], description="extensions built for the run")
     static_report: StaticReport | None = None
 
 
 class TimingStats(Result):
     median_ms: float = Field(
-        description="median over timed calls of the slowest rank's time; with several placements, "
-        "the median of the placements' medians; with several jobs, the median of the jobs' medians"
+        description="median over timed calls of the slowest rank's time (docs/measurement.md)"
     )
     q1_ms: float
     q3_ms: float
@@ -148,26 +154,15 @@ class TimingStats(Result):
     min_ms: float
     samples: int
     stop_reason: str
-    sampled_ms: float = Field(0.0, description="real time spent sampling (the slowest rank's)")
+    sampled_ms: float = 0.0
     warmup_calls: int
-    input_sets: int = Field(description="distinct input sets rotated through (L2 defeat)")
+    input_sets: int
     clock: str
-    wall_median_ms: float = Field(description="host wall-clock median of the same region (cross-check)")
-    placements: int = Field(
-        1,
-        description="sampling rounds in each job, each with the inputs and the solution's memory at "
-        "other addresses",
-    )
-    placement_spread: float | None = Field(
-        None,
-        description="standard deviation of log(median) between placements (0.01 = 1%), averaged over "
-        "jobs; null with one placement",
-    )
-    jobs: int = Field(1, description="separate jobs (sets of processes) this side was timed in")
-    job_spread: float | None = Field(
-        None,
-        description="standard deviation of log(median) between those jobs (0.01 = 1%); null with one job",
-    )
+    wall_median_ms: float = Field(description="host clock cross-check")
+    placements: int = 1
+    placement_spread: float | None = None
+    jobs: int = 1
+    job_spread: float | None = Field(None, description="sd of log(median) between jobs")
 
 
 class Ceilings(Result):
@@ -178,7 +173,18 @@ class Ceilings(Result):
     source: str
 
 
-class RooflineResult(Result):
+class FloorPlacement(Result):
+    # Where a measured time sits against the problem's floor (the roofline tool gives the floor's terms
+    # and the traffic and ceilings behind them). Comments, not a docstring: it would go into tools/list.
+
+    floor_ms: float = Field(description="max(nvlink, hbm, compute) + latency")
+    bound: str
+    time_ms: float | None = None
+    pct_of_floor: float | None = Field(None, description="floor / time x 100: 100% is the speed of light")
+    note: str = ""
+
+
+class RooflineResult(FloorPlacement):
     problem_id: int
     problem: str
     world_size: int
@@ -189,11 +195,9 @@ class RooflineResult(Result):
     hbm_ms: float
     compute_ms: float
     latency_ms: float
-    floor_ms: float = Field(description="max(nvlink, hbm, compute) + latency")
-    bound: str
-    time_ms: float | None = None
-    pct_of_floor: float | None = Field(None, description="floor / time x 100: 100% is the speed of light")
-    note: str = ""
+
+    def placement(self) -> FloorPlacement:
+        return FloorPlacement.model_validate(self.model_dump(include=set(FloorPlacement.model_fields)))
 
 
 class BenchResult(Result):
@@ -211,7 +215,7 @@ class BenchResult(Result):
     speedup: float | None = Field(None, description="reference median / candidate median")
     speedup_low: float | None = Field(None, description="reference q1 / candidate q3")
     speedup_high: float | None = Field(None, description="reference q3 / candidate q1")
-    roofline: RooflineResult | None = None
+    roofline: FloorPlacement | None = None
     below_floor: bool = Field(False, description="the candidate's median is below the roofline floor")
     within_noise: bool | None = Field(
         None, description="on GPUs: within the spread of identical code between runs, so no evidence"
@@ -220,7 +224,7 @@ class BenchResult(Result):
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
-    notes: list[str] = Field([], description="what was built for the run (load_inline extensions)")
+    notes: list[str] = Field([], description="extensions built for the run")
     static_report: StaticReport | None = None
 
 

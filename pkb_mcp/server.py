@@ -23,7 +23,15 @@ from pydantic import BaseModel, Field
 from pkb_mcp import render, service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
-from pkb_mcp.models import BenchResult, CheckResult, ProblemDetail, ProblemSummary, Result, RooflineResult
+from pkb_mcp.models import (
+    BenchResult,
+    CheckResult,
+    ProblemDetail,
+    ProblemSummary,
+    Result,
+    RooflineResult,
+    lean_property,
+)
 from pkb_mcp.scheduler import Scheduler
 from pkb_mcp.store import JobRecord
 
@@ -48,13 +56,19 @@ RUNS_CODE = ToolAnnotations(
     read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
 )
 
-ProblemRef = Annotated[int | str, Field(description="problem id (e.g. 12) or name (e.g. 'allgather_gemm')")]
-WorldSize = Annotated[int, Field(ge=1, le=64, description="number of ranks (one GPU each on cuda)")]
-SizePreset = Annotated[str, Field(description="'pkb' (the original benchmark's sizes) or 'large' (~1 ms)")]
-Source = Annotated[str | None, Field(description="the solution's source text; give this or path")]
-SourcePath = Annotated[str | None, Field(description="path of the solution file on the server; or source")]
-Device = Annotated[Literal["cpu", "cuda"] | None, Field(description="default: cuda when the node has GPUs")]
-Wait = Annotated[bool, Field(description="true: return the result; false: return a job id at once")]
+
+def Arg(**kwargs: Any) -> Any:
+    """A tool parameter's Field, its schema lean like the results' (models.lean_property)."""
+    return Field(json_schema_extra=lean_property, **kwargs)
+
+
+ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. 12 or 'allgather_gemm'")]
+WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on cuda)")]
+SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
+Source = Annotated[str | None, Arg(description="the code; or give path")]
+SourcePath = Annotated[str | None, Arg(description="a file on the server; or give source")]
+Device = Annotated[Literal["cpu", "cuda"] | None, Arg(description="default: cuda when the node has GPUs")]
+Wait = Annotated[bool, Arg(description="false: return a job id at once")]
 
 
 class ProblemList(Result):
@@ -67,8 +81,8 @@ class JobOutput(Result):
     job_id: str
     state: str = Field(description="queued, running, done, failed or cancelled")
     message: str = ""
-    error: str | None = Field(None, description="why the job failed or was cancelled")
-    result_uri: str = Field(description="resource with the full, uncompacted result")
+    error: str | None = None  # why the job failed or was cancelled
+    result_uri: str = Field(description="the full result")
 
 
 class CheckOutput(JobOutput):
@@ -236,8 +250,8 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
 
     @mcp.tool(annotations=READ_ONLY)
     def list_problems(
-        category: Annotated[str | None, Field(description="exact category, e.g. 'primitive', 'TP'")] = None,
-        text: Annotated[str | None, Field(description="text to find in name, summary, source")] = None,
+        category: Annotated[str | None, Arg(description="exact category, e.g. 'primitive', 'TP'")] = None,
+        text: Annotated[str | None, Arg(description="text to find in name, summary, source")] = None,
     ) -> Annotated[CallToolResult, ProblemList]:
         """List the problems: id, name, category, world-size rule, one-line summary."""
         found = service.list_problems(category, text)
@@ -258,7 +272,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         time_ms: Annotated[
-            float | None, Field(gt=0, description="a measured time to place on the roofline")
+            float | None, Arg(gt=0, description="a measured time to place on the roofline")
         ] = None,
     ) -> Annotated[CallToolResult, RooflineResult]:
         """The floor from NVLink bytes, HBM bytes and FLOPs per GPU and the node's ceilings; % of floor."""
@@ -273,9 +287,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         path: SourcePath = None,
         language: Annotated[
             Literal["cuda", "python"],
-            Field(
-                description="for source text: a .cu file, or a solution .py whose load_inline CUDA is built"
-            ),
+            Arg(description="for source text: a .cu file, or a solution .py whose load_inline CUDA is built"),
         ] = "python",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CompileOutput]:
@@ -294,9 +306,9 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         path: SourcePath = None,
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
-        trials: Annotated[int, Field(ge=1, le=100, description="fresh random inputs per trial")] = 5,
+        trials: Annotated[int, Arg(ge=1, le=100, description="fresh random inputs per trial")] = 5,
         device: Device = None,
-        timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
+        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
@@ -327,10 +339,10 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         device: Device = None,
-        timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
+        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
         jobs: Annotated[
             int,
-            Field(
+            Arg(
                 ge=1,
                 le=service.MAX_JOBS,
                 description=service.JOBS_HELP,
@@ -358,14 +370,14 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=READ_ONLY)
-    def job_status(job_id: Annotated[str, Field(description="id from a wait=false call")]) -> JobRecord:
+    def job_status(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
         """Where a job stands: queued, running (with progress), done, failed or cancelled."""
         with tool_errors():
             return scheduler.get(job_id)
 
     @mcp.tool(annotations=READ_ONLY)
     def job_result(
-        job_id: Annotated[str, Field(description="id from a wait=false call")],
+        job_id: Annotated[str, Arg(description="id from a wait=false call")],
     ) -> Annotated[CallToolResult, AnyJobOutput]:
         """A job's result (compacted; the full one is the resource in result_uri)."""
         with tool_errors():
@@ -384,7 +396,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
         )
     )
-    def cancel_job(job_id: Annotated[str, Field(description="id from a wait=false call")]) -> JobRecord:
+    def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
         """Cancel a queued or running job; its processes are killed. A finished job is left as it is."""
         with tool_errors():
             return scheduler.cancel(job_id)

@@ -751,6 +751,6 @@ def bench(
         speedup=speed,
         speedup_low=low,
         speedup_high=high,
-        roofline=roof,
+        roofline=roof.placement(),
         **fields,
     )

@@ -47,7 +47,7 @@ class JobRecord(Result):
     progress: float = 0.0
     total: float | None = None
     message: str = Field("", description="the latest progress message")
-    error: str | None = Field(None, description="why the job failed or was cancelled")
+    error: str | None = None  # why the job failed or was cancelled
     params: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     @property

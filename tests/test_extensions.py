@@ -27,7 +27,7 @@ from sandbox import select_backend
 from .conftest import CANDIDATES, docker_client
 
 CLIENT = docker_client()
-pytestmark = pytest.mark.skipif(CLIENT is None, reason="no Docker engine answers")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(CLIENT is None, reason="no Docker engine answers")]
 LAZY = CANDIDATES / "cpp_extension_lazy.py"
 TOKEN = "PKB_PLANTED_SECRET_7f3a9c"
 

@@ -14,7 +14,10 @@ import pytest
 from .conftest import ROOT
 
 INSPECTOR = os.environ.get("PKB_INSPECTOR")
-pytestmark = pytest.mark.skipif(not INSPECTOR, reason="PKB_INSPECTOR is not set (.ci/run sets it)")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not INSPECTOR, reason="PKB_INSPECTOR is not set (.ci/run sets it)"),
+]
 
 
 def inspect(tmp_path, *args):

@@ -20,13 +20,13 @@ class CompileError(ValueError):
 class Diagnostic(Result):
     """One compiler (or import) message."""
 
-    file: str | None = Field(description="file the message points at; None for tool-level messages")
-    line: int | None = Field(default=None, description="1-based line in `file`")
-    column: int | None = Field(default=None, description="1-based column, when the compiler gives one")
+    file: str | None = Field(description="null: about the build")
+    line: int | None = None
+    column: int | None = None
     severity: Severity
     message: str
-    code: str | None = Field(default=None, description="compiler's id for the message, e.g. 177-D")
-    tool: str = Field(description="what produced it: nvcc, ptxas, c++, python or pkb")
+    code: str | None = None
+    tool: str = Field(description="nvcc, ptxas, c++, python or pkb")
 
     def location(self) -> str:
         if self.file is None:
@@ -50,55 +50,47 @@ def _tool_message(message: str, *, severity: Severity = "error", tool: str = "pk
 
 
 class KernelResources(Result):
-    """Resources of one kernel (entry function) as reported by `ptxas -v` for one architecture."""
+    """One kernel's resources per `ptxas -v` (bytes per thread unless said)."""
 
-    kernel: str = Field(description="demangled name (the mangled one where c++filt is unavailable)")
-    mangled: str = Field(description="symbol name as ptxas reports it")
+    kernel: str = Field(description="demangled name")
+    mangled: str
     arch: str
     registers: int = Field(description="registers per thread")
-    shared_bytes: int = Field(description="static shared memory per block, bytes (dynamic smem excluded)")
-    constant_bytes: int | None = Field(
-        default=None, description="constant memory over all banks, bytes; None when ptxas does not report it"
-    )
-    stack_frame_bytes: int = Field(description="per-thread stack frame (local memory), bytes")
-    spill_store_bytes: int = Field(description="bytes of register spill stores per thread")
-    spill_load_bytes: int = Field(description="bytes of register spill loads per thread")
-    barriers: int = Field(description="named barriers used")
-    cumulative_stack_bytes: int | None = Field(
-        default=None, description="stack including callees, bytes, when ptxas reports it"
-    )
+    shared_bytes: int = Field(description="static, per block")
+    constant_bytes: int | None = None
+    stack_frame_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    barriers: int
+    cumulative_stack_bytes: int | None = None
 
 
 class CompileUnit(Result):
-    """One build: a .cu file, or one extension of a solution (its CUDA and C++ sources)."""
+    # One build: a .cu file, or one extension of a solution (its CUDA and C++ sources).
 
     name: str
     ok: bool
     diagnostics: list[Diagnostic] = Field(default_factory=list)
     kernels: list[KernelResources] = Field(default_factory=list)
-    build_time_s: float = Field(description="wall time of the original build (also on a cache hit)")
+    build_time_s: float
     cache_hit: bool = False
-    command: str = Field(description="compiler command lines, one per line; <build> is the temp build dir")
-    log: str = Field(default="", description=f"first {_LOG_LIMIT} characters of raw compiler output")
+    command: str
+    log: str = ""
 
 
 class CompileResult(Result):
     """What `compile_kernel` returns."""
 
-    ok: bool = Field(description="no error anywhere (an empty solution counts as ok)")
+    ok: bool
     kind: Literal["cuda", "solution"]
-    source: str = Field(description="the file as the caller named it")
+    source: str
     arch: str
     units: list[CompileUnit] = Field(default_factory=list)
-    diagnostics: list[Diagnostic] = Field(
-        default_factory=list, description="file-level messages, e.g. a SyntaxError in a solution"
-    )
-    build_time_s: float = Field(description="wall time of the whole original build")
-    cache_hit: bool = Field(description="every unit (or the whole result) came from the cache")
+    diagnostics: list[Diagnostic] = Field(default_factory=list, description="file-level, e.g. a SyntaxError")
+    build_time_s: float
+    cache_hit: bool
     notes: list[str] = Field(default_factory=list)
-    sandbox: str = Field(
-        "", description="the sandbox backend its jobs ran in (docker isolates; process does not)"
-    )
+    sandbox: str = Field("", description="docker (isolated) or process (not)")
 
     def all_diagnostics(self) -> list[Diagnostic]:
         return [*self.diagnostics, *(d for unit in self.units for d in unit.diagnostics)]
