@@ -5,8 +5,7 @@ plus the toolchain it is built with; its `key` (sha256) names the build. Three p
 
 - inside a candidate's job, `install()` replaces `load_inline`: a build already in the node's extension
   cache (mounted read-only at PKB_EXTENSIONS) is loaded from there; otherwise the job builds it itself,
-  once for all of its ranks (the first rank to take the lock builds, the others wait and load), and
-  writes the request to `<job dir>/extensions/` so the host can have it built for the cache;
+  once for all of its ranks (the first rank to take the lock builds, the others wait and load);
 - in a build job (harness/build.py, no candidate code), `build()` compiles a request into a directory
   without loading it (loading runs the extension's initializers, which are candidate code);
 - on the host, pkb_mcp/extensions.py computes the same keys to decide what to build before a run.
@@ -17,7 +16,6 @@ loads (docs/sandbox.md). Stdlib + torch only: this runs inside the sandbox.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -276,39 +274,44 @@ def write_mark(directory: Path, mark: str, data: dict[str, Any]) -> None:
 class _Loader:
     """The `load_inline` a candidate's job sees."""
 
-    def __init__(self, cache: Path | None, scratch: Path, report: Path, original: Any) -> None:
-        self.cache, self.scratch, self.report, self.original = cache, scratch, report, original
+    # arguments a request records; any other argument given a non-default value (sycl sources, a
+    # build directory, include paths, a precompiled header, docstrings in `functions`) makes the call
+    # torch's own, uncached
+    KEPT = (
+        "name",
+        "cpp_sources",
+        "cuda_sources",
+        "functions",
+        "extra_cflags",
+        "extra_cuda_cflags",
+        "extra_ldflags",
+        "with_cuda",
+        "is_python_module",
+        "with_pytorch_error_handling",
+        "no_implicit_headers",
+    )
+    IGNORED = ("verbose", "keep_intermediates")
+
+    def __init__(self, cache: Path | None, scratch: Path, original: Any) -> None:
+        self.cache, self.scratch, self.original = cache, scratch, original
+        self.signature = inspect.signature(original)
         self._toolchain: dict[str, str] | None = None
 
-    def __call__(self, name: Any, cpp_sources: Any, cuda_sources: Any = None, **kwargs: Any) -> Any:
-        passthrough = ("sycl_sources", "build_directory", "extra_include_paths", "extra_sycl_cflags")
-        unusual = (
-            any(kwargs.get(k) for k in passthrough)
-            or kwargs.get("use_pch")
-            or isinstance(kwargs.get("functions"), dict)
-        )
-        known = {
-            "functions",
-            "extra_cflags",
-            "extra_cuda_cflags",
-            "extra_ldflags",
-            "with_cuda",
-            "is_python_module",
-            "with_pytorch_error_handling",
-            "no_implicit_headers",
-        }
-        ignored = {"verbose", "keep_intermediates", "use_pch", "with_sycl", *passthrough}
-        if unusual or set(kwargs) - known - ignored:
-            return self.original(name, cpp_sources, cuda_sources, **kwargs)
-        fields = {k: v for k, v in kwargs.items() if k in known}
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = self.signature.bind(*args, **kwargs)  # a TypeError here is the one torch would raise
+        given = bound.arguments
+        defaults = {n: p.default for n, p in self.signature.parameters.items()}
+        unusual = [n for n, v in given.items() if n not in self.KEPT + self.IGNORED and v != defaults.get(n)]
+        if unusual or isinstance(given.get("functions"), dict):
+            return self.original(*args, **kwargs)
         try:
-            request = request_of(name, cpp_sources, cuda_sources, **fields)
+            request = request_of(**{n: v for n, v in given.items() if n in self.KEPT})
         except RequestError:
-            return self.original(name, cpp_sources, cuda_sources, **kwargs)
+            return self.original(*args, **kwargs)
         if self._toolchain is None:
             self._toolchain = toolchain()
         key = request.key(self._toolchain)
-        verbose = bool(kwargs.get("verbose", False))
+        verbose = bool(given.get("verbose", False))
         if self.cache is not None:
             cached = self.cache / key
             failed = _marked(cached, FAILED_MARK)
@@ -336,21 +339,16 @@ class _Loader:
                         write_mark(directory, FAILED_MARK, {"log": str(exc)[-FAILURE_LOG_CHARS:]})
                         raise
                     write_mark(directory, OK_MARK, {"name": request.name})
-                    with contextlib.suppress(OSError):
-                        self.report.mkdir(exist_ok=True)
-                        (self.report / f"{key}.json").write_text(json.dumps(request.to_json()))
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         return load_library(request, directory / f"{request.name}.so")
 
 
-def install(job_dir: Path) -> None:
+def install() -> None:
     """Route the solution's `load_inline` calls through the extension cache (before it is imported)."""
     from torch.utils import cpp_extension
 
     cache = os.environ.get(CACHE_ENV)
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / "pkb-extensions"
-    loader = _Loader(
-        Path(cache) if cache else None, scratch, job_dir / "extensions", cpp_extension.load_inline
-    )
+    loader = _Loader(Path(cache) if cache else None, scratch, cpp_extension.load_inline)
     cpp_extension.load_inline = loader  # type: ignore[assignment]

@@ -405,7 +405,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         else:
             from harness import extensions
 
-            extensions.install(job_dir)  # its load_inline builds once, into the node's cache
+            extensions.install()  # its load_inline builds once, into the node's cache
             sys.path.append(ORIGINAL_PACKAGES)  # utils.cuda_helpers of original-benchmark files
             candidate = load_module(cfg["solution_path"], "solution")
             solution = getattr(candidate, "solution", None)
