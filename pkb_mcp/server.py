@@ -240,6 +240,8 @@ def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
 
 
 def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
+    """The server: tools on problems, tools that run candidate code, the job tools, and the context an
+    agent starts from (the reference resource and the attempt_problem prompt)."""
     tools = Tools(scheduler, sources_dir)
     mcp = MCPServer(
         name="pkb",
@@ -247,6 +249,15 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         instructions=INSTRUCTIONS,
         version=__import__("pkb_mcp").__version__,
     )
+    _add_problem_tools(mcp)
+    _add_run_tools(mcp, tools)
+    _add_job_tools(mcp, scheduler, tools)
+    _add_agent_context(mcp)
+    return mcp
+
+
+def _add_problem_tools(mcp: MCPServer) -> None:
+    """list_problems, get_reference, roofline: read-only, answered at once."""
 
     @mcp.tool(annotations=READ_ONLY)
     def list_problems(
@@ -280,6 +291,10 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             result = service.roofline_of(problem, world_size, size, time_ms)
         return reply(result, render.roofline(result))
 
+
+def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
+    """compile_kernel, run_correctness, benchmark: candidate code in the sandbox, as scheduler jobs."""
+
     @mcp.tool(annotations=RUNS_CODE)
     async def compile_kernel(
         ctx: Context,
@@ -295,7 +310,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         solution's load_inline extensions are checked and built once for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
         file = tools.solution_file(source, path, suffixes)
-        job_id = scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0, "sandbox": "auto"})
+        job_id = tools.scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0, "sandbox": "auto"})
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=RUNS_CODE)
@@ -315,7 +330,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         file = tools.solution_file(source, path, (".py",))
         with tool_errors():
             _, dev = service.preflight(problem, world_size, size, device, timeout_s)
-        job_id = scheduler.submit(
+        job_id = tools.scheduler.submit(
             "check",
             {
                 "problem": problem,
@@ -354,7 +369,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         file = tools.solution_file(source, path, (".py",))
         with tool_errors():
             _, dev = service.preflight(problem, world_size, size, device, timeout_s)
-        job_id = scheduler.submit(
+        job_id = tools.scheduler.submit(
             "bench",
             {
                 "problem": problem,
@@ -368,6 +383,10 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             },
         )
         return await tools.finish(job_id, wait, ctx)
+
+
+def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
+    """job_status, job_result, cancel_job and the full-result resource, for calls made with wait=false."""
 
     @mcp.tool(annotations=READ_ONLY)
     def job_status(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
@@ -401,14 +420,6 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         with tool_errors():
             return scheduler.cancel(job_id)
 
-    @mcp.resource("problem://{problem_id}/reference", mime_type="text/x-python")
-    def reference_source(problem_id: str) -> str:
-        """The reference implementation of a problem (the contract a solution must meet)."""
-        try:
-            return service.show_problem(problem_id, world_size=2).reference_source
-        except UserError as exc:
-            raise ResourceError(str(exc)) from exc
-
     @mcp.resource("pkb://jobs/{job_id}/result", mime_type="application/json")
     def job_full_result(job_id: str) -> str:
         """The full result of a finished job: every rank's traceback and log tail, every timing figure."""
@@ -416,6 +427,18 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         if raw is None:
             raise ResourceError(f"job {job_id} has no result (unknown, or not finished)")
         return _parse(scheduler.get(job_id).kind, raw).model_dump_json(indent=2)
+
+
+def _add_agent_context(mcp: MCPServer) -> None:
+    """The reference as a resource, and the attempt_problem prompt."""
+
+    @mcp.resource("problem://{problem_id}/reference", mime_type="text/x-python")
+    def reference_source(problem_id: str) -> str:
+        """The reference implementation of a problem (the contract a solution must meet)."""
+        try:
+            return service.show_problem(problem_id, world_size=2).reference_source
+        except UserError as exc:
+            raise ResourceError(str(exc)) from exc
 
     @mcp.prompt()
     def attempt_problem(problem: str, world_size: str = "4", size: str = "pkb") -> str:
@@ -425,8 +448,6 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         except (UserError, ValueError) as exc:
             raise ValueError(str(exc)) from exc
         return attempt_text(detail)
-
-    return mcp
 
 
 HARDWARE = """\
