@@ -1,4 +1,4 @@
-"""GPU paths (run with `python -m pytest -m gpu` on a machine with at least 2 GPUs)."""
+"""GPU paths (`python -m pytest -m gpu` on a GPU node; most need 2 GPUs, the one-GPU tests open problem 1 to one rank)."""
 
 from pathlib import Path
 
