@@ -1,4 +1,5 @@
-"""GPU paths (`python -m pytest -m gpu` on a GPU node; most need 2 GPUs, the one-GPU tests open problem 1 to one rank)."""
+"""GPU paths (`python -m pytest -m gpu` on a GPU node): most need 2 GPUs; the one-GPU tests open
+problem 1 to a single rank."""
 
 from pathlib import Path
 
