@@ -115,26 +115,26 @@ def _median(values: list[float]) -> float:
 
 
 def rank_profiles(side: traces.SideFigures) -> list[RankProfile]:
+    """Each rank's median call (by window), so that its figures add up; waits as a median of all."""
     out = []
     for j, rank in enumerate(side.ranks):
-        calls = [c[j] for c in side.calls]
+        calls = sorted((c[j] for c in side.calls), key=lambda c: c.window_us)
         waits = [c.wait_us for c in calls if c.wait_us is not None]
-
-        def med(attr: str, calls: list[traces.CallFigures] = calls) -> float:
-            return _r(_median([getattr(c, attr) for c in calls]) / 1e3)
-
+        if not calls:
+            continue
+        m = calls[(len(calls) - 1) // 2]
         out.append(
             RankProfile(
                 rank=rank,
-                call_ms=med("window_us"),
-                comm_ms=med("comm_us"),
-                compute_ms=med("compute_us"),
-                overlap_ms=med("overlap_us"),
-                gap_ms=med("gap_us"),
-                other_ms=med("other_us"),
-                wait_ms=_r(_median(waits) / 1e3) if len(waits) == len(calls) and waits else None,
-                launches=_r(_median([float(c.launches) for c in calls])),
-                enqueue_ms=med("enqueue_us"),
+                call_ms=_r(m.window_us / 1e3),
+                comm_ms=_r(m.comm_us / 1e3),
+                compute_ms=_r(m.compute_us / 1e3),
+                overlap_ms=_r(m.overlap_us / 1e3),
+                gap_ms=_r(m.gap_us / 1e3),
+                other_ms=_r(m.other_us / 1e3),
+                wait_ms=_r(_median(waits) / 1e3) if len(waits) == len(calls) else None,
+                launches=float(m.launches),
+                enqueue_ms=_r(m.enqueue_us / 1e3),
             )
         )
     return out
@@ -204,13 +204,18 @@ def findings(ref: SideProfile | None, cand: SideProfile | None, device: str) -> 
 # ---------------------------------------------------------------- artifacts
 
 
-def artifact_dir(out_dir: Path | None) -> Path:
-    """Where a profile's trace and timeline go: `out_dir`, or a new folder under the state
-    directory's profiles/ (the newest KEEP_PROFILES kept)."""
+def profiles_root() -> Path:
+    """Where profiles keep their artifacts unless told otherwise: the state directory's profiles/."""
+    return config.state_dir() / "profiles"
+
+
+def artifact_dir(out_dir: Path | None, profiles_dir: Path | None = None) -> Path:
+    """Where a profile's trace and timeline go: `out_dir`, or a new folder under `profiles_dir`
+    (default `profiles_root()`), of which the newest KEEP_PROFILES are kept."""
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         return out_dir
-    root = config.state_dir() / "profiles"
+    root = profiles_dir or profiles_root()
     root.mkdir(parents=True, exist_ok=True)
     old = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
     for stale in old[KEEP_PROFILES - 1 :]:
@@ -263,11 +268,15 @@ def profile(
     sandbox: str = "auto",
     calls: int = 3,
     out_dir: Path | None = None,
+    profiles_dir: Path | None = None,
     progress: service.Progress = service._noop,
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
 ) -> ProfileResult:
-    """Profile the reference and the candidate on the same inputs on every rank (docs/plan-profile.md)."""
+    """Profile the reference and the candidate on the same inputs on every rank (docs/plan-profile.md).
+
+    The merged trace and the timeline go into `out_dir`, or a new folder under `profiles_dir`
+    (default: the state directory's profiles/)."""
     if not 1 <= calls <= MAX_CALLS:
         raise UserError(f"calls must be between 1 and {MAX_CALLS}, not {calls}")
     run = service._Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
@@ -321,7 +330,7 @@ def profile(
         verdict, why = service._verdict(failed)
         return result(verdict, why, ranks=failed, reference=side_profile(figures["reference"]))
     ref_side, cand_side = (side_profile(figures[s]) for s in ("reference", "candidate"))
-    trace, png, no_png = write_artifacts(artifact_dir(out_dir), sides, figures)
+    trace, png, no_png = write_artifacts(artifact_dir(out_dir, profiles_dir), sides, figures)
     warnings = [
         f"{side}: {m}" for side, s in (("reference", ref_side), ("candidate", cand_side)) for m in s.missing
     ]
