@@ -91,9 +91,10 @@ def _read_capped(path: Path, cap: int) -> bytes:
     return data
 
 
-def load_json(path: Path, cap: int, max_containers: int = MAX_CONTAINERS) -> Any:
+def load_json(path: Path, cap: int, max_containers: int | None = None) -> Any:
     """A JSON file the sandbox wrote: size-capped, container-capped, never anything but JSON."""
     data = _read_capped(path, cap)
+    max_containers = MAX_CONTAINERS if max_containers is None else max_containers
     if data.count(b"{") + data.count(b"[") > max_containers:
         raise TraceError(f"{path.name} holds more than {max_containers} JSON objects and arrays")
     try:
