@@ -201,6 +201,27 @@ def test_calls_out_of_range_is_one_sentence(capsys):
     assert "calls must be between 1 and 20" in capsys.readouterr().err
 
 
+def test_a_profile_has_the_node_to_itself_and_its_options_reach_the_service(tmp_path, monkeypatch):
+    import threading
+
+    from pkb_mcp import scheduler as sched
+    from pkb_mcp.store import JobRecord, JobStore
+
+    s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), gpus=4)
+    try:
+        params = {"world_size": 2, "device": "cuda"}
+        record = JobRecord(id="p", kind="profile", state="queued", created=0.0, params=params)
+        assert s._needs(record) == ("gpu", 4)  # timed like a benchmark: every GPU of the node
+    finally:
+        s.stop()
+    seen: list[dict] = []
+    monkeypatch.setattr(profile, "profile", lambda problem, path, **kw: seen.append(kw))
+    params = {"problem": "12", "path": "/x.py", "world_size": 2, "device": "cpu", "size": "large"}
+    params |= {"timeout_s": 60.0, "sandbox": "auto", "profiles_dir": str(tmp_path)}
+    sched._run_profile(params, lambda *a: None, threading.Event())
+    assert seen[0]["profiles_dir"] == tmp_path and seen[0]["size"] == "large"
+
+
 # ---------------------------------------------------------------- end to end on CPU ranks
 
 
