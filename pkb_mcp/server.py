@@ -175,7 +175,7 @@ def reply(model: BaseModel, text: str) -> CallToolResult:
 
 def compact(result: BaseModel) -> BaseModel:
     """Trim tracebacks and logs to the first failing ranks so results stay small for every client."""
-    if not isinstance(result, (CheckResult, BenchResult)):
+    if not isinstance(result, (CheckResult, BenchResult, ProfileResult)):
         return result
     copy = result.model_copy(deep=True)
     detailed = 0

@@ -14,15 +14,17 @@ import json
 import math
 import re
 import statistics
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TRACE_CAP = 32 << 20  # bytes of one rank's trace file
+TRACE_CAP = 16 << 20  # bytes of one rank's trace file
 INFO_CAP = 64 << 10
-MAX_CONTAINERS = 1_500_000  # `{` and `[` in a trace file: bounds the objects json.loads can make
-MAX_EVENTS = 400_000  # kept events per rank
+MAX_CONTAINERS = 1_000_000  # `{` and `[` in a trace file: bounds the objects json.loads can make
+MAX_EVENTS = 200_000  # kept events per rank
+SIDE_EVENTS = 400_000  # kept events over a side's ranks (each rank gets its share): bounds host memory
 NAME_CHARS = 200
 MERGED_CAP = 32 << 20  # bytes of the merged trace
 
@@ -45,7 +47,7 @@ class TraceError(ValueError):
     """A trace or info file that cannot be used; the message says why."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     name: str
     cat: str
@@ -122,8 +124,10 @@ def _small_int(args: Any, key: str) -> int | None:
     return value if type(value) is int and -(1 << 62) < value < (1 << 62) else None
 
 
-def parse_trace(data: Any, rank: int) -> RankTrace:
-    """The usable events of one rank's Chrome trace (already parsed JSON, untrusted)."""
+def parse_trace(data: Any, rank: int, max_events: int | None = None) -> RankTrace:
+    """The usable events of one rank's Chrome trace (already parsed JSON, untrusted): at most
+    `max_events` (default MAX_EVENTS), the later ones counted as cut."""
+    limit = MAX_EVENTS if max_events is None else max_events
     raw = data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(raw, list):
         raise TraceError("the trace has no traceEvents list")
@@ -147,14 +151,14 @@ def parse_trace(data: Any, rank: int) -> RankTrace:
             continue
         if dur < 0 or dur > 1e12 or abs(ts) > 1e15:
             continue
-        if len(out.events) >= MAX_EVENTS:
+        if len(out.events) >= limit:
             out.cut_events += 1
             continue
         args = e.get("args")
         out.events.append(
             Event(
-                name=name[:NAME_CHARS],
-                cat=cat[:40],
+                name=sys.intern(name[:NAME_CHARS]),  # kernel names repeat: one string each
+                cat=sys.intern(cat[:40]),
                 ts=ts,
                 dur=dur,
                 pid=pid,
@@ -185,10 +189,10 @@ def parse_info(data: Any) -> dict[str, Any]:
     return info
 
 
-def read_rank(profile_dir: Path, rank: int) -> RankTrace:
+def read_rank(profile_dir: Path, rank: int, max_events: int | None = None) -> RankTrace:
     """One rank's trace and info, or a RankTrace carrying the reason it is missing."""
     try:
-        trace = parse_trace(load_json(profile_dir / f"r{rank}.trace.json", TRACE_CAP), rank)
+        trace = parse_trace(load_json(profile_dir / f"r{rank}.trace.json", TRACE_CAP), rank, max_events)
         trace.info = parse_info(load_json(profile_dir / f"r{rank}.info.json", INFO_CAP, 10_000))
     except TraceError as exc:
         return RankTrace(rank=rank, error=str(exc))
@@ -196,8 +200,10 @@ def read_rank(profile_dir: Path, rank: int) -> RankTrace:
 
 
 def read_job(job_dir: Path, world_size: int) -> list[RankTrace]:
-    """Every rank's trace from a profile job's directory (run_job's `collect`)."""
-    return [read_rank(job_dir / "profile", rank) for rank in range(world_size)]
+    """Every rank's trace from a profile job's directory (run_job's `collect`), each rank kept to its
+    share of SIDE_EVENTS."""
+    share = min(MAX_EVENTS, max(SIDE_EVENTS // max(world_size, 1), 10_000))
+    return [read_rank(job_dir / "profile", rank, share) for rank in range(world_size)]
 
 
 # ---------------------------------------------------------------- intervals
