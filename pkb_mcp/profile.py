@@ -336,6 +336,12 @@ def profile(
     ]
     if no_png:
         warnings.append(no_png)
+    if run.device == "cuda":
+        warnings += [
+            f"{side}: no device activity was recorded (CUPTI): the figures are host ranges only"
+            for side, f in figures.items()
+            if f.calls and not f.on_gpu
+        ]
     if trace.cut_events:
         warnings.append(
             f"the trace was cut at {traces.MERGED_CAP >> 20} MiB: {trace.cut_events} events left out"

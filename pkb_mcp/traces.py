@@ -412,6 +412,7 @@ class SideFigures:
     counters: str
     top: list[tuple[str, str, float, float]]  # (name, category, us per call and rank, count)
     median_call: int
+    on_gpu: bool = False  # device activity was recorded (CUPTI)
 
 
 def analyze(traces: list[RankTrace]) -> SideFigures:
@@ -454,6 +455,7 @@ def analyze(traces: list[RankTrace]) -> SideFigures:
         counters=counters,
         top=top,
         median_call=median_call,
+        on_gpu=on_gpu,
     )
 
 
