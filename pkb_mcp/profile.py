@@ -173,6 +173,17 @@ def side_profile(side: traces.SideFigures) -> SideProfile:
 def findings(ref: SideProfile | None, cand: SideProfile | None, device: str) -> list[str]:
     """A few sentences an agent can act on, from the figures (each figure: docs/measurement.md)."""
     out: list[str] = []
+    if ref is not None and cand is not None and ref.call_ms > 0 and cand.call_ms > 0:
+        change = {
+            "exposed communication": (cand.comm_ms - cand.overlap_ms) - (ref.comm_ms - ref.overlap_ms),
+            "compute": cand.compute_ms - ref.compute_ms,
+            "gaps": cand.gap_ms - ref.gap_ms,
+        }
+        key = max(change, key=lambda k: abs(change[k]))
+        out.append(
+            f"candidate call {cand.call_ms:.4g} ms, reference {ref.call_ms:.4g} ms; the largest difference "
+            f"per rank: {abs(change[key]):.4g} ms {'more' if change[key] > 0 else 'less'} {key}"
+        )
     for label, s, other in (("candidate", cand, ref), ("reference", ref, None)):
         if s is None or s.call_ms <= 0:
             continue
