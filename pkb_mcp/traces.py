@@ -66,6 +66,11 @@ class Event:
     def on_device(self) -> bool:
         return self.cat in DEVICE_CATS
 
+    @property
+    def device_row(self) -> bool:
+        """Drawn on a GPU stream's row in the merged trace (device work and its annotations)."""
+        return self.cat in DEVICE_CATS or self.cat.startswith("gpu_")
+
 
 @dataclass
 class RankTrace:
@@ -516,13 +521,13 @@ def merged_trace(sides: dict[str, list[RankTrace]], cap: int = MERGED_CAP) -> tu
             meta.append(_meta(pid, 0, "process_sort_index", {"sort_index": pid}))
             tids: dict[tuple[bool, int | str, int | str], int] = {}
             for e in t.events:
-                key = (e.on_device, e.pid, e.stream if e.on_device and e.stream is not None else e.tid)
+                key = (e.device_row, e.pid, e.stream if e.device_row and e.stream is not None else e.tid)
                 if key not in tids:
-                    tid = len(tids) + (1000 if e.on_device else 1)
+                    tid = len(tids) + (1000 if e.device_row else 1)
                     tids[key] = tid
                     label = (
                         f"GPU stream {key[2]}"
-                        if e.on_device
+                        if e.device_row
                         else "host " + t.threads.get((e.pid, e.tid), f"thread {e.tid}")
                     )
                     meta.append(_meta(pid, tid, "thread_name", {"name": label}))
