@@ -8,6 +8,7 @@ the job directory:
   out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
   timing.json                 samples, written by rank 0 (mode "benchmark")
+  profile/r{rank}.*.json      the rank's profiler trace and call times (mode "profile", harness/profile.py)
   rank{rank}.status.json      "ok", or the failure with a trimmed traceback
 """
 
@@ -454,6 +455,20 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 structure, outs, meta = judge_call(inputs)
                 tensorfile.save(out_dir / f"t{trial}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
                 del inputs, outs
+        elif cfg["mode"] == "profile":
+            from harness import profile  # where each call's time goes (docs/plan-profile.md)
+
+            stage = stages.enter("profile")
+            profiled = make(derive_seed(cfg["seeds"][0], "set", 0))
+            profile.run(
+                solution,
+                lambda: _snapshot(profiled) if mutates else profiled,
+                device,
+                cfg["timing"],
+                job_dir,
+                rank,
+                after_call=lambda: watch.check("while being profiled"),
+            )
         else:
             stage = stages.enter("benchmark inputs")
             tcfg = cfg["timing"]

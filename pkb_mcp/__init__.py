@@ -10,7 +10,8 @@ Everything in this package runs outside the sandbox and trusts nothing the sandb
   with the rank launcher and workers of `harness/` inside.
 - Judging and figures: `judge` compares outputs with the reference's, `stats` turns timing samples into
   medians and speedups, `roofline` gives the floor from a problem's traffic and the node's ceilings
-  (docs/measurement.md defines every figure).
+  (docs/measurement.md defines every figure); `profile` is the profile verb, `traces` reads its
+  untrusted per-rank traces into figures and the merged trace, `timeline` draws its PNG.
 - Builds: the `compile` package (nvcc for sm_90a, ptxas resources, a content-keyed cache) and
   `extensions` (the node's cache of `load_inline` extensions, built once, read-only to every job).
 - Around them: `problems` (the suite), `static_report` (what a source calls, read without importing

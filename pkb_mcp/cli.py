@@ -105,6 +105,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from pkb_mcp import profile
+
+    result = profile.profile(
+        args.problem,
+        Path(args.file),
+        world_size=args.world_size,
+        device=args.device,
+        size=args.size,
+        timeout_s=args.timeout,
+        sandbox=args.sandbox,
+        calls=args.calls,
+        out_dir=Path(args.out) if args.out else None,
+        progress=_progress(args.json),
+    )
+    _emit(args, result, render.profile(result))
+    return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED
+
+
 def cmd_roofline(args: argparse.Namespace) -> int:
     result = service.roofline_of(args.problem, args.world_size, args.size, args.time_ms)
     _emit(args, result, render.roofline(result))
@@ -178,7 +197,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pkb", description="Multi-GPU kernel problems: check, benchmark, roofline.")
+    parser = _Parser(
+        prog="pkb", description="Multi-GPU kernel problems: check, benchmark, profile, roofline."
+    )
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -241,6 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(p, run=True)
     p.set_defaults(func=cmd_bench, default_timeout=300.0)
+
+    p = sub.add_parser(
+        "profile", help="where each rank's time goes in a call: communication, compute, overlap, gaps"
+    )
+    p.add_argument("problem", help="id or name")
+    p.add_argument("file", help="solution .py")
+    p.add_argument("--calls", type=int, default=3, help="calls profiled per side after warm-up (default 3)")
+    p.add_argument(
+        "--out", default=None, help="folder for trace.json and timeline.png (default: under the state dir)"
+    )
+    common(p, run=True)
+    p.set_defaults(func=cmd_profile, default_timeout=300.0)
 
     p = sub.add_parser("roofline", help="the problem's floor from its traffic and the node's ceilings")
     p.add_argument("problem", help="id or name")

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -59,6 +60,7 @@ class JobOutcome:
     timing: dict[str, Any] | None = None
     launcher_log: str = ""
     warm: bool = False  # ran in a sandbox started ahead of need
+    collected: Any = None  # what run_job's `collect` read from the job directory before its removal
 
     @property
     def ok(self) -> bool:
@@ -67,7 +69,7 @@ class JobOutcome:
 
 @dataclass
 class JobRequest:
-    mode: str  # "outputs" or "benchmark"
+    mode: str  # "outputs", "benchmark" or "profile"
     problem_path: Path
     solution_path: Path
     world_size: int
@@ -128,8 +130,14 @@ def prestart(request: JobRequest, backend: Backend, count: int) -> None:
         pool.replenish(_request_key(request), count)
 
 
-def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | None = None) -> JobOutcome:
-    """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed)."""
+def run_job(
+    request: JobRequest,
+    backend: Backend,
+    cancel: threading.Event | None = None,
+    collect: Callable[[Path], Any] | None = None,
+) -> JobOutcome:
+    """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed).
+    `collect(job_dir)`, when given, reads what else the job left (untrusted) before the directory goes."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before it started")
     _use_extension_cache(backend)
@@ -187,6 +195,8 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
             log.info("job.cancelled", job=job_id)
             raise Cancelled("cancelled while running; every process of the job was killed")
         outcome = _collect(job_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
+        if collect is not None:
+            outcome.collected = collect(job_dir)
         log.info(
             "job.end",
             job=job_id,

@@ -1,6 +1,6 @@
 """Long work as jobs: a queue in front of the node's GPUs, progress, deadlines and cancellation.
 
-A job is a *kind* (compile, check, bench) with JSON params, run by the service function of that kind
+A job is a *kind* (compile, check, bench, profile) with JSON params, run by the service function of that kind
 in a worker thread once its resources are free: the GPUs it needs (world size, for cuda jobs), or the
 one CPU slot (CPU jobs use every core), or a compile slot. Jobs start in submission order as their
 resources allow. Everything about a job is written to the store, so a restarted scheduler re-queues
@@ -71,7 +71,24 @@ def _run_bench(params: dict[str, Any], progress: service.Progress, cancel: threa
     )
 
 
-RUNNERS: dict[str, Runner] = {"compile": _run_compile, "check": _run_check, "bench": _run_bench}
+def _run_profile(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+    from pkb_mcp import profile
+
+    folder = params.get("profiles_dir")
+    return profile.profile(
+        params["problem"],
+        Path(params["path"]),
+        profiles_dir=Path(folder) if folder else None,
+        **_run_args(params, progress, cancel),
+    )
+
+
+RUNNERS: dict[str, Runner] = {
+    "compile": _run_compile,
+    "check": _run_check,
+    "bench": _run_bench,
+    "profile": _run_profile,
+}
 
 
 @dataclass
@@ -152,15 +169,15 @@ class Scheduler:
             self._cond.notify_all()
 
     def _needs(self, record: JobRecord) -> tuple[str, int]:
-        """(resource class, units). A benchmark takes every GPU of the node, so that nothing else
-        shares its NVLink, HBM or power budget while it is timed."""
+        """(resource class, units). A benchmark or a profile takes every GPU of the node, so that
+        nothing else shares its NVLink, HBM or power budget while it is timed."""
         if record.kind == "compile":
             return "compile", 1
         device = record.params.get("device") or service.default_device()
         if device != "cuda":
             return "cpu", 1
         world_size = int(record.params["world_size"])
-        return "gpu", max(world_size, self.gpu_count) if record.kind == "bench" else world_size
+        return "gpu", max(world_size, self.gpu_count) if record.kind in ("bench", "profile") else world_size
 
     def _take(self, need: tuple[str, int]) -> list[int] | None:
         kind, count = need

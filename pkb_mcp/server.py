@@ -18,6 +18,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import Tool as PublishedTool
 from pydantic import BaseModel, Field
 
 from pkb_mcp import render, service
@@ -32,6 +33,7 @@ from pkb_mcp.models import (
     RooflineResult,
     lean_property,
 )
+from pkb_mcp.profile import ProfileResult, profiles_root
 from pkb_mcp.scheduler import Scheduler
 from pkb_mcp.store import JobRecord
 
@@ -45,16 +47,57 @@ INSTRUCTIONS = """\
 pkb: multi-GPU kernel problems (ParallelKernelBench style). Replace a PyTorch + NCCL reference with a
 faster implementation and get a per-rank correctness verdict, a trustworthy speedup and % of roofline.
 Start with list_problems, read a problem with get_reference (or the attempt_problem prompt), write a
-Python file defining solution(...) with the reference's signature, then run_correctness, benchmark and
-roofline. Long calls accept wait=false and return a job id (job_status, job_result, cancel_job).
+Python file defining solution(...) with the reference's signature, then run_correctness, benchmark,
+profile and roofline. Long calls accept wait=false and return a job id (job_status, job_result, cancel_job).
 NVLink multicast (multimem / NVLS) is unavailable and must not be used."""
 
-READ_ONLY = ToolAnnotations(
-    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-)
-RUNS_CODE = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
-)
+# Hints at their MCP defaults are left out (readOnlyHint and idempotentHint default to false, and
+# destructiveHint and idempotentHint mean nothing for a read-only tool): tools/list stays short.
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+RUNS_CODE = ToolAnnotations(destructive_hint=False, open_world_hint=False)
+
+
+def lean_input(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's input schema as published: without titles (pydantic adds each parameter's name again
+    after a Field's own schema hook has run) and with `anyOf [T, null]` written `type: [T, null]`.
+    Arguments are still validated against the full model; only tools/list gets shorter."""
+    out = {k: v for k, v in schema.items() if k != "title"}
+    props: dict[str, Any] = {}
+    for name, prop in schema.get("properties", {}).items():
+        prop = {k: v for k, v in prop.items() if k != "title"}
+        options = prop.get("anyOf")
+        if not isinstance(options, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("type"), str) and set(o) <= {"type", "enum"}
+            for o in options
+        ):
+            props[name] = prop
+            continue
+        enums = [o for o in options if "enum" in o]
+        # an enum survives the merge only beside null (its values plus null); else no enum at all
+        if not enums or (len(enums) == 1 and len(options) == 2 and {"type": "null"} in options):
+            prop.pop("anyOf")
+            prop["type"] = [o["type"] for o in options]
+            if enums:
+                prop["enum"] = [*enums[0]["enum"], None]
+        props[name] = prop
+    if props:
+        out["properties"] = props
+    return out
+
+
+class _Server(MCPServer):
+    """Publishes lean input schemas, and descriptions without the docstrings' indentation."""
+
+    async def list_tools(self) -> list[PublishedTool]:
+        return [
+            t.model_copy(
+                update={
+                    "input_schema": lean_input(t.input_schema),
+                    "description": " ".join(t.description.split()) if t.description else t.description,
+                }
+            )
+            for t in await super().list_tools()
+        ]
 
 
 def Arg(**kwargs: Any) -> Any:
@@ -97,14 +140,22 @@ class CompileOutput(JobOutput):
     result: CompileResult | None = None
 
 
+class ProfileOutput(JobOutput):
+    # The result's schema is left out of tools/list (its size); docs/measurement.md defines each figure.
+    result: Any = None
+
+
 class AnyJobOutput(JobOutput):
-    kind: str = Field(description="compile, check or bench")
-    result: dict[str, Any] | None = Field(
-        None, description="the result as compile_kernel, run_correctness or benchmark return it (by kind)"
-    )
+    kind: str = Field(description="compile, check, bench or profile")
+    result: dict[str, Any] | None = Field(None, description="the result as the tool of its kind returns it")
 
 
-OUTPUTS: dict[str, type[JobOutput]] = {"check": CheckOutput, "bench": BenchOutput, "compile": CompileOutput}
+OUTPUTS: dict[str, type[JobOutput]] = {
+    "check": CheckOutput,
+    "bench": BenchOutput,
+    "compile": CompileOutput,
+    "profile": ProfileOutput,
+}
 
 
 @contextlib.contextmanager
@@ -124,7 +175,7 @@ def reply(model: BaseModel, text: str) -> CallToolResult:
 
 def compact(result: BaseModel) -> BaseModel:
     """Trim tracebacks and logs to the first failing ranks so results stay small for every client."""
-    if not isinstance(result, (CheckResult, BenchResult)):
+    if not isinstance(result, (CheckResult, BenchResult, ProfileResult)):
         return result
     copy = result.model_copy(deep=True)
     detailed = 0
@@ -222,6 +273,9 @@ class Tools:
             return f"{head}\n{render.bench(result)}"
         if isinstance(result, CompileResult):
             return f"{head}\n{result.summary()}"
+        if isinstance(result, ProfileResult):
+            uri = f"pkb://jobs/{out.job_id}"
+            return f"{head}\n{render.profile(result, f'{uri}/trace', f'{uri}/timeline')}"
         detail = out.error or out.message
         return (
             head
@@ -235,6 +289,7 @@ def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
         "check": CheckResult,
         "bench": BenchResult,
         "compile": CompileResult,
+        "profile": ProfileResult,
     }
     return models[kind].model_validate(raw)
 
@@ -243,7 +298,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
     """The server: tools on problems, tools that run candidate code, the job tools, and the context an
     agent starts from (the reference resource and the attempt_problem prompt)."""
     tools = Tools(scheduler, sources_dir)
-    mcp = MCPServer(
+    mcp = _Server(
         name="pkb",
         title="pkb: multi-GPU kernel problems",
         instructions=INSTRUCTIONS,
@@ -252,6 +307,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
     _add_problem_tools(mcp)
     _add_run_tools(mcp, tools)
     _add_job_tools(mcp, scheduler, tools)
+    _add_profile(mcp, tools)
     _add_agent_context(mcp)
     return mcp
 
@@ -429,6 +485,62 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         return _parse(scheduler.get(job_id).kind, raw).model_dump_json(indent=2)
 
 
+def _add_profile(mcp: MCPServer, tools: Tools) -> None:
+    """The profile tool, and its trace and timeline as resources (docs/plan-profile.md)."""
+    profiles = tools.sources_dir.parent / "profiles"
+
+    @mcp.tool(annotations=RUNS_CODE)
+    async def profile(
+        ctx: Context,
+        problem: ProblemRef,
+        source: Source = None,
+        path: SourcePath = None,
+        world_size: WorldSize = 4,
+        size: SizePreset = "pkb",
+        device: Device = None,
+        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
+        wait: Wait = True,
+    ) -> Annotated[CallToolResult, ProfileOutput]:
+        """Each rank's call split into communication, compute, overlap and gaps, beside the reference;
+        waits, top kernels; trace and timeline as resources. Use when a benchmark disappoints."""
+        file = tools.solution_file(source, path, (".py",))
+        with tool_errors():
+            _, dev = service.preflight(problem, world_size, size, device, timeout_s)
+        job_id = tools.scheduler.submit(
+            "profile",
+            {
+                "problem": problem,
+                "path": str(file),
+                "world_size": world_size,
+                "size": size,
+                "device": dev,
+                "timeout_s": timeout_s,
+                "sandbox": "auto",
+                "profiles_dir": str(profiles),
+            },
+        )
+        return await tools.finish(job_id, wait, ctx)
+
+    def artifact(job_id: str, name: str) -> Path:
+        raw = tools.scheduler.result(job_id)  # written by the host: its paths are ours, still checked
+        entry = raw.get(name) if isinstance(raw, dict) else None
+        where = Path(entry["path"]).resolve() if isinstance(entry, dict) and entry.get("path") else None
+        allowed = (profiles.resolve(), profiles_root().resolve())
+        if where is None or not where.is_file() or not any(where.is_relative_to(a) for a in allowed):
+            raise ResourceError(f"job {job_id} has no {name} (not a finished profile, or since removed)")
+        return where
+
+    @mcp.resource("pkb://jobs/{job_id}/trace", mime_type="application/json")
+    def profile_trace(job_id: str) -> str:
+        """A profile job's trace: every rank of both sides, for Perfetto or chrome://tracing."""
+        return artifact(job_id, "trace").read_text()
+
+    @mcp.resource("pkb://jobs/{job_id}/timeline", mime_type="image/png")
+    def profile_timeline(job_id: str) -> bytes:
+        """A profile job's timeline (PNG): one call of each side across ranks and streams, by category."""
+        return artifact(job_id, "timeline").read_bytes()
+
+
 def _add_agent_context(mcp: MCPServer) -> None:
     """The reference as a resource, and the attempt_problem prompt."""
 
@@ -473,7 +585,9 @@ torch.distributed, symmetric memory, torch.utils.cpp_extension.load_inline and T
 
 WORKFLOW = """\
 Workflow: run_correctness until it passes, then benchmark (speedup against the reference, % of floor),
-then roofline to see what is left."""
+then roofline to see what is left. When a benchmark is slower than expected, or before deciding what to
+overlap, profile: per rank, how much of a call is communication, compute, overlap and gaps, and which
+rank the others wait for."""
 
 
 def attempt_text(d: ProblemDetail) -> str:

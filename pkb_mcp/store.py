@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 
 class JobRecord(Result):
     id: str
-    kind: str = Field(description="compile, check or bench")
+    kind: str = Field(description="compile, check, bench or profile")
     state: str = Field(description="queued, running, done, failed or cancelled")
     created: float
     started: float | None = None

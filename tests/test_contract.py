@@ -30,6 +30,7 @@ TOOLS = {
     "run_correctness",
     "benchmark",
     "roofline",
+    "profile",
     "job_status",
     "job_result",
     "cancel_job",

@@ -1,0 +1,376 @@
+"""The `profile` verb: where each rank's time goes in one call, reference and candidate side by side.
+
+Runs the reference and the candidate on the same inputs, each in a sandbox job of mode `profile`
+(harness/profile.py: torch.profiler over a few aligned calls after warm-up), reads every rank's trace
+as untrusted input (pkb_mcp/traces.py), and returns a compact result: per side and rank the split
+of a call into communication, compute, overlap and gaps, launches, waits, the slowest rank, the top
+kernels, a few findings; plus the merged Chrome trace and a PNG timeline in an artifact folder.
+Every figure is defined in docs/measurement.md ("Profile").
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import statistics
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pkb_mcp import config, service, timeline, traces
+from pkb_mcp.errors import UserError
+from pkb_mcp.jobs import JobOutcome, run_job
+from pkb_mcp.models import RankResult, Result, SandboxInfo, StaticReport
+
+MAX_CALLS = 20
+KEEP_PROFILES = 20  # artifact folders kept in the state directory, newest first
+TRACE_FILE = "trace.json"
+TIMELINE_FILE = "timeline.png"
+
+
+# ---------------------------------------------------------------- results
+
+
+class RankProfile(Result):
+    # One rank's median call (ms; docs/measurement.md "Profile"). Comments, not a docstring: tools/list.
+    rank: int
+    call_ms: float = Field(description="window: first work to last work of the call")
+    comm_ms: float
+    compute_ms: float
+    overlap_ms: float = Field(description="communication while compute runs")
+    gap_ms: float = Field(description="window with nothing running")
+    other_ms: float = 0.0
+    wait_ms: float | None = Field(None, description="communication before the last rank joined")
+    launches: float = Field(description="device operations (CPU: ops) per call")
+    enqueue_ms: float = Field(description="host time inside solution()")
+
+
+class KernelTime(Result):
+    name: str
+    category: str
+    ms: float = Field(description="per call and rank")
+    count: float = Field(description="per call and rank")
+
+
+class SideProfile(Result):
+    calls: int
+    call_ms: float = Field(description="median over calls of the slowest rank's window")
+    event_ms: float | None = Field(None, description="median device-event time of the calls, as bench")
+    comm_ms: float
+    compute_ms: float
+    overlap_ms: float
+    overlap_pct: float | None = Field(None, description="overlap / communication x 100")
+    gap_ms: float
+    launches: float
+    slowest_rank: int | None = None
+    others_wait_ms: float | None = None
+    slowest_does: str = ""
+    ranks: list[RankProfile]
+    top: list[KernelTime]
+    missing: list[str] = Field(default_factory=list)
+
+
+class Artifact(Result):
+    path: str
+    bytes: int
+    events: int = 0
+    cut_events: int = 0
+
+
+class ProfileResult(Result):
+    problem_id: int
+    problem: str
+    world_size: int
+    size: str
+    device: str
+    verdict: Literal["ok", "fail", "timeout"]
+    message: str
+    reference: SideProfile | None = None
+    candidate: SideProfile | None = None
+    findings: list[str] = Field(default_factory=list)
+    counters: str = Field("", description="Nsight Compute hardware counters, or why unavailable")
+    trace: Artifact | None = None
+    timeline: Artifact | None = None
+    ranks: list[RankResult] = Field([], description="candidate ranks that failed")
+    wall_s: float
+    sandbox: SandboxInfo
+    warnings: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    static_report: StaticReport | None = None
+
+
+# ---------------------------------------------------------------- figures -> result
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def rank_profiles(side: traces.SideFigures) -> list[RankProfile]:
+    """Each rank's median call (by window), so that its figures add up; waits as a median of all."""
+    out = []
+    for j, rank in enumerate(side.ranks):
+        calls = sorted((c[j] for c in side.calls), key=lambda c: c.window_us)
+        waits = [c.wait_us for c in calls if c.wait_us is not None]
+        if not calls:
+            continue
+        m = calls[(len(calls) - 1) // 2]
+        out.append(
+            RankProfile(
+                rank=rank,
+                call_ms=_r(m.window_us / 1e3),
+                comm_ms=_r(m.comm_us / 1e3),
+                compute_ms=_r(m.compute_us / 1e3),
+                overlap_ms=_r(m.overlap_us / 1e3),
+                gap_ms=_r(m.gap_us / 1e3),
+                other_ms=_r(m.other_us / 1e3),
+                wait_ms=_r(_median(waits) / 1e3) if len(waits) == len(calls) else None,
+                launches=float(m.launches),
+                enqueue_ms=_r(m.enqueue_us / 1e3),
+            )
+        )
+    return out
+
+
+def side_profile(side: traces.SideFigures) -> SideProfile:
+    ranks = rank_profiles(side)
+
+    def mean(attr: str) -> float:
+        return _r(statistics.fmean(getattr(r, attr) for r in ranks)) if ranks else 0.0
+
+    comm, overlap = mean("comm_ms"), mean("overlap_ms")
+    slowest, wait_ms, does = traces.slowest_rank(side)
+    return SideProfile(
+        calls=len(side.calls),
+        call_ms=_r(_median([max(r.window_us for r in c) for c in side.calls]) / 1e3),
+        event_ms=_r(_median(side.event_ms)) if side.event_ms else None,
+        comm_ms=comm,
+        compute_ms=mean("compute_ms"),
+        overlap_ms=overlap,
+        overlap_pct=_r(100 * overlap / comm) if comm > 0 else None,
+        gap_ms=mean("gap_ms"),
+        launches=mean("launches"),
+        slowest_rank=slowest,
+        others_wait_ms=_r(wait_ms) if wait_ms is not None else None,
+        slowest_does=does,
+        ranks=ranks,
+        top=[
+            KernelTime(name=name[:80], category=cat, ms=_r(us / 1e3), count=_r(n))
+            for name, cat, us, n in side.top
+        ],
+        missing=[f"rank {rank}: {why}" for rank, why in sorted(side.missing.items())],
+    )
+
+
+def findings(ref: SideProfile | None, cand: SideProfile | None, device: str) -> list[str]:
+    """A few sentences an agent can act on, from the figures (each figure: docs/measurement.md)."""
+    out: list[str] = []
+    if ref is not None and cand is not None and ref.call_ms > 0 and cand.call_ms > 0:
+        change = {
+            "exposed communication": (cand.comm_ms - cand.overlap_ms) - (ref.comm_ms - ref.overlap_ms),
+            "compute": cand.compute_ms - ref.compute_ms,
+            "gaps": cand.gap_ms - ref.gap_ms,
+        }
+        key = max(change, key=lambda k: abs(change[k]))
+        out.append(
+            f"candidate call {cand.call_ms:.4g} ms, reference {ref.call_ms:.4g} ms; the largest difference "
+            f"per rank: {abs(change[key]):.4g} ms {'more' if change[key] > 0 else 'less'} {key}"
+        )
+    for label, s, other in (("candidate", cand, ref), ("reference", ref, None)):
+        if s is None or s.call_ms <= 0:
+            continue
+        exposed = max(s.comm_ms - s.overlap_ms, 0.0)
+        if s.comm_ms > 0:
+            versus = f" (reference: {other.overlap_pct or 0:.0f}%)" if other is not None else ""
+            out.append(
+                f"{label}: communication {s.comm_ms:.4g} ms per rank and call, {s.overlap_pct or 0:.0f}% "
+                f"of it overlapped with compute{versus}; {exposed:.4g} ms of {s.call_ms:.4g} ms exposed"
+            )
+        if s.gap_ms > 0.2 * s.call_ms:
+            where = "the device waited for the host or for events" if device == "cuda" else "no op ran"
+            enqueue = statistics.fmean(r.enqueue_ms for r in s.ranks) if s.ranks else 0.0
+            bound = (
+                f"; the host took {enqueue:.4g} ms to issue {s.launches:g} launches: host-bound"
+                if device == "cuda" and enqueue > s.call_ms
+                else ""
+            )
+            out.append(f"{label}: {s.gap_ms:.4g} ms of the call are gaps ({where}){bound}")
+        if s.others_wait_ms is not None and s.slowest_rank is not None and s.others_wait_ms > 0.1 * s.call_ms:
+            does = f"; {s.slowest_does}" if s.slowest_does else ""
+            out.append(
+                f"{label}: the other ranks wait {s.others_wait_ms:.4g} ms per call in communication for "
+                f"rank {s.slowest_rank}{does}"
+            )
+    return out
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def profiles_root() -> Path:
+    """Where profiles keep their artifacts unless told otherwise: the state directory's profiles/."""
+    return config.state_dir() / "profiles"
+
+
+def artifact_dir(out_dir: Path | None, profiles_dir: Path | None = None) -> Path:
+    """Where a profile's trace and timeline go: `out_dir`, or a new folder under `profiles_dir`
+    (default `profiles_root()`), of which the newest KEEP_PROFILES are kept."""
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return out_dir
+    root = profiles_dir or profiles_root()
+    root.mkdir(parents=True, exist_ok=True)
+    old = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in old[KEEP_PROFILES - 1 :]:
+        shutil.rmtree(stale, ignore_errors=True)
+    path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
+
+
+def write_artifacts(
+    folder: Path, sides: dict[str, list[traces.RankTrace]], figures: dict[str, traces.SideFigures]
+) -> tuple[Artifact, Artifact | None, str | None]:
+    data, events, cut = traces.merged_trace(sides)
+    trace_path = folder / TRACE_FILE
+    trace_path.write_bytes(data)
+    trace = Artifact(path=str(trace_path), bytes=len(data), events=events, cut_events=cut)
+    bars: dict[str, tuple[list[traces.Bar], str]] = {}
+    for side, f in figures.items():
+        if not f.calls:
+            continue
+        call = f.calls[f.median_call]
+        t0 = min(r.window[0] for r in call)
+        shifted = [traces.Bar(b.row, b.start - t0, b.end - t0, b.category) for r in call for b in r.bars]
+        slowest = max(r.window_us for r in call) / 1e3
+        bars[side] = (shifted, f"call {f.median_call + 1} of {len(f.calls)} (median), {slowest:.4g} ms")
+    png = folder / TIMELINE_FILE
+    why = timeline.draw(bars, png)
+    drawn = Artifact(path=str(png), bytes=png.stat().st_size) if why is None and png.is_file() else None
+    return trace, drawn, why
+
+
+# ---------------------------------------------------------------- the verb
+
+
+def profile_config(device: str, calls: int) -> dict[str, Any]:
+    """The warm-up of a benchmark, the L2 size to flush, and how many calls to profile."""
+    tcfg = service.timing_config(device)
+    keys = ("warmup_ms", "max_warmup", "l2_bytes")
+    return {**{k: tcfg[k] for k in keys if k in tcfg}, "calls": calls}
+
+
+def profile(
+    ref: int | str,
+    solution: Path,
+    *,
+    world_size: int = 4,
+    device: str | None = None,
+    size: str = "pkb",
+    timeout_s: float = 300.0,
+    sandbox: str = "auto",
+    calls: int = 3,
+    out_dir: Path | None = None,
+    profiles_dir: Path | None = None,
+    progress: service.Progress = service._noop,
+    cancel: threading.Event | None = None,
+    gpus: list[int] | None = None,
+) -> ProfileResult:
+    """Profile the reference and the candidate on the same inputs on every rank (docs/plan-profile.md).
+
+    The merged trace and the timeline go into `out_dir`, or a new folder under `profiles_dir`
+    (default: the state directory's profiles/)."""
+    if not 1 <= calls <= MAX_CALLS:
+        raise UserError(f"calls must be between 1 and {MAX_CALLS}, not {calls}")
+    run = service._Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
+    p = run.problem
+
+    def result(verdict: str, message: str, **fields: Any) -> ProfileResult:
+        return ProfileResult(
+            problem_id=p.id,
+            problem=p.name,
+            world_size=world_size,
+            size=size,
+            device=run.device,
+            verdict=verdict,  # type: ignore[arg-type]
+            message=message,
+            wall_s=run.elapsed(),
+            sandbox=run.sandbox,
+            warnings=run.warnings,
+            notes=run.notes,
+            static_report=run.static_report,
+            **fields,
+        )
+
+    if run.syntax_error:
+        ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
+        return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
+    if run.refusal:
+        return result("fail", run.refusal, ranks=service._refused_ranks(run))
+    run.prepare_extensions(progress, cancel)
+    seeds = [secrets.randbits(62)]  # both sides profile the same inputs
+    cfg = profile_config(run.device, calls)
+
+    def job(path: Path) -> JobOutcome:
+        return run_job(
+            run.request("profile", path, seeds, cfg),
+            run.backend,
+            cancel,
+            collect=lambda job_dir: traces.read_job(job_dir, world_size),
+        )
+
+    progress(0, 3, f"profiling the reference: {calls} calls on {world_size} ranks ({run.device})")
+    ref_outcome = job(p.path)
+    if not ref_outcome.ok:
+        raise service._reference_failed(p, ref_outcome)
+    progress(1, 3, "profiling the candidate")
+    cand_outcome = job(run.solution)
+    failed = [service._fate_result(f) for f in cand_outcome.ranks if f.state != "ok"]
+    progress(2, 3, "analysing the traces")
+    sides = {"candidate": cand_outcome.collected or [], "reference": ref_outcome.collected or []}
+    figures = {side: traces.analyze(t) for side, t in sides.items()}
+    if failed:
+        verdict, why = service._verdict(failed)
+        return result(verdict, why, ranks=failed, reference=side_profile(figures["reference"]))
+    ref_side, cand_side = (side_profile(figures[s]) for s in ("reference", "candidate"))
+    trace, png, no_png = write_artifacts(artifact_dir(out_dir, profiles_dir), sides, figures)
+    warnings = [
+        f"{side}: {m}" for side, s in (("reference", ref_side), ("candidate", cand_side)) for m in s.missing
+    ]
+    if no_png:
+        warnings.append(no_png)
+    if run.device == "cuda":
+        warnings += [
+            f"{side}: no device activity was recorded (CUPTI): the figures are host ranges only"
+            for side, f in figures.items()
+            if f.calls and not f.on_gpu
+        ]
+    if trace.cut_events:
+        warnings.append(
+            f"the trace was cut at {traces.MERGED_CAP >> 20} MiB: {trace.cut_events} events left out"
+        )
+    run.warnings.extend(warnings)
+    counters = figures["candidate"].counters
+    message = (
+        f"candidate call {cand_side.call_ms:.4g} ms, reference {ref_side.call_ms:.4g} ms (median window of "
+        f"the slowest rank over {calls} profiled calls; outputs not judged: use run_correctness)"
+    )
+    progress(3, 3, "profiled")
+    return result(
+        "ok",
+        message,
+        reference=ref_side,
+        candidate=cand_side,
+        findings=findings(ref_side, cand_side, run.device),
+        counters=f"hardware counters unavailable here: {counters}",
+        trace=trace,
+        timeline=png,
+    )
