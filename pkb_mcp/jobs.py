@@ -76,7 +76,7 @@ class JobRequest:
     size: dict[str, Any]
     dtype: str
     seeds: list[int]
-    tolerance: dict[str, float]
+    tolerance: dict[str, Any]  # Problem.bounds: default bounds and per-output ones
     timeout_s: float
     timing: dict[str, Any] | None = None
     threads_per_rank: int = 1

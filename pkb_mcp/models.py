@@ -47,7 +47,10 @@ class ProblemDetail(ProblemSummary):
     size_preset: str
     size: dict[str, object]
     sizes: dict[str, dict[str, object]]
-    tolerance: dict[str, float]
+    tolerance: dict[str, float] = Field(description="atol, rtol, rel_norm: each output's bounds")
+    output_tolerances: dict[str, dict[str, float]] = Field(
+        {}, description="bounds of their own for some outputs, by output index (overriding `tolerance`)"
+    )
     mutates_inputs: bool
     inputs: list[InputSpec] = Field(description="rank 0's inputs at this world size and size preset")
     traffic: Traffic
@@ -68,7 +71,12 @@ class RankResult(BaseModel):
     message: str = ""
     max_abs_error: float | None = None
     max_rel_error: float | None = None
-    rel_norm_error: float | None = Field(None, description="‖out−ref‖ / ‖ref‖ over all outputs")
+    rel_norm_error: float | None = Field(
+        None, description="the largest over outputs of ‖out−ref‖ / ‖ref‖ (each output on its own bounds)"
+    )
+    rel_norm_errors: list[float | None] | None = Field(
+        None, description="‖out−ref‖ / ‖ref‖ of each output in order (null: an all-zero reference output)"
+    )
     mismatched: int | None = Field(None, description="elements failing allclose")
     first_mismatch: Mismatch | None = None
     traceback: str | None = None

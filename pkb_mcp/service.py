@@ -110,6 +110,7 @@ def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> Prob
         size=p.size(size),
         sizes=p.sizes,
         tolerance=p.tolerance,
+        output_tolerances={str(i): b for i, b in p.output_tolerances.items()},
         mutates_inputs=p.mutates_inputs,
         inputs=[InputSpec(**spec) for spec in p.input_shapes(world_size, size)],
         traffic=Traffic(
@@ -302,7 +303,7 @@ class _Run:
             size=self.problem.size(self.size),
             dtype=self.problem.dtype,
             seeds=seeds,
-            tolerance=self.problem.tolerance,
+            tolerance=self.problem.bounds,
             timeout_s=self.timeout_s,
             timing=timing,
             threads_per_rank=threads,
@@ -418,7 +419,7 @@ def _judge(
                     "file); results are written by the harness only",
                 )
             else:
-                res = judge.compare(rank, key, got, want, p.tolerance)
+                res = judge.compare(rank, key, got, want, p.bounds)
             if worst is None or RANK_STATE_ORDER.index(res.state) > RANK_STATE_ORDER.index(worst.state):
                 worst = res
             if res.state != "pass":

@@ -173,6 +173,32 @@ def test_computing_half_the_output_fails_at_the_second_half(isolated_dirs):
     assert r.ranks[0].first_mismatch.index[0] == 512  # the first row of the second half (1024 rows)
 
 
+@pytest.mark.parametrize(
+    ("pid", "candidate", "legit", "output"),
+    [
+        (19, "fp8_scales_off.py", "019_reciprocal.py", 0),
+        (21, "clip_coefficient_off.py", "021_coef_bf16.py", None),
+        (22, "clip_ep_coefficient_off.py", "022_coef_bf16.py", None),
+    ],
+)
+def test_an_error_in_a_small_output_is_not_hidden_by_a_large_one(
+    pid, candidate, legit, output, isolated_dirs
+):
+    """Issue 17: each output on its own bounds. Wrong only in its small outputs (19: the scales 10%
+    off; 21, 22: the clipped gradients 1.2% off behind the total norm), each candidate passed when
+    one relative norm was taken over all outputs together; a correct variant still passes."""
+    r = check(ADV / candidate, pid=pid, trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
+    if output is not None:  # the scales are far outside their own elementwise bounds
+        assert r.ranks[0].first_mismatch.output == output and "rtol 2e-06" in r.message
+    else:  # the gradients: a share of elements beyond their own rtol, and 1.2% in norm (bound 0.007)
+        assert r.ranks[0].first_mismatch.output >= 1 and "rtol 0.01)" in r.message, r.message
+        norms = r.ranks[0].rel_norm_errors
+        assert norms[0] == 0.0 and all(0.011 < n < 0.013 for n in norms[1:]), norms
+    ok = check(CANDIDATES / "legit" / legit, pid=pid, trials=2)
+    assert ok.verdict == "pass", ok.message
+
+
 # ---------------------------------------------------------------- patching the harness
 
 
