@@ -195,8 +195,14 @@ def test_an_error_in_a_small_output_is_not_hidden_by_a_large_one(
         assert r.ranks[0].first_mismatch.output >= 1 and "rtol 0.01)" in r.message, r.message
         norms = r.ranks[0].rel_norm_errors
         assert norms[0] == 0.0 and all(0.011 < n < 0.013 for n in norms[1:]), norms
-    ok = check(CANDIDATES / "legit" / legit, pid=pid, trials=2)
-    assert ok.verdict == "pass", ok.message
+
+
+def test_problem_86_in_lower_precision_than_its_contract_fails(isolated_dirs):
+    """bf16 GEMMs and a bf16 Gram all-reduce (half the bytes) are outside the float32 contract.
+    (float64, and gathering the momentum once with the Gram on the other side, pass:
+    tests/test_end_to_end.py::test_every_correct_variant_passes.)"""
+    r = check(ADV / "muon_low_precision.py", pid=86, trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
 
 
 # ---------------------------------------------------------------- patching the harness
