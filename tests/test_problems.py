@@ -116,3 +116,14 @@ def test_per_output_bounds_load_and_show():
     assert 0 in p.output_tolerances and p.bounds["outputs"][0] == p.output_tolerances[0]
     detail = service.show_problem(21, world_size=2)
     assert detail.output_tolerances["0"] == p.output_tolerances[0]
+
+
+def test_gpu_tests_pick_a_world_size_each_problem_allows():
+    """tests/test_gpu.py ran every problem at 2 ranks, and 48 (4 or more ranks) failed there."""
+    from .test_gpu import world_size_for
+
+    assert world_size_for(48, gpus=2) is None and world_size_for(48, gpus=8) == 4
+    for pid, p in SUITE.items():
+        ws = world_size_for(pid, gpus=8)
+        assert ws is not None and not p.world_size_error(ws, "pkb"), pid
+        assert all(p.world_size_error(w, "pkb") for w in range(2, ws)), "the smallest allowed"
