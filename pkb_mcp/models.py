@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field
 
 RankState = Literal["pass", "wrong", "error", "crashed", "timeout", "aborted", "exited"]
 Verdict = Literal["pass", "fail", "timeout"]
-# "suspect": every output was right but the time is below the physical floor, so it is not credited
+# "suspect": every output was right but the time is not credited: below the physical floor, or much
+# faster on input sets seen before than on fresh ones
 BenchVerdict = Literal["pass", "fail", "timeout", "suspect"]
 
 
@@ -153,6 +154,16 @@ class TimingStats(BaseModel):
         None,
         description="standard deviation of log(median) between those jobs (0.01 = 1%); null with one job",
     )
+    fresh_calls: int = Field(0, description="timed calls on fresh input sets (never seen), each judged")
+    fresh_median_ms: float | None = Field(None, description="median time of the fresh calls")
+    replay_advantage: float | None = Field(
+        None,
+        description="median over fresh calls of (fresh call time / mean of the replayed calls just before "
+        "and after it): above 1, this side is faster on inputs it has seen",
+    )
+    replay_advantage_p: float | None = Field(
+        None, description="one-sided sign test: the chance of as many slower fresh calls with no real effect"
+    )
 
 
 class Ceilings(BaseModel):
@@ -188,8 +199,9 @@ class BenchResult(BaseModel):
     size: str
     device: str
     verdict: BenchVerdict = Field(
-        description="pass; fail; timeout; suspect: every output right but the candidate's time is below "
-        "the physical floor (below_floor), so its speedup is not credited"
+        description="pass; fail; timeout; suspect: every output right but the speedup is not credited: "
+        "the candidate's time is below the physical floor (below_floor) or it is much faster on input "
+        "sets it has seen than on fresh ones (faster_on_seen_inputs)"
     )
     message: str
     reference: TimingStats | None = None
@@ -200,6 +212,19 @@ class BenchResult(BaseModel):
     roofline: RooflineResult | None = None
     below_floor: bool = Field(
         False, description="the candidate's median is below the roofline floor: the time is not credited"
+    )
+    fresh_speedup: float | None = Field(
+        None, description="reference median / candidate median over the timed calls on fresh input sets only"
+    )
+    seen_inputs_advantage: float | None = Field(
+        None,
+        description="the candidate's replay_advantage over the reference's (where that exceeds 1): how much "
+        "faster it is on input sets it has seen than on fresh ones",
+    )
+    faster_on_seen_inputs: bool = Field(
+        False,
+        description="the candidate is much faster on input sets it has seen than on fresh ones (outputs "
+        "memoized by input values?): verdict suspect, not credited",
     )
     within_noise: bool | None = Field(
         None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import render, roofline, service
+from pkb_mcp import render, roofline, service, stats
 from pkb_mcp.models import BenchResult, SandboxInfo
 
 from .conftest import CANDIDATES, CEIL, docker_client, job_processes
@@ -98,6 +98,45 @@ def test_every_placement_s_timed_outputs_are_checked(isolated_dirs):
     call = int(re.search(r"call (\d+)", r.message).group(1))
     assert call >= 10, "the first placement (at least min_samples calls) was right"
     assert_clean(isolated_dirs)
+
+
+def test_outputs_memoized_by_input_values_are_not_credited(isolated_dirs):
+    """Issue 17: a cache keyed on a few input values is always right (a miss computes), survives the
+    buffer rotation, and hit on every replayed timed call: `pkb bench 1` credited 13.1x. Timed calls
+    on fresh input sets miss; the side much faster on inputs it has seen is named, not credited."""
+    r = bench(ADV / "memoized_by_values.py")
+    assert r.verdict == "suspect" and r.faster_on_seen_inputs, r.message
+    assert states(r) == ["pass", "pass"], "every judged output, fresh ones included, was right"
+    assert (
+        r.message.startswith("not credited: the candidate is")
+        and "faster on input sets it has seen" in r.message
+    )
+    assert r.seen_inputs_advantage > 3 and r.candidate.replay_advantage_p < stats.REPLAY_P
+    assert r.candidate.fresh_calls >= service.CPU_TIMING["fresh_min"]
+    assert r.speedup > 3 and r.fresh_speedup < r.speedup, "its figures are shown, fresh ones far lower"
+    assert "SUSPECT: not credited" in render.bench(r)
+    assert any("_cache" in s for s in r.static_report.suspicious)
+    assert_clean(isolated_dirs)
+
+
+def test_lazy_on_inputs_it_will_not_see_again_fails_on_a_fresh_set(isolated_dirs):
+    """Right on the first eight inputs (every judged trial and replayed set), zeros afterwards: the
+    fresh timed calls are judged too."""
+    c = check(ADV / "lazy_on_new_inputs.py", trials=5)
+    assert c.verdict == "pass", "five trials are among the first eight inputs"
+    r = bench(ADV / "lazy_on_new_inputs.py")
+    assert r.verdict == "fail" and r.speedup is None and states(r) == ["wrong", "wrong"], r.message
+    assert r.message.startswith("wrong on a fresh input set") and "elements differ" in r.message
+
+
+@pytest.mark.parametrize("candidate", ["reference", "caches_state.py"])
+def test_honest_state_kept_across_calls_is_not_flagged(candidate, isolated_dirs):
+    """The control: the reference, and a solution that keeps a process group and a buffer across
+    calls, run as fast on fresh input sets as on replayed ones."""
+    path = service.problems.resolve(1).path if candidate == "reference" else CANDIDATES / candidate
+    r = bench(path)
+    assert r.verdict == "pass" and not r.faster_on_seen_inputs, r.message
+    assert r.candidate.fresh_calls >= service.CPU_TIMING["fresh_min"] and r.fresh_speedup is not None
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
