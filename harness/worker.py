@@ -330,12 +330,14 @@ def fresh_calls(
     mutates: bool,
     save: Callable[[int, list, str, dict], None],
     max_calls: int,
+    judged: set[int],
 ) -> Any:
     """Timed calls on input sets never seen before (harness.timing.Fresh): fresh call k's inputs are
     made from the seed labelled k and copied into one set of fresh buffers, made once, so that their
     addresses stay the same from call to call (an honest solution that sets something up per address
-    pays once, in the untimed warm-up call); every output is saved for the host to judge, with the
-    aliasing and mutation checks of a judged call. `make(label)` builds the inputs of a label."""
+    pays once, in the untimed warm-up call); the outputs of the calls in `judged` are saved for the
+    host to judge, with the aliasing and mutation checks of a judged call. `make(label)` builds the
+    inputs of a label."""
     import torch
 
     from harness import timing
@@ -354,6 +356,8 @@ def fresh_calls(
         return solution(*state["inputs"])
 
     def record(k: int, out: Any) -> None:
+        if k not in judged:
+            return
         inputs = list(state["inputs"])
         structure, outs = normalize_output(out)
         returned = len(outs)
@@ -539,15 +543,21 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 judged.append(outs)  # private copies, taken at return
             pristine = [_snapshot(s) for s in sets] if not mutates else None
             # Fresh input sets, interleaved with the replayed ones (docs/measurement.md, "Replay
-            # advantage"): as many as the output bytes allow, each judged on the host. Their seeds
-            # derive from the job's secret seed and the job's label, so no two jobs share them.
+            # advantage"): fresh_min to fresh_max of them; the outputs of as many as fresh_bytes
+            # holds (at least 2, all when they fit, else a subset drawn from the secret seed that
+            # the solution cannot tell apart) are judged on the host. Seeds derive from the job's
+            # secret seed and the job's label, so no two jobs share them.
             out_bytes = float(sum(t.numel() * t.element_size() for t in judged[0]))
             out_bytes = timing.max_over_ranks([out_bytes], device)[0]
             fresh_cap = int(tcfg.get("fresh_max", 0))
             by_bytes = int(float(tcfg.get("fresh_bytes", 0)) // max(out_bytes, 1.0))
             fresh = None
+            fresh_judged: list[int] = []
             if fresh_cap:
                 label = str(tcfg.get("fresh_label", ""))
+                n_fresh = min(fresh_cap, max(int(tcfg.get("fresh_min", 2)), by_bytes, 2))
+                pick = random.Random(derive_seed(base, "fresh judged", label))
+                fresh_judged = sorted(pick.sample(range(n_fresh), min(n_fresh, max(2, by_bytes))))
 
                 def make_fresh(k: Any) -> tuple:
                     return make(derive_seed(base, "fresh", label, k))
@@ -555,9 +565,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 def save_fresh(k: int, outs: list, structure: str, meta: dict) -> None:
                     tensorfile.save(out_dir / f"f{k}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
 
-                fresh = fresh_calls(
-                    make_fresh, solution, mutates, save_fresh, min(fresh_cap, max(2, by_bytes))
-                )
+                fresh = fresh_calls(make_fresh, solution, mutates, save_fresh, n_fresh, set(fresh_judged))
             rotate = _input_rotation(sets)
             holds = list(range(n_sets))
 
@@ -633,15 +641,13 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             del spacers, records
             if fresh is not None:
                 record["fresh_timed"] = fresh.next
+                record["fresh_judged"] = fresh_judged
                 if tcfg.get("fresh_top_up"):
-                    # the reference's job: outputs for every fresh seed a candidate's job can reach
-                    while fresh.left:
-                        k = fresh.next
-                        fresh.next += 1
+                    # the reference's job: outputs for every judged fresh seed a candidate's job can reach
+                    for k in (k for k in fresh_judged if k >= fresh.next):
                         fresh.prepare(k)
                         fresh.record(k, fresh.call())
                         watch.check("during a call")
-                record["fresh_outputs"] = fresh.next
             if pristine is not None:
                 changed = [i for i, s in enumerate(sets) if mutated_inputs(list(s), list(pristine[holds[i]]))]
                 record["inputs_mutated_while_timing"] = bool(

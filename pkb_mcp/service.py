@@ -711,7 +711,8 @@ def bench(
             return result(refused[0], refused[1] + job_of(job), **fields)
         assert cand_outcome.timing is not None
         # every timed call on a fresh input set is judged too: right on the replayed sets is not enough
-        fresh_keys = list(range(int(cand_outcome.timing.get("fresh_timed", 0))))
+        timed = int(cand_outcome.timing.get("fresh_timed", 0))
+        fresh_keys = [int(k) for k in cand_outcome.timing.get("fresh_judged", []) if int(k) < timed]
         fresh_ranks = _judge(p, world_size, fresh_keys, cand_outcome, ref_outcome, mac_key, fresh=True)
         verdict, why = _verdict(fresh_ranks)
         if verdict != "pass":

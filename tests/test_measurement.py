@@ -389,10 +389,11 @@ def test_run_timing_interleaves_fresh_calls_outside_the_budget(monkeypatch):
     assert rec["sampled_ms"] < 60, "80 ms of making fresh inputs did not count against the budget"
 
 
-@pytest.mark.parametrize("top_up", [False, True])
-def test_a_benchmark_job_saves_every_fresh_call_s_output(isolated_dirs, top_up):
-    """Every timed call on a fresh input set leaves its output for the host to judge; the reference's
-    job (`fresh_top_up`) also makes outputs for every fresh seed a candidate's job can reach. The
+@pytest.mark.parametrize(("top_up", "fresh_mib"), [(False, 128), (True, 128), (True, 6)])
+def test_a_benchmark_job_saves_the_fresh_calls_outputs(isolated_dirs, top_up, fresh_mib):
+    """Every timed call on a fresh input set leaves its output for the host to judge when they fit in
+    fresh_bytes (problem 1's output here: 2 MiB a rank), else a subset drawn from the secret seed;
+    the reference's job (`fresh_top_up`) makes the judged outputs a candidate's job can reach. The
     fresh inputs come from the job's label: two jobs' fresh sets differ."""
     from pkb_mcp import service
     from pkb_mcp.jobs import run_job
@@ -400,16 +401,27 @@ def test_a_benchmark_job_saves_every_fresh_call_s_output(isolated_dirs, top_up):
 
     from .conftest import cpu_job
 
-    tcfg = {**service.timing_config("cpu"), "fresh_label": "job0", "fresh_top_up": top_up, "fresh_max": 12}
+    tcfg = {
+        **service.timing_config("cpu"),
+        "fresh_label": "job0",
+        "fresh_top_up": top_up,
+        "fresh_max": 12,
+        "fresh_bytes": fresh_mib << 20,
+    }
     seeds = [123456789]
     outcome = run_job(cpu_job("benchmark", timing=tcfg, seeds=seeds, timeout_s=120), ProcessBackend())
     assert outcome.ok, outcome.ranks
-    timed, made = outcome.timing["fresh_timed"], outcome.timing["fresh_outputs"]
+    timed, judged = outcome.timing["fresh_timed"], outcome.timing["fresh_judged"]
     assert timed == len(outcome.timing["fresh_ms"]) >= tcfg["fresh_min"]
-    assert made == (12 if top_up else timed)
-    assert sorted(outcome.fresh_outputs) == [(k, r) for k in range(made) for r in (0, 1)]
-    first = outcome.fresh_outputs[(0, 0)]
+    assert judged == (list(range(12)) if fresh_mib == 128 else judged) and len(judged) == min(
+        12, fresh_mib // 2
+    )
+    made = judged if top_up else [k for k in judged if k < timed]
+    assert sorted(outcome.fresh_outputs) == [(k, r) for k in made for r in (0, 1)]
+    first = outcome.fresh_outputs[(made[0], 0)]
     assert first.meta["aliased_outputs"] == [] and first.meta["mutated_inputs"] == []
+    if fresh_mib != 128:
+        return
     other = run_job(
         cpu_job("benchmark", timing={**tcfg, "fresh_label": "job1"}, seeds=seeds, timeout_s=120),
         ProcessBackend(),
