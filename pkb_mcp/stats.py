@@ -36,14 +36,14 @@ WIDE_SPREAD = 0.25
 # Replay advantage (docs/measurement.md): a side whose fresh calls are slower than the replayed calls
 # around them by more than this factor (relative to the reference's own advantage, where that
 # exceeds 1), and significantly so (one-sided sign test, REPLAY_P), is flagged as faster on input
-# sets it has seen. Honest spreads measured on CPU (2 shared cores under load; every reference
-# against itself and an honest state-keeping candidate three times: 76 sides of 38 benchmarks, plus
-# the reference sides of 6 memoizer benchmarks): advantages 0.56-1.49 (median 1.06), relative to
-# the reference at most 1.32, sign-test p never below 0.0106; memoizers 21-33x, p 0.002. On
-# GPUs the calls being paired are microseconds apart in one process (within a job, placements of
-# identical code spread under 1%): 1.10 leaves a memoizer at most 10%; the H200 figures are in
-# docs/gpu-results.md (issue 17).
-REPLAY_ADVANTAGE_LIMIT = {"cuda": 1.10, "cpu": 2.0}
+# sets it has seen. On CPU (docs/cpu-runs/2026-11-24/refs_memo_w2.jsonl: 2 cores shared with other
+# test runs, every reference against itself, an honest state-keeping candidate three times) honest
+# sides reached 1.91 (1.76 relative to their reference), with p down to 0.0003: CPU caches are
+# not flushed between calls and the host was loaded, so the CPU limit is high; memoizers measured
+# 24-27x. On GPUs the calls being paired are microseconds apart in one process, with L2 flushed
+# before each (within a job, placements of identical code spread under 1%): 1.10 leaves a memoizer
+# at most 10%; the H200 figures are to be recorded in docs/gpu-results.md (issue 17).
+REPLAY_ADVANTAGE_LIMIT = {"cuda": 1.10, "cpu": 4.0}
 REPLAY_P = 0.01
 
 
