@@ -195,6 +195,43 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
     return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
 
 
+TOOL_MODES = ("discover", "build")
+
+
+def run_tool(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A job that runs one program instead of ranks: `discover` imports the candidate in a child
+    process (harness/discover.py) to find its extension builds; `build` runs compilers and extension
+    builds that the host planned (harness/build.py), with no candidate code."""
+    job_dir = Path(cfg["job_dir"])
+    t0 = time.monotonic()
+    timeout_s = float(cfg["timeout_s"])
+    if cfg["mode"] == "discover":
+        out = job_dir / "discovered.json"
+        argv = [sys.executable, "-I", "-B", str(Path(__file__).with_name("discover.py"))]
+        proc = subprocess.Popen(
+            [*argv, cfg["solution_path"], str(out)],
+            stdin=subprocess.DEVNULL,
+            stdout=open(job_dir / "discover.log", "wb"),  # noqa: SIM115 - handed to the child
+            stderr=subprocess.STDOUT,
+            cwd=job_dir,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return {"tool": "discover", "exit_code": code, "wall_s": round(time.monotonic() - t0, 3)}
+    from harness import build
+
+    result = build.main(cfg)
+    part = job_dir / "build.json.part"
+    part.write_text(json.dumps(result))
+    os.replace(part, job_dir / "build.json")
+    return {"tool": "build", "exit_code": 0, "wall_s": round(time.monotonic() - t0, 3)}
+
+
 def read_config(path: Path) -> dict[str, Any]:
     """The job configuration from a file, deleted once read: no candidate code exists yet, and none
     may ever read the seeds in it."""
@@ -223,7 +260,7 @@ def main(argv: list[str]) -> None:
         result = launch(cfg, procs)
     elif "--config-file" in args:
         cfg = read_config(Path(args["--config-file"]))
-        result = launch(cfg)
+        result = run_tool(cfg) if cfg.get("mode") in TOOL_MODES else launch(cfg)
     else:
         cfg = json.loads(sys.stdin.read())
         result = launch(cfg)

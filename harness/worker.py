@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 HARNESS_DIR = Path(__file__).resolve().parent
+ORIGINAL_PACKAGES = str(HARNESS_DIR / "original")  # harness/original: the original benchmark's `utils`
 
 
 class SolutionError(Exception):
@@ -475,6 +476,10 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         if cfg["solution_path"] == cfg["problem_path"]:
             solution = problem.solution
         else:
+            from harness import extensions
+
+            extensions.install()  # its load_inline builds once, into the node's cache
+            sys.path.append(ORIGINAL_PACKAGES)  # utils.cuda_helpers of original-benchmark files
             candidate = load_module(cfg["solution_path"], "solution")
             solution = getattr(candidate, "solution", None)
             if not callable(solution):

@@ -68,7 +68,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    result = service.compile_file(Path(args.file))
+    result = service.compile_file(Path(args.file), args.sandbox)
     _emit(args, result, result.summary())
     return EXIT_PASS if result.ok else EXIT_FAILED
 
@@ -215,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="build a .cu file, or a solution's CUDA extensions, for sm_90a")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--sandbox",
+        choices=["auto", "docker", "process"],
+        default="auto",
+        help="where the solution is imported and the compilers run (as for check)",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("check", help="correctness on every rank over several trials")

@@ -34,6 +34,14 @@ def cache_dir() -> Path:
     return base
 
 
+def extensions_dir() -> Path:
+    """The node's extension cache: built by build jobs, read-only to every other job."""
+    path = cache_dir() / "extensions"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o755)
+    return path
+
+
 def jobs_dir() -> Path:
     path = Path(os.environ.get("PKB_JOBS_DIR", tempfile.gettempdir()))
     path.mkdir(parents=True, exist_ok=True)

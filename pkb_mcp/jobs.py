@@ -95,6 +95,7 @@ def enable_warm_pool(backend: Backend) -> WarmPool | None:
     """Start sandboxes ahead of need for this backend (a long-running server wants this; a one-shot
     CLI command does not). None when the backend cannot."""
     enable = getattr(backend, "enable_pool", None)
+    _use_extension_cache(backend)
     return enable(new_job_dir, config.HARNESS_ROOT) if enable else None
 
 
@@ -134,6 +135,7 @@ def run_job(request: JobRequest, backend: Backend, cancel: threading.Event | Non
     """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed)."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before it started")
+    _use_extension_cache(backend)
     pool = warm_pool(backend)
     key = _request_key(request)
     slot = pool.take(key) if pool is not None else None
@@ -292,3 +294,84 @@ def _collect(
         except ValueError:
             outcome.timing = None
     return outcome
+
+
+# ---------------------------------------------------------------- tool jobs (discover, build)
+
+TOOL_RESULT_CAP = 64 << 20
+
+
+@dataclass
+class ToolOutcome:
+    """How a discovery or build job ended; its result file is read by the caller, with limits."""
+
+    exit_code: int | None
+    timed_out: bool
+    wall_s: float
+    log: str  # the launcher's and the tool's last lines, for messages
+
+
+class ToolJobs:
+    """Runs harness tool programs (harness/discover.py, harness/build.py) as sandbox jobs of their own:
+    the same backends, limits, deadline and labels as checks, one CPU sandbox each, never warm."""
+
+    def __init__(self, backend: Backend, cancel: threading.Event | None = None) -> None:
+        self.backend = backend
+        self.cancel = cancel
+        self.isolated = backend.isolated
+
+    def new_dir(self) -> Path:
+        """A job directory for the caller to write the tool's inputs into; `run` removes it."""
+        return new_job_dir(uuid.uuid4().hex[:16])
+
+    def run(self, mode: str, job_dir: Path, params: dict[str, Any], timeout_s: float) -> ToolOutcome:
+        """Run the tool in `job_dir` (which stays for the caller to read and then remove)."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("cancelled before it started")
+        _use_extension_cache(self.backend)
+        job_id = job_dir.name.removeprefix("pkb-job-").split("-", 1)[0]
+        cfg = {"mode": mode, "job_dir": str(job_dir), "timeout_s": timeout_s, **params}
+        job = SandboxJob(
+            job_id=job_id,
+            job_dir=job_dir,
+            config=cfg,
+            device="cpu",
+            gpus=[],
+            timeout_s=timeout_s,
+            harness_root=config.HARNESS_ROOT,
+            threads=max(1, os.cpu_count() or 1),
+        )
+        log.info("tool.start", job=job_id, tool=mode, backend=self.backend.name)
+        run = self.backend.run(job, self.cancel)
+        if run.cancelled:
+            raise Cancelled("cancelled while running; every process of the job was killed")
+        try:
+            launch = json.loads((job_dir / "launch.json").read_text())
+            exit_code = launch.get("exit_code") if isinstance(launch, dict) else None
+        except (OSError, ValueError):
+            exit_code = None
+        timed_out = run.killed_at_deadline or (exit_code is None and mode == "discover")
+        own_log = tail(job_dir / f"{mode}.log", 4000)
+        log.info("tool.end", job=job_id, tool=mode, wall_s=round(run.wall_s, 3), exit_code=exit_code)
+        return ToolOutcome(
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            timed_out=timed_out,
+            wall_s=run.wall_s,
+            log=(own_log or run.launcher_log)[-4000:],
+        )
+
+
+def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
+    """A JSON file a job wrote: None when missing, over `cap` bytes, or not JSON."""
+    try:
+        if path.is_symlink() or path.stat().st_size > cap:
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _use_extension_cache(backend: Backend) -> None:
+    """Every job mounts the node's extension cache read-only (pkb_mcp/extensions.py fills it)."""
+    if hasattr(backend, "extensions_dir"):
+        backend.extensions_dir = config.extensions_dir()  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""Structured logs: JSON lines on stderr, never stdout (stdout belongs to results and, later, MCP)."""
+"""Structured logs: JSON lines on stderr, never stdout (stdout carries results and MCP over stdio)."""
 
 from __future__ import annotations
 

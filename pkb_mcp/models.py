@@ -1,14 +1,49 @@
-"""Result models of the service layer: what the CLI prints and (next) what the MCP tools return.
+"""Result models of the service layer: what the CLI prints and what the MCP tools return.
 
 Each figure is defined once, here, in its field's description; docs/measurement.md expands on the
-timing and roofline definitions.
+timing and roofline definitions. Every model derives from `Result`, whose JSON schema carries no
+titles: the schemas go into every agent's context with tools/list, and a title repeats the field name.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def lean_property(prop: dict[str, Any]) -> None:
+    """One property's schema without a title, a default of null, or `anyOf [T, null]` (written
+    `type: [T, null]`, which says the same in less)."""
+    prop.pop("title", None)
+    if prop.get("default", 0) is None:
+        prop.pop("default")
+    options = prop.get("anyOf")
+    if (
+        isinstance(options, list)
+        and len(options) == 2
+        and {"type": "null"} in options
+        and all(set(o) == {"type"} and isinstance(o["type"], str) for o in options)
+    ):
+        kinds = [o["type"] for o in options if o["type"] != "null"]
+        prop.pop("anyOf")
+        prop["type"] = [*kinds, "null"]
+
+
+def _lean(schema: dict[str, Any]) -> None:
+    """Output schemas without what an agent does not need: titles (they repeat the field names),
+    defaults (a result always has every field), and the longer form of optional fields."""
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        lean_property(prop)
+        prop.pop("default", None)
+
+
+class Result(BaseModel):
+    """A model whose JSON schema (in tools/list) is lean: see `_lean`."""
+
+    model_config = ConfigDict(json_schema_extra=_lean)
+
 
 RankState = Literal["pass", "wrong", "error", "crashed", "timeout", "aborted", "exited"]
 Verdict = Literal["pass", "fail", "timeout"]
@@ -17,7 +52,7 @@ Verdict = Literal["pass", "fail", "timeout"]
 BenchVerdict = Literal["pass", "fail", "timeout", "suspect"]
 
 
-class ProblemSummary(BaseModel):
+class ProblemSummary(Result):
     id: int
     name: str
     category: str
@@ -27,18 +62,18 @@ class ProblemSummary(BaseModel):
     summary: str
 
 
-class InputSpec(BaseModel):
+class InputSpec(Result):
     name: str
     shape: list[int] | None = None
     dtype: str | None = None
     value: str | None = Field(None, description="repr of a non-tensor argument")
 
 
-class Traffic(BaseModel):
-    nvlink_bytes: float = Field(description="bytes each GPU must send (= receive) over NVLink, one direction")
-    hbm_bytes: float = Field(description="bytes each GPU must read plus write in HBM")
+class Traffic(Result):
+    nvlink_bytes: float = Field(description="bytes each GPU sends (= receives) over NVLink")
+    hbm_bytes: float = Field(description="bytes each GPU reads plus writes in HBM")
     flops: float = Field(description="floating-point operations per GPU")
-    rounds: float = Field(description="dependent communication steps (latency term)")
+    rounds: float = Field(description="dependent communication steps")
 
 
 class ProblemDetail(ProblemSummary):
@@ -48,66 +83,52 @@ class ProblemDetail(ProblemSummary):
     size_preset: str
     size: dict[str, object]
     sizes: dict[str, dict[str, object]]
-    tolerance: dict[str, float] = Field(description="atol, rtol, rel_norm: each output's bounds")
-    output_tolerances: dict[str, dict[str, float]] = Field(
-        {}, description="bounds of their own for some outputs, by output index (overriding `tolerance`)"
-    )
+    tolerance: dict[str, Any] = Field(description="each output's; 'outputs': own, by index")
     mutates_inputs: bool
     inputs: list[InputSpec] = Field(description="rank 0's inputs at this world size and size preset")
     traffic: Traffic
     reference_source: str
 
 
-class Mismatch(BaseModel):
-    output: int = Field(description="index of the output tensor")
-    index: list[int] = Field(description="first element that fails the elementwise check")
+class Mismatch(Result):
+    output: int = Field(description="which output")
+    index: list[int] = Field(description="the first failing element")
     expected: str
     got: str
 
 
-class RankResult(BaseModel):
+class RankResult(Result):
     rank: int
-    trial: int | None = Field(None, description="the first trial with this rank's worst outcome")
+    trial: int | None = None
     state: RankState
     message: str = ""
     max_abs_error: float | None = None
     max_rel_error: float | None = None
-    rel_norm_error: float | None = Field(
-        None, description="the largest over outputs of ‖out−ref‖ / ‖ref‖ (each output on its own bounds)"
-    )
-    rel_norm_errors: list[float | None] | None = Field(
-        None, description="‖out−ref‖ / ‖ref‖ of each output in order (null: an all-zero reference output)"
-    )
-    mismatched: int | None = Field(None, description="elements failing allclose")
+    rel_norm_error: float | None = Field(None, description="largest per-output ‖out−ref‖ / ‖ref‖")
+    mismatched: int | None = None
     first_mismatch: Mismatch | None = None
     traceback: str | None = None
     log_tail: str | None = None
-    ended_s: float | None = Field(None, description="seconds into the job when this rank failed")
+    ended_s: float | None = Field(None, description="when it failed, s into the job")
 
 
-class SandboxInfo(BaseModel):
+class SandboxInfo(Result):
     backend: str
     isolated: bool
     note: str = ""
 
 
-class StaticReport(BaseModel):
-    """What the solution's source still calls, read from its text without running it."""
+class StaticReport(Result):
+    # What the source calls, read from its text without running it (pkb_mcp/static_report.py).
 
-    collectives: list[str] = Field(
-        description="torch.distributed collectives, functional collectives and symmetric-memory ops "
-        "referenced"
-    )
-    compute_ops: list[str] = Field(description="dense torch compute ops used (matmul, @, F.linear, ...)")
-    multicast: bool = Field(description="uses NVLink multicast (multimem / NVLS): refused before running")
-    multicast_uses: list[str] = Field([], description="where multicast is used")
-    suspicious: list[str] = Field(
-        description="patterns worth review: harness imports, files, environment, threads, processes, "
-        "ctypes, monkeypatching, introspection, pointer-keyed caches, state kept across calls"
-    )
+    collectives: list[str]
+    compute_ops: list[str]
+    multicast: bool = Field(description="uses NVLink multicast: refused")
+    multicast_uses: list[str] = []
+    suspicious: list[str] = Field(description="patterns worth review")
 
 
-class CheckResult(BaseModel):
+class CheckResult(Result):
     problem_id: int
     problem: str
     world_size: int
@@ -116,17 +137,17 @@ class CheckResult(BaseModel):
     trials: int
     verdict: Verdict
     message: str
-    ranks: list[RankResult] = Field(description="one entry per rank: its worst outcome over all trials")
+    ranks: list[RankResult] = Field(description="each rank's worst outcome")
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
+    notes: list[str] = Field([], description="extensions built for the run")
     static_report: StaticReport | None = None
 
 
-class TimingStats(BaseModel):
+class TimingStats(Result):
     median_ms: float = Field(
-        description="median over timed calls of the slowest rank's time; with several placements, "
-        "the median of the placements' medians; with several jobs, the median of the jobs' medians"
+        description="median over timed calls of the slowest rank's time (docs/measurement.md)"
     )
     q1_ms: float
     q3_ms: float
@@ -134,39 +155,22 @@ class TimingStats(BaseModel):
     min_ms: float
     samples: int
     stop_reason: str
-    sampled_ms: float = Field(0.0, description="real time spent sampling (the slowest rank's)")
+    sampled_ms: float = 0.0
     warmup_calls: int
-    input_sets: int = Field(description="distinct input sets rotated through (L2 defeat)")
+    input_sets: int
     clock: str
-    wall_median_ms: float = Field(description="host wall-clock median of the same region (cross-check)")
-    placements: int = Field(
-        1,
-        description="sampling rounds in each job, each with the inputs and the solution's memory at "
-        "other addresses",
-    )
-    placement_spread: float | None = Field(
-        None,
-        description="standard deviation of log(median) between placements (0.01 = 1%), averaged over "
-        "jobs; null with one placement",
-    )
-    jobs: int = Field(1, description="separate jobs (sets of processes) this side was timed in")
-    job_spread: float | None = Field(
-        None,
-        description="standard deviation of log(median) between those jobs (0.01 = 1%); null with one job",
-    )
-    fresh_calls: int = Field(0, description="timed calls on fresh input sets (never seen), each judged")
-    fresh_median_ms: float | None = Field(None, description="median time of the fresh calls")
-    replay_advantage: float | None = Field(
-        None,
-        description="median over fresh calls of (fresh call time / mean of the replayed calls just before "
-        "and after it): above 1, this side is faster on inputs it has seen",
-    )
-    replay_advantage_p: float | None = Field(
-        None, description="one-sided sign test: the chance of as many slower fresh calls with no real effect"
-    )
+    wall_median_ms: float = Field(description="host clock cross-check")
+    placements: int = 1
+    placement_spread: float | None = None
+    jobs: int = 1
+    job_spread: float | None = Field(None, description="sd of log(median) between jobs")
+    fresh_calls: int = 0
+    fresh_median_ms: float | None = None
+    replay_advantage: float | None = None
+    replay_advantage_p: float | None = None
 
 
-class Ceilings(BaseModel):
+class Ceilings(Result):
     nvlink_gbps: float = Field(description="peer copy bandwidth per GPU, one direction, GB/s")
     hbm_gbps: float = Field(description="HBM copy bandwidth counting read + write, GB/s")
     tflops: dict[str, float] = Field(description="peak rate per dtype, TFLOP/s")
@@ -174,7 +178,18 @@ class Ceilings(BaseModel):
     source: str
 
 
-class RooflineResult(BaseModel):
+class FloorPlacement(Result):
+    # Where a measured time sits against the problem's floor (the roofline tool gives the floor's terms
+    # and the traffic and ceilings behind them). Comments, not a docstring: it would go into tools/list.
+
+    floor_ms: float = Field(description="max(nvlink, hbm, compute) + latency")
+    bound: str
+    time_ms: float | None = None
+    pct_of_floor: float | None = Field(None, description="floor / time x 100: 100% is the speed of light")
+    note: str = ""
+
+
+class RooflineResult(FloorPlacement):
     problem_id: int
     problem: str
     world_size: int
@@ -185,23 +200,19 @@ class RooflineResult(BaseModel):
     hbm_ms: float
     compute_ms: float
     latency_ms: float
-    floor_ms: float = Field(description="max(nvlink, hbm, compute) + latency")
-    bound: str
-    time_ms: float | None = None
-    pct_of_floor: float | None = Field(None, description="floor / time x 100: 100% is the speed of light")
-    note: str = ""
+
+    def placement(self) -> FloorPlacement:
+        return FloorPlacement.model_validate(self.model_dump(include=set(FloorPlacement.model_fields)))
 
 
-class BenchResult(BaseModel):
+class BenchResult(Result):
     problem_id: int
     problem: str
     world_size: int
     size: str
     device: str
     verdict: BenchVerdict = Field(
-        description="pass; fail; timeout; suspect: every output right but the speedup is not credited: "
-        "the candidate's time is below the physical floor (below_floor) or it is much faster on input "
-        "sets it has seen than on fresh ones (faster_on_seen_inputs)"
+        description="suspect: outputs right, not credited (below_floor or faster_on_seen_inputs)"
     )
     message: str
     reference: TimingStats | None = None
@@ -209,36 +220,23 @@ class BenchResult(BaseModel):
     speedup: float | None = Field(None, description="reference median / candidate median")
     speedup_low: float | None = Field(None, description="reference q1 / candidate q3")
     speedup_high: float | None = Field(None, description="reference q3 / candidate q1")
-    roofline: RooflineResult | None = None
-    below_floor: bool = Field(
-        False, description="the candidate's median is below the roofline floor: the time is not credited"
-    )
-    fresh_speedup: float | None = Field(
-        None, description="reference median / candidate median over the timed calls on fresh input sets only"
-    )
-    seen_inputs_advantage: float | None = Field(
-        None,
-        description="the candidate's replay_advantage over the reference's (where that exceeds 1): how much "
-        "faster it is on input sets it has seen than on fresh ones",
-    )
-    faster_on_seen_inputs: bool = Field(
-        False,
-        description="the candidate is much faster on input sets it has seen than on fresh ones (outputs "
-        "memoized by input values?): verdict suspect, not credited",
-    )
+    roofline: FloorPlacement | None = None
+    below_floor: bool = Field(False, description="the candidate's median is below the roofline floor")
+    fresh_speedup: float | None = None
+    seen_inputs_advantage: float | None = None
+    faster_on_seen_inputs: bool = False
     within_noise: bool | None = Field(
-        None,
-        description="on GPUs: the speedup is within the spread of identical code between runs (about "
-        "5%), so it is no evidence of a difference",
+        None, description="on GPUs: within the spread of identical code between runs, so no evidence"
     )
     ranks: list[RankResult] = []
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
+    notes: list[str] = Field([], description="extensions built for the run")
     static_report: StaticReport | None = None
 
 
-class Calibration(BaseModel):
+class Calibration(Result):
     ceilings: Ceilings
     details: dict[str, Any] = Field(description="every measurement behind the ceilings")
     saved_to: str | None = Field(default=None, description="the calibration file the roofline now reads")

@@ -34,7 +34,7 @@ DEADLINE_SLACK_S = 60.0
 
 def _run_compile(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
     progress(0, 1, "compiling")
-    result = service.compile_file(Path(params["path"]))
+    result = service.compile_file(Path(params["path"]), params.get("sandbox", "auto"), cancel)
     progress(1, 1, "compiled" if result.ok else "compile failed")
     return result
 
@@ -92,7 +92,6 @@ class Scheduler:
         self.compile_free = compile_slots
         self._live: dict[str, _Live] = {}
         self._queue: list[str] = []
-        self.dispatched: list[str] = []  # job ids in the order they were given their resources
         self._cond = threading.Condition()
         self._stopped = False
         for record in store.unfinished():
@@ -217,7 +216,7 @@ class Scheduler:
                         blocked.add(need[0])
                         continue
                     self._queue.remove(job_id)
-                    self.dispatched.append(job_id)
+                    self.store.started(job_id)  # here, not in the thread: `started` orders dispatches
                     threading.Thread(
                         target=self._run, args=(record, need, taken), name=f"pkb-job-{job_id}", daemon=True
                     ).start()
@@ -230,7 +229,6 @@ class Scheduler:
         params = dict(record.params)
         if taken:
             params["gpus"] = taken[: int(params["world_size"])]
-        self.store.started(record.id)
         last = [0.0]
 
         def progress(done: float, total: float | None, message: str) -> None:

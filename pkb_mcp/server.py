@@ -23,7 +23,15 @@ from pydantic import BaseModel, Field
 from pkb_mcp import render, service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
-from pkb_mcp.models import BenchResult, CheckResult, ProblemDetail, ProblemSummary, RooflineResult
+from pkb_mcp.models import (
+    BenchResult,
+    CheckResult,
+    ProblemDetail,
+    ProblemSummary,
+    Result,
+    RooflineResult,
+    lean_property,
+)
 from pkb_mcp.scheduler import Scheduler
 from pkb_mcp.store import JobRecord
 
@@ -48,27 +56,33 @@ RUNS_CODE = ToolAnnotations(
     read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
 )
 
-ProblemRef = Annotated[int | str, Field(description="problem id (e.g. 12) or name (e.g. 'allgather_gemm')")]
-WorldSize = Annotated[int, Field(ge=1, le=64, description="number of ranks (one GPU each on cuda)")]
-SizePreset = Annotated[str, Field(description="'pkb' (the original benchmark's sizes) or 'large' (~1 ms)")]
-Source = Annotated[str | None, Field(description="the solution's source text; give this or path")]
-SourcePath = Annotated[str | None, Field(description="path of the solution file on the server; or source")]
-Device = Annotated[Literal["cpu", "cuda"] | None, Field(description="default: cuda when the node has GPUs")]
-Wait = Annotated[bool, Field(description="true: return the result; false: return a job id at once")]
+
+def Arg(**kwargs: Any) -> Any:
+    """A tool parameter's Field, its schema lean like the results' (models.lean_property)."""
+    return Field(json_schema_extra=lean_property, **kwargs)
 
 
-class ProblemList(BaseModel):
+ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. 12 or 'allgather_gemm'")]
+WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on cuda)")]
+SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
+Source = Annotated[str | None, Arg(description="the code; or give path")]
+SourcePath = Annotated[str | None, Arg(description="a file on the server; or give source")]
+Device = Annotated[Literal["cpu", "cuda"] | None, Arg(description="default: cuda when the node has GPUs")]
+Wait = Annotated[bool, Arg(description="false: return a job id at once")]
+
+
+class ProblemList(Result):
     problems: list[ProblemSummary]
 
 
-class JobOutput(BaseModel):
+class JobOutput(Result):
     """What a long tool returns: the job, and its result once it has one."""
 
     job_id: str
     state: str = Field(description="queued, running, done, failed or cancelled")
     message: str = ""
-    error: str | None = Field(None, description="why the job failed or was cancelled")
-    result_uri: str = Field(description="resource with the full, uncompacted result")
+    error: str | None = None  # why the job failed or was cancelled
+    result_uri: str = Field(description="the full result")
 
 
 class CheckOutput(JobOutput):
@@ -84,8 +98,10 @@ class CompileOutput(JobOutput):
 
 
 class AnyJobOutput(JobOutput):
-    kind: str
-    result: CheckResult | BenchResult | CompileResult | None = None
+    kind: str = Field(description="compile, check or bench")
+    result: dict[str, Any] | None = Field(
+        None, description="the result as compile_kernel, run_correctness or benchmark return it (by kind)"
+    )
 
 
 OUTPUTS: dict[str, type[JobOutput]] = {"check": CheckOutput, "bench": BenchOutput, "compile": CompileOutput}
@@ -224,6 +240,8 @@ def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
 
 
 def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
+    """The server: tools on problems, tools that run candidate code, the job tools, and the context an
+    agent starts from (the reference resource and the attempt_problem prompt)."""
     tools = Tools(scheduler, sources_dir)
     mcp = MCPServer(
         name="pkb",
@@ -231,11 +249,20 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         instructions=INSTRUCTIONS,
         version=__import__("pkb_mcp").__version__,
     )
+    _add_problem_tools(mcp)
+    _add_run_tools(mcp, tools)
+    _add_job_tools(mcp, scheduler, tools)
+    _add_agent_context(mcp)
+    return mcp
+
+
+def _add_problem_tools(mcp: MCPServer) -> None:
+    """list_problems, get_reference, roofline: read-only, answered at once."""
 
     @mcp.tool(annotations=READ_ONLY)
     def list_problems(
-        category: Annotated[str | None, Field(description="exact category, e.g. 'primitive', 'TP'")] = None,
-        text: Annotated[str | None, Field(description="text to find in name, summary, source")] = None,
+        category: Annotated[str | None, Arg(description="exact category, e.g. 'primitive', 'TP'")] = None,
+        text: Annotated[str | None, Arg(description="text to find in name, summary, source")] = None,
     ) -> Annotated[CallToolResult, ProblemList]:
         """List the problems: id, name, category, world-size rule, one-line summary."""
         found = service.list_problems(category, text)
@@ -256,7 +283,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         time_ms: Annotated[
-            float | None, Field(gt=0, description="a measured time to place on the roofline")
+            float | None, Arg(gt=0, description="a measured time to place on the roofline")
         ] = None,
     ) -> Annotated[CallToolResult, RooflineResult]:
         """The floor from NVLink bytes, HBM bytes and FLOPs per GPU and the node's ceilings; % of floor."""
@@ -264,23 +291,26 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             result = service.roofline_of(problem, world_size, size, time_ms)
         return reply(result, render.roofline(result))
 
-    @mcp.tool(annotations=READ_ONLY)
+
+def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
+    """compile_kernel, run_correctness, benchmark: candidate code in the sandbox, as scheduler jobs."""
+
+    @mcp.tool(annotations=RUNS_CODE)
     async def compile_kernel(
         ctx: Context,
         source: Source = None,
         path: SourcePath = None,
         language: Annotated[
             Literal["cuda", "python"],
-            Field(
-                description="for source text: a .cu file, or a solution .py whose load_inline CUDA is built"
-            ),
+            Arg(description="for source text: a .cu file, or a solution .py whose load_inline CUDA is built"),
         ] = "python",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CompileOutput]:
-        """Build CUDA for sm_90a with nvcc: errors with line numbers, registers/smem/spills per kernel."""
+        """Build CUDA for sm_90a in the sandbox: errors by line, registers/smem/spills per kernel; a
+        solution's load_inline extensions are checked and built once for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
         file = tools.solution_file(source, path, suffixes)
-        job_id = scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0})
+        job_id = tools.scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0, "sandbox": "auto"})
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=RUNS_CODE)
@@ -291,16 +321,16 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         path: SourcePath = None,
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
-        trials: Annotated[int, Field(ge=1, le=100, description="fresh random inputs per trial")] = 5,
+        trials: Annotated[int, Arg(ge=1, le=100, description="fresh random inputs per trial")] = 5,
         device: Device = None,
-        timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
+        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
         file = tools.solution_file(source, path, (".py",))
         with tool_errors():
             _, dev = service.preflight(problem, world_size, size, device, timeout_s)
-        job_id = scheduler.submit(
+        job_id = tools.scheduler.submit(
             "check",
             {
                 "problem": problem,
@@ -324,10 +354,10 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         device: Device = None,
-        timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
+        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
         jobs: Annotated[
             int,
-            Field(
+            Arg(
                 ge=1,
                 le=service.MAX_JOBS,
                 description=service.JOBS_HELP,
@@ -339,7 +369,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         file = tools.solution_file(source, path, (".py",))
         with tool_errors():
             _, dev = service.preflight(problem, world_size, size, device, timeout_s)
-        job_id = scheduler.submit(
+        job_id = tools.scheduler.submit(
             "bench",
             {
                 "problem": problem,
@@ -354,22 +384,29 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         )
         return await tools.finish(job_id, wait, ctx)
 
+
+def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
+    """job_status, job_result, cancel_job and the full-result resource, for calls made with wait=false."""
+
     @mcp.tool(annotations=READ_ONLY)
-    def job_status(job_id: Annotated[str, Field(description="id from a wait=false call")]) -> JobRecord:
+    def job_status(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
         """Where a job stands: queued, running (with progress), done, failed or cancelled."""
         with tool_errors():
             return scheduler.get(job_id)
 
     @mcp.tool(annotations=READ_ONLY)
     def job_result(
-        job_id: Annotated[str, Field(description="id from a wait=false call")],
+        job_id: Annotated[str, Arg(description="id from a wait=false call")],
     ) -> Annotated[CallToolResult, AnyJobOutput]:
         """A job's result (compacted; the full one is the resource in result_uri)."""
         with tool_errors():
             record = scheduler.get(job_id)
         out = tools.output(record)
+        result = getattr(out, "result", None)
         full = AnyJobOutput(
-            kind=record.kind, **out.model_dump(exclude={"result"}), result=getattr(out, "result", None)
+            kind=record.kind,
+            **out.model_dump(exclude={"result"}),
+            result=result.model_dump(mode="json") if result is not None else None,
         )
         return reply(full, tools.text(out))
 
@@ -378,18 +415,10 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
         )
     )
-    def cancel_job(job_id: Annotated[str, Field(description="id from a wait=false call")]) -> JobRecord:
+    def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
         """Cancel a queued or running job; its processes are killed. A finished job is left as it is."""
         with tool_errors():
             return scheduler.cancel(job_id)
-
-    @mcp.resource("problem://{problem_id}/reference", mime_type="text/x-python")
-    def reference_source(problem_id: str) -> str:
-        """The reference implementation of a problem (the contract a solution must meet)."""
-        try:
-            return service.show_problem(problem_id, world_size=2).reference_source
-        except UserError as exc:
-            raise ResourceError(str(exc)) from exc
 
     @mcp.resource("pkb://jobs/{job_id}/result", mime_type="application/json")
     def job_full_result(job_id: str) -> str:
@@ -399,6 +428,18 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
             raise ResourceError(f"job {job_id} has no result (unknown, or not finished)")
         return _parse(scheduler.get(job_id).kind, raw).model_dump_json(indent=2)
 
+
+def _add_agent_context(mcp: MCPServer) -> None:
+    """The reference as a resource, and the attempt_problem prompt."""
+
+    @mcp.resource("problem://{problem_id}/reference", mime_type="text/x-python")
+    def reference_source(problem_id: str) -> str:
+        """The reference implementation of a problem (the contract a solution must meet)."""
+        try:
+            return service.show_problem(problem_id, world_size=2).reference_source
+        except UserError as exc:
+            raise ResourceError(str(exc)) from exc
+
     @mcp.prompt()
     def attempt_problem(problem: str, world_size: str = "4", size: str = "pkb") -> str:
         """The task for an agent: reference, contract, per-rank shapes, hardware facts, hints and rules."""
@@ -407,8 +448,6 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         except (UserError, ValueError) as exc:
             raise ValueError(str(exc)) from exc
         return attempt_text(detail)
-
-    return mcp
 
 
 HARDWARE = """\

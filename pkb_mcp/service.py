@@ -20,7 +20,7 @@ from typing import Any
 from harness import tensorfile, timing
 from pkb_mcp import config, judge, problems, roofline, static_report, stats
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, prestart, run_job, warm_pool
+from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, ToolJobs, prestart, run_job, warm_pool
 from pkb_mcp.models import (
     BenchResult,
     Calibration,
@@ -45,9 +45,8 @@ MAX_PLACEMENTS = 16
 MAX_JOBS = 8
 # what `jobs` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
 JOBS_HELP = (
-    "separate jobs per side, reference and candidate alternating: more resolve smaller differences at "
-    "a job start each (identical code on H200s: up to 5% apart with 1 job a side, within 3% in 80 of 81 "
-    "benchmarks with 4, at about twice the time; code that waits on the host inside a call spreads more)"
+    "separate jobs per side, reference and candidate alternating: more jobs resolve smaller differences, "
+    "at a job start each (docs/measurement.md)"
 )
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible
@@ -178,14 +177,25 @@ def roofline_of(
 
 # ---------------------------------------------------------------- compile
 
+BUILD_TIMEOUT_S = 600.0  # discovering and building a solution's extensions before its jobs
 
-def compile_file(path: Path) -> Any:
+
+def compile_file(path: Path, sandbox: str = "auto", cancel: threading.Event | None = None) -> Any:
+    """Build a .cu file or a solution's extensions: every import and compiler run is a sandbox job."""
     from pkb_mcp import compile as nvcc
 
     try:
-        return nvcc.compile_file(path, cache_dir=config.cache_dir() / "compile")
+        backend = select_backend(sandbox)
+    except SandboxUnavailable as exc:
+        raise UserError(str(exc)) from exc
+    try:
+        result = nvcc.compile_file(
+            path, cache_dir=config.cache_dir() / "compile", tools=ToolJobs(backend, cancel)
+        )
     except nvcc.CompileError as exc:
         raise UserError(str(exc)) from exc
+    notes = [] if backend.isolated else [backend.note]
+    return result.model_copy(update={"sandbox": backend.name, "notes": [*notes, *result.notes]})
 
 
 # ---------------------------------------------------------------- running candidates
@@ -289,6 +299,19 @@ class _Run:
             backend=self.backend.name, isolated=self.backend.isolated, note=self.backend.note
         )
         self.warnings = [] if self.backend.isolated else [self.backend.note]
+        self.notes: list[str] = []
+
+    def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
+        """Build the solution's load_inline extensions into the node's cache before its jobs run
+        (pkb_mcp/extensions.py); a solution without any costs nothing here."""
+        from pkb_mcp import extensions
+
+        text = self.solution.read_text(encoding="utf-8", errors="replace")
+        if not extensions.may_build(text):
+            return
+        progress(0, 3, "finding and building the solution's extensions")
+        prepared = extensions.prepare(text, ToolJobs(self.backend, cancel), BUILD_TIMEOUT_S)
+        self.notes += prepared.notes()
 
     def request(self, mode: str, solution: Path, seeds: list[int], timing: dict | None = None) -> JobRequest:
         import os
@@ -490,6 +513,7 @@ def check(
             wall_s=run.elapsed(),
             sandbox=run.sandbox,
             warnings=run.warnings,
+            notes=run.notes,
             static_report=run.static_report,
         )
 
@@ -498,6 +522,7 @@ def check(
         return result("fail", f"the solution does not parse: {run.syntax_error}", ranks)
     if run.refusal:
         return result("fail", run.refusal, _refused_ranks(run))
+    run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62) for _ in range(trials)]
     progress(0, 3, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})")
     ref_request = run.request("outputs", p.path, seeds)
@@ -649,6 +674,7 @@ def bench(
             wall_s=run.elapsed(),  # type: ignore[arg-type]
             sandbox=run.sandbox,
             warnings=run.warnings,
+            notes=run.notes,
             static_report=run.static_report,
             **fields,
         )
@@ -658,6 +684,7 @@ def bench(
         return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
     if run.refusal:
         return result("fail", run.refusal, ranks=_refused_ranks(run))
+    run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]
     # a side's jobs share its sampling budget the way a job's placements do
     tcfg = {**timing.placement_config(timing_config(run.device), jobs), "placements": placements}
@@ -786,6 +813,6 @@ def bench(
         speedup=speed,
         speedup_low=low,
         speedup_high=high,
-        roofline=roof,
+        roofline=roof.placement(),
         **fields,
     )

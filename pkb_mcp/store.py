@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from pkb_mcp.models import Result
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -35,7 +37,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 
 
-class JobRecord(BaseModel):
+class JobRecord(Result):
     id: str
     kind: str = Field(description="compile, check or bench")
     state: str = Field(description="queued, running, done, failed or cancelled")
@@ -45,7 +47,7 @@ class JobRecord(BaseModel):
     progress: float = 0.0
     total: float | None = None
     message: str = Field("", description="the latest progress message")
-    error: str | None = Field(None, description="why the job failed or was cancelled")
+    error: str | None = None  # why the job failed or was cancelled
     params: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     @property

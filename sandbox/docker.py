@@ -39,10 +39,12 @@ from sandbox.base import (
 from sandbox.cpus import union as cpus_union
 from sandbox.image import SANDBOX_GID, SANDBOX_UID, ensure_image
 from sandbox.pool import Pooled, WarmSlot
+from sandbox.toolchain import extra_mounts, jit_env
 
 LABEL = "pkb.sandbox"
 JOB_MOUNT = "/job"
 HARNESS_MOUNT = "/opt/pkb"
+EXTENSIONS_MOUNT = "/opt/pkb/extensions"
 # Limits per job, overridable by environment: memory (RAM + swap), processes, /dev/shm (NCCL's
 # shared-memory transport needs room).
 DEFAULT_LIMITS = {"PKB_SANDBOX_MEMORY": "32g", "PKB_SANDBOX_PIDS": "512", "PKB_SANDBOX_SHM": "8g"}
@@ -195,7 +197,7 @@ class DockerBackend(Pooled):
                 "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions",
                 "TRITON_CACHE_DIR": "/tmp/triton",
                 "OMP_NUM_THREADS": str(threads),
-                "PATH": "/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin",
+                **jit_env(),  # PATH with ninja and nvcc, CUDA_HOME, the node's GPU architectures
             }
         )
         env["CUDA_VISIBLE_DEVICES"] = "" if device != "cuda" else ",".join(str(i) for i in range(len(gpus)))
@@ -205,8 +207,12 @@ class DockerBackend(Pooled):
             Mount(f"{HARNESS_MOUNT}/harness", str(harness_root / "harness"), type="bind", read_only=True),
             Mount("/usr", "/usr", type="bind", read_only=True),
             *[Mount(p, p, type="bind", read_only=True) for p in _python_prefixes()],
+            *[Mount(p, p, type="bind", read_only=True) for p in extra_mounts()],
             *gpu.get("mounts", []),
         ]
+        if self.extensions_dir is not None:  # built by build jobs only; read-only to every job
+            mounts.append(Mount(EXTENSIONS_MOUNT, str(self.extensions_dir), type="bind", read_only=True))
+            env["PKB_EXTENSIONS"] = EXTENSIONS_MOUNT
         command = [sys.executable, "-m", "harness.launch", "--config-file", f"{JOB_MOUNT}/{CONFIG_NAME}"]
         if warm is not None:
             command += ["--warm", json.dumps(_inside(warm, host_dir))]

@@ -19,7 +19,20 @@ import docker.errors
 
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
-DIRS = ("tmp", "job", "opt/pkb/harness", "etc", "proc", "sys", "dev", "usr", "sbin", "root", "home")
+DIRS = (
+    "tmp",
+    "job",
+    "opt/pkb/harness",
+    "opt/pkb/extensions",
+    "etc",
+    "proc",
+    "sys",
+    "dev",
+    "usr",
+    "sbin",
+    "root",
+    "home",
+)
 LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
 FILES = {
     "etc/passwd": (

@@ -232,6 +232,8 @@ class Pooled:
 
     pool: WarmPool | None = None
     _harness_root: Path | None = None
+    # the node's extension cache (harness/extensions.py), mounted read-only into every job; set by the host
+    extensions_dir: Path | None = None
 
     def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
         """Keep sandboxes started ahead of need."""

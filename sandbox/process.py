@@ -31,6 +31,7 @@ from sandbox.base import (
     write_config,
 )
 from sandbox.pool import Pooled, WarmSlot
+from sandbox.toolchain import jit_env
 
 FILE_SIZE_CAP = 16 << 30
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME")
@@ -100,8 +101,11 @@ class ProcessBackend(Pooled):
                 "TRITON_CACHE_DIR": str(tmp / "triton"),
                 "OMP_NUM_THREADS": str(threads),
                 "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus) if device == "cuda" else "",
+                **jit_env(),
             }
         )
+        if self.extensions_dir is not None:
+            env["PKB_EXTENSIONS"] = str(self.extensions_dir)
         args = ["--config-file", str(job_dir / CONFIG_NAME)]
         if warm is not None:
             args += ["--warm", json.dumps(warm)]

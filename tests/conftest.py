@@ -13,6 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
 
 
+TIERS = ("integration", "contract", "gpu")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test in none of the other tiers is in the fast tier: `python -m pytest -m fast`."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     jobs = tmp_path / "jobs"
@@ -20,6 +30,14 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PKB_JOBS_DIR", str(jobs))
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path / "cache"))
     return jobs
+
+
+@pytest.fixture
+def small_docker_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Container limits that a 2-core, 24 GiB CI machine can give several jobs at once."""
+    monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
+    monkeypatch.setenv("PKB_SANDBOX_PIDS", "256")
+    monkeypatch.setenv("PKB_SANDBOX_SHM", "256m")
 
 
 def job_processes(jobs_dir: Path) -> list[int]:

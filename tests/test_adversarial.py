@@ -19,6 +19,8 @@ from pkb_mcp.models import BenchResult, SandboxInfo
 
 from .conftest import CANDIDATES, CEIL, docker_client, job_processes
 
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("small_docker_limits")]
+
 ADV = Path(__file__).resolve().parent / "adversarial"
 FORGED_MS = 0.000123  # the sample time every forging candidate writes
 
@@ -27,13 +29,6 @@ SANDBOXES = [
     "process",
     pytest.param("docker", marks=pytest.mark.skipif(DOCKER is None, reason="no Docker engine answers")),
 ]
-
-
-@pytest.fixture(autouse=True)
-def small_docker_limits(monkeypatch):
-    monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
-    monkeypatch.setenv("PKB_SANDBOX_PIDS", "256")
-    monkeypatch.setenv("PKB_SANDBOX_SHM", "256m")
 
 
 def check(path: Path, *, pid: int = 1, world_size: int = 2, trials: int = 2, sandbox: str = "process", **kw):

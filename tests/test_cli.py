@@ -11,6 +11,8 @@ from pkb_mcp.cli import main
 
 from .conftest import CANDIDATES, ROOT
 
+pytestmark = pytest.mark.integration
+
 
 def run(*args):
     proc = subprocess.run(

@@ -14,6 +14,8 @@ from sandbox.process import ProcessBackend
 
 from .conftest import cpu_job, docker_client
 
+pytestmark = pytest.mark.integration
+
 
 def hyperthreads(n_cores):
     """A node numbered like Linux numbers a two-way SMT machine: CPU c and c + n_cores share a core."""

@@ -14,6 +14,8 @@ from pkb_mcp import problems, service
 
 from .conftest import CANDIDATES, job_processes
 
+pytestmark = pytest.mark.integration
+
 IDS = sorted(problems.suite())
 
 PERTURB = """

@@ -1,4 +1,5 @@
-"""GPU paths (run with `python -m pytest -m gpu` on a machine with at least 2 GPUs).
+"""GPU paths (`python -m pytest -m gpu` on a GPU node): most need 2 GPUs; the one-GPU tests open
+problem 1 to a single rank.
 
 Each problem runs at the smallest world size its rule allows on this node (as tests/test_end_to_end.py
 does on CPU): 48, for instance, needs an even world size of 4 or more and is skipped, with its rule,
@@ -12,9 +13,13 @@ import pytest
 from pkb_mcp import problems, service
 
 torch = pytest.importorskip("torch")
-GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")]
+pytestmark = pytest.mark.gpu
+two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def world_size_for(pid: int, size: str = "pkb", gpus: int = GPUS) -> int | None:
@@ -31,6 +36,7 @@ def world_size_or_skip(pid: int) -> int:
     return ws
 
 
+@two_gpus
 @pytest.mark.parametrize("pid", sorted(problems.suite()))
 def test_reference_passes_on_gpus(pid):
     ws = world_size_or_skip(pid)
@@ -38,14 +44,66 @@ def test_reference_passes_on_gpus(pid):
     assert r.verdict == "pass", r.message
 
 
+@two_gpus
 def test_wrong_example_fails_on_gpus():
     r = service.check(1, EXAMPLES / "wrong_allreduce_half.py", world_size=2, device="cuda", trials=2)
     assert r.verdict == "fail" and r.ranks[0].first_mismatch is not None
 
 
+@two_gpus
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("[0-9][0-9][0-9]_*.py")))
 def test_examples_pass_on_gpus(example):
     pid = int(example[:3])
     ws = world_size_or_skip(pid)
     r = service.check(pid, EXAMPLES / example, world_size=ws, device="cuda", trials=3)
     assert r.verdict == "pass", r.message
+
+
+def built_once_then_cached(world_size: int) -> None:
+    """The CUDA example checked twice in Docker: built by a build job before the first check, loaded
+    from the node's cache by the next; then compile_kernel reports its kernel's resources."""
+    example = EXAMPLES / "001_allreduce_cuda_oneshot.py"
+    first = service.check(1, example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
+    assert first.verdict == "pass", (first.message, first.notes, [r.log_tail for r in first.ranks])
+    assert any("built extension pkb_example_oneshot_allreduce" in n for n in first.notes), first.notes
+    again = service.check(1, example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
+    assert again.verdict == "pass", again.message
+    assert any("loaded from the build cache" in n for n in again.notes), again.notes
+    assert again.wall_s < first.wall_s / 2, (first.wall_s, again.wall_s)
+    compiled = service.compile_file(example, sandbox="docker")
+    assert compiled.ok and compiled.units[0].kernels, compiled.summary()
+
+
+@two_gpus
+def test_cuda_load_inline_builds_once_and_runs_in_docker():
+    """A hand-written CUDA kernel built with load_inline on first call, in the Docker sandbox."""
+    built_once_then_cached(2)
+
+
+@pytest.fixture
+def one_rank_problem_1(tmp_path, monkeypatch):
+    """Problem 1 with its world-size rule opened to one rank (an all-reduce over one rank is a copy),
+    for GPU paths that must be shown where only one GPU is lent."""
+    single = tmp_path / "problems"
+    single.mkdir()
+    text = (Path(problems.suite()[1].path)).read_text()
+    text = text.replace('return None if world_size >= 2 else "needs at least 2 ranks"', "return None")
+    (single / "001_allreduce.py").write_text(text)
+    monkeypatch.setenv("PKB_PROBLEMS_DIR", str(single))
+
+
+@one_gpu
+def test_cuda_load_inline_on_one_gpu_in_docker(one_rank_problem_1):
+    """The built-then-cached path on a node of one GPU: discovery, the CUDA build job, the read-only
+    cache and the kernel's run in the sandbox."""
+    built_once_then_cached(1)
+
+
+@one_gpu
+def test_original_benchmark_helper_builds_cuda_on_one_gpu(one_rank_problem_1):
+    """A file in the original benchmark's style (utils.cuda_helpers.compile_cuda_extension on first
+    call) builds its CUDA through the cache and runs in Docker."""
+    candidate = Path(__file__).parent / "candidates" / "original_helper_cuda.py"
+    result = service.check(1, candidate, world_size=1, device="cuda", trials=2, sandbox="docker")
+    assert result.verdict == "pass", (result.message, result.notes, [r.log_tail for r in result.ranks])
+    assert any("built extension original_style_ext" in n for n in result.notes), result.notes

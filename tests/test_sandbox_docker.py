@@ -16,14 +16,11 @@ from sandbox.docker import LABEL, sweep
 from .conftest import CANDIDATES, ROOT, docker_client, job_processes
 
 CLIENT = docker_client()
-pytestmark = pytest.mark.skipif(CLIENT is None, reason="no Docker engine answers")
-
-
-@pytest.fixture(autouse=True)
-def small_limits(monkeypatch):
-    monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
-    monkeypatch.setenv("PKB_SANDBOX_PIDS", "256")
-    monkeypatch.setenv("PKB_SANDBOX_SHM", "256m")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("small_docker_limits"),
+    pytest.mark.skipif(CLIENT is None, reason="no Docker engine answers"),
+]
 
 
 def assert_clean(jobs_dir):

@@ -12,9 +12,13 @@ import sys
 import pytest
 
 from .conftest import ROOT
+from .test_contract import TOOLS
 
 INSPECTOR = os.environ.get("PKB_INSPECTOR")
-pytestmark = pytest.mark.skipif(not INSPECTOR, reason="PKB_INSPECTOR is not set (.ci/run sets it)")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not INSPECTOR, reason="PKB_INSPECTOR is not set (.ci/run sets it)"),
+]
 
 
 def inspect(tmp_path, *args):
@@ -27,14 +31,7 @@ def inspect(tmp_path, *args):
 
 def test_inspector_lists_the_tools(tmp_path):
     names = {t["name"] for t in inspect(tmp_path, "--method", "tools/list")["tools"]}
-    assert {
-        "list_problems",
-        "get_reference",
-        "compile_kernel",
-        "run_correctness",
-        "benchmark",
-        "roofline",
-    } <= names
+    assert names >= TOOLS
 
 
 def test_inspector_runs_run_correctness_on_cpu(tmp_path):

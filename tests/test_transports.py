@@ -16,7 +16,7 @@ from pkb_mcp.cli import main
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
 @pytest.fixture

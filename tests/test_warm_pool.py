@@ -14,6 +14,8 @@ from sandbox.process import ProcessBackend
 
 from .conftest import cpu_job, job_processes
 
+pytestmark = pytest.mark.integration
+
 
 def request(seeds, world_size=2):
     return cpu_job(seeds=seeds, world_size=world_size)

@@ -104,7 +104,6 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
             floor_ms=r.roofline.floor_ms,
             bound=r.roofline.bound,
             pct_of_floor=r.roofline.pct_of_floor,
-            ceilings=r.roofline.ceilings.source,
         )
     return row
 

@@ -1,0 +1,120 @@
+"""A build job: compiler runs and extension builds, inside the sandbox, with no candidate code.
+
+The host plans every compiler command (pkb_mcp/compile.py: flags from an allow-list, sources written
+as text into the job directory) and every extension build (harness/extensions.py requests whose flags
+passed the same allow-list). This program only runs them, side by side, and writes `build.json`:
+
+  {"commands": [{"returncode", "output", "elapsed_s"}],
+   "extensions": [{"key", "name", "ok", "log", "elapsed_s"}]}
+
+`returncode` is None for a command killed at the deadline. Paths of the job directory in outputs are
+written as `<build>`, so the host can map them back whatever the sandbox mounted the job at. Built
+extensions are left in `extensions/<key>/` for the host to move into the node's cache; nothing here
+loads them (their initializers are candidate code). Stdlib + torch only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import extensions
+
+MAX_OUTPUT_BYTES = 1 << 20
+PARALLEL = 4
+
+
+def run_command(argv: list[str], cwd: Path, env: dict[str, str], deadline: float) -> dict[str, Any]:
+    """One compiler run in its own session, output to a file; the whole session killed at the deadline."""
+    start = time.monotonic()
+    out_path = cwd / f".out-{time.monotonic_ns()}-{threading.get_ident()}.txt"
+    with open(out_path, "wb") as out:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return {"returncode": 127, "output": f"could not start {argv[0]}: {exc}", "elapsed_s": 0.0}
+        try:
+            returncode: int | None = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            returncode = None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with open(out_path, "rb") as out:
+        output = out.read(MAX_OUTPUT_BYTES).decode("utf-8", errors="replace")
+    out_path.unlink(missing_ok=True)
+    return {"returncode": returncode, "output": output, "elapsed_s": round(time.monotonic() - start, 3)}
+
+
+def compiler_env(job_dir: Path) -> dict[str, str]:
+    """Compilers need PATH (nvcc finds gcc there); nothing else of the sandbox's environment."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(job_dir),
+        "TMPDIR": os.environ.get("TMPDIR", str(job_dir)),
+        "LC_ALL": "C",
+    }
+
+
+def _build_extension(data: dict[str, Any], job_dir: Path) -> dict[str, Any]:
+    start = time.monotonic()
+    entry: dict[str, Any] = {"key": None, "name": str(data.get("name", "")), "ok": False, "log": ""}
+    try:
+        request = extensions.Request.from_json(data)
+        key = request.key(extensions.toolchain())
+        entry["key"] = key
+        directory = job_dir / "extensions" / key
+        # quiet: a failed build raises with the compiler's output, which is all the host needs
+        with contextlib.redirect_stdout(io.StringIO()):
+            extensions.build(request, directory, verbose=False)
+        extensions.write_mark(directory, extensions.OK_MARK, {"name": request.name})
+        entry["ok"] = True
+    except Exception as exc:
+        entry["log"] = str(exc)[-extensions.FAILURE_LOG_CHARS :]
+    entry["elapsed_s"] = round(time.monotonic() - start, 3)
+    return entry
+
+
+def main(cfg: dict[str, Any]) -> dict[str, Any]:
+    job_dir = Path(cfg["job_dir"])
+    deadline = time.monotonic() + float(cfg["timeout_s"])
+    env = compiler_env(job_dir)
+    commands = cfg.get("commands") or []
+    requests = cfg.get("extensions") or []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        ran = [
+            pool.submit(run_command, list(c["argv"]), Path(c.get("cwd") or job_dir), env, deadline)
+            for c in commands
+        ]
+        built = [pool.submit(_build_extension, r, job_dir) for r in requests]
+        results = [f.result() for f in ran]
+        built_results = [f.result() for f in built]
+    prefix = str(job_dir)
+    for r in results:
+        r["output"] = r["output"].replace(prefix, "<build>")
+    for b in built_results:
+        b["log"] = b["log"].replace(prefix, "<build>")
+    return {"commands": results, "extensions": built_results}
+
+
+if __name__ == "__main__":
+    config = json.loads(sys.stdin.read())
+    json.dump(main(config), sys.stdout)

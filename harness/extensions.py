@@ -1,0 +1,354 @@
+"""Extensions that solutions build with `torch.utils.cpp_extension.load_inline`: built once, then loaded.
+
+A `Request` is everything that decides what a `load_inline` call builds (name, source strings, flags)
+plus the toolchain it is built with; its `key` (sha256) names the build. Three places use it:
+
+- inside a candidate's job, `install()` replaces `load_inline`: a build already in the node's extension
+  cache (mounted read-only at PKB_EXTENSIONS) is loaded from there; otherwise the job builds it itself,
+  once for all of its ranks (the first rank to take the lock builds, the others wait and load);
+- in a build job (harness/build.py, no candidate code), `build()` compiles a request into a directory
+  without loading it (loading runs the extension's initializers, which are candidate code);
+- on the host, pkb_mcp/extensions.py computes the same keys to decide what to build before a run.
+
+Only a build job writes what lands in the cache, so a candidate's job never changes what another job
+loads (docs/sandbox.md). Stdlib + torch only: this runs inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+CACHE_ENV = "PKB_EXTENSIONS"  # the node's extension cache, read-only inside a candidate's job
+OK_MARK = "ok.json"  # written last by a successful build: the directory is complete
+FAILED_MARK = "failed.json"  # a build that failed, with the compiler's output
+NAME_RE = re.compile(r"[A-Za-z_]\w{0,99}")
+MAX_SOURCE_CHARS = 4 << 20
+MAX_FLAGS = 64
+MAX_FLAG_CHARS = 1000
+FAILURE_LOG_CHARS = 20_000
+
+
+class RequestError(ValueError):
+    """A request that is malformed or too large to build or cache."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What decides the result of one `load_inline` call."""
+
+    name: str
+    cpp_sources: tuple[str, ...]
+    cuda_sources: tuple[str, ...] = ()
+    functions: tuple[str, ...] | None = None
+    extra_cflags: tuple[str, ...] = ()
+    extra_cuda_cflags: tuple[str, ...] = ()
+    extra_ldflags: tuple[str, ...] = ()
+    with_cuda: bool | None = None
+    is_python_module: bool = True
+    with_pytorch_error_handling: bool = True
+    no_implicit_headers: bool = False
+
+    def key(self, toolchain: dict[str, str]) -> str:
+        material = {"schema": SCHEMA, "request": self.to_json(), "toolchain": toolchain}
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Request:
+        """A request from untrusted JSON: checked field by field, bounded in size."""
+        if not isinstance(data, dict):
+            raise RequestError("an extension request must be an object")
+
+        def strings(field: str, limit: int) -> tuple[str, ...]:
+            value = data.get(field) or []
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise RequestError(f"{field} must be a list of strings")
+            if len(value) > limit:
+                raise RequestError(f"{field} has more than {limit} entries")
+            return tuple(value)
+
+        def flag(field: str, default: bool | None) -> bool | None:
+            value = data.get(field, default)
+            if value is not None and not isinstance(value, bool):
+                raise RequestError(f"{field} must be true, false or null")
+            return value
+
+        functions = data.get("functions")
+        request = cls(
+            name=str(data.get("name", "")),
+            cpp_sources=strings("cpp_sources", 256),
+            cuda_sources=strings("cuda_sources", 256),
+            functions=None if functions is None else strings("functions", 1024),
+            extra_cflags=strings("extra_cflags", MAX_FLAGS),
+            extra_cuda_cflags=strings("extra_cuda_cflags", MAX_FLAGS),
+            extra_ldflags=strings("extra_ldflags", MAX_FLAGS),
+            with_cuda=flag("with_cuda", None),
+            is_python_module=bool(flag("is_python_module", True)),
+            with_pytorch_error_handling=bool(flag("with_pytorch_error_handling", True)),
+            no_implicit_headers=bool(flag("no_implicit_headers", False)),
+        )
+        request.validate()
+        return request
+
+    def validate(self) -> None:
+        if not NAME_RE.fullmatch(self.name):
+            raise RequestError(f"extension name {self.name[:40]!r} is not a Python identifier")
+        if sum(len(s) for s in (*self.cpp_sources, *self.cuda_sources)) > MAX_SOURCE_CHARS:
+            raise RequestError(f"extension {self.name}: its sources exceed {MAX_SOURCE_CHARS} characters")
+        flags = (*self.extra_cflags, *self.extra_cuda_cflags, *self.extra_ldflags)
+        if any(len(f) > MAX_FLAG_CHARS for f in flags):
+            raise RequestError(f"extension {self.name}: a flag is longer than {MAX_FLAG_CHARS} characters")
+        if any(not NAME_RE.fullmatch(f) for f in self.functions or ()):
+            raise RequestError(f"extension {self.name}: functions= must name C++ functions")
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)
+
+
+def request_of(
+    name: Any,
+    cpp_sources: Any,
+    cuda_sources: Any = None,
+    functions: Any = None,
+    extra_cflags: Any = None,
+    extra_cuda_cflags: Any = None,
+    extra_ldflags: Any = None,
+    with_cuda: Any = None,
+    is_python_module: Any = True,
+    with_pytorch_error_handling: Any = True,
+    no_implicit_headers: Any = False,
+) -> Request:
+    """The request of a `load_inline` call's arguments (functions as a list; a dict's docstrings are
+    not kept, so such a call is built by torch itself, uncached)."""
+    request = Request(
+        name=str(name),
+        cpp_sources=_strings(cpp_sources),
+        cuda_sources=_strings(cuda_sources),
+        functions=None if functions is None else _strings(functions),
+        extra_cflags=_strings(extra_cflags),
+        extra_cuda_cflags=_strings(extra_cuda_cflags),
+        extra_ldflags=_strings(extra_ldflags),
+        with_cuda=None if with_cuda is None else bool(with_cuda),
+        is_python_module=bool(is_python_module),
+        with_pytorch_error_handling=bool(with_pytorch_error_handling),
+        no_implicit_headers=bool(no_implicit_headers),
+    )
+    request.validate()
+    return request
+
+
+def _file_id(path: str | None) -> str:
+    if not path:
+        return "absent"
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return "absent"
+    return f"{real}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def toolchain(env: dict[str, str] | None = None) -> dict[str, str]:
+    """What besides the request decides the build: torch, Python, the CUDA and C++ compilers, the GPU
+    architectures. The host (same interpreter and /usr) computes the same from the job's environment."""
+    import torch
+
+    env = dict(os.environ) if env is None else env
+    cuda_home = env.get("CUDA_HOME", "")
+    cxx = env.get("CXX", "c++")
+    cxx_path = cxx if os.path.isabs(cxx) else shutil.which(cxx, path="/usr/local/bin:/usr/bin:/bin")
+    return {
+        "torch": str(torch.__version__),
+        "torch_cuda": str(torch.version.cuda),
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "machine": platform.machine(),
+        "arch_list": env.get("TORCH_CUDA_ARCH_LIST", ""),
+        "nvcc": _file_id(os.path.join(cuda_home, "bin", "nvcc")) if cuda_home else "absent",
+        "cxx": _file_id(cxx_path),
+    }
+
+
+def source_files(request: Request, directory: Path) -> list[str]:
+    """Write the files `load_inline` would write for this request; their paths, C++ first."""
+    cpp = list(request.cpp_sources)
+    if not request.no_implicit_headers:
+        cpp.insert(0, "#include <torch/extension.h>")
+    if request.functions is not None:
+        wrap = request.with_pytorch_error_handling
+        cpp.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
+        for f in request.functions:
+            target = f"torch::wrap_pybind_function({f})" if wrap else f
+            cpp.append(f'm.def("{f}", {target}, "{f}");')
+        cpp.append("}")
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / "main.cpp"]
+    paths[0].write_text("\n".join(cpp))
+    if request.cuda_sources:
+        cuda = list(request.cuda_sources)
+        if not request.no_implicit_headers:
+            cuda[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+        paths.append(directory / "cuda.cu")
+        paths[1].write_text("\n".join(cuda))
+    return [str(p) for p in paths]
+
+
+def build(request: Request, directory: Path, verbose: bool = False) -> Path:
+    """Compile and link the request in `directory` without loading it; the shared library's path.
+    Raises RuntimeError with the compiler's output when the build fails."""
+    from torch.utils import cpp_extension
+
+    sources = source_files(request, directory)
+    builder = cpp_extension._write_ninja_file_and_build_library
+    params = inspect.signature(builder).parameters
+    kwargs: dict[str, Any] = {
+        "name": request.name,
+        "sources": sources,
+        "extra_cflags": list(request.extra_cflags),
+        "extra_cuda_cflags": list(request.extra_cuda_cflags),
+        "extra_sycl_cflags": None,
+        "extra_ldflags": list(request.extra_ldflags),
+        "extra_include_paths": [],
+        "build_directory": str(directory),
+        "verbose": verbose,
+        "with_cuda": request.with_cuda,
+        "with_sycl": None,
+        "is_standalone": False,
+    }
+    builder(**{k: v for k, v in kwargs.items() if k in params})
+    library = directory / f"{request.name}.so"
+    if not library.is_file():
+        raise RuntimeError(f"building extension {request.name} left no {library.name}")
+    return library
+
+
+def load_library(request: Request, library: Path) -> Any:
+    """What `load_inline` returns for a built library: the module, or its path for a library of ops."""
+    if not request.is_python_module:
+        import torch
+
+        torch.ops.load_library(str(library))
+        return str(library)
+    spec = importlib.util.spec_from_file_location(request.name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load extension {request.name} from {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _marked(directory: Path, mark: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((directory / mark).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_mark(directory: Path, mark: str, data: dict[str, Any]) -> None:
+    part = directory / (mark + ".part")
+    part.write_text(json.dumps(data))
+    os.replace(part, directory / mark)
+
+
+class _Loader:
+    """The `load_inline` a candidate's job sees."""
+
+    # arguments a request records; any other argument given a non-default value (sycl sources, a
+    # build directory, include paths, a precompiled header, docstrings in `functions`) makes the call
+    # torch's own, uncached
+    KEPT = (
+        "name",
+        "cpp_sources",
+        "cuda_sources",
+        "functions",
+        "extra_cflags",
+        "extra_cuda_cflags",
+        "extra_ldflags",
+        "with_cuda",
+        "is_python_module",
+        "with_pytorch_error_handling",
+        "no_implicit_headers",
+    )
+    IGNORED = ("verbose", "keep_intermediates")
+
+    def __init__(self, cache: Path | None, scratch: Path, original: Any) -> None:
+        self.cache, self.scratch, self.original = cache, scratch, original
+        self.signature = inspect.signature(original)
+        self._toolchain: dict[str, str] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = self.signature.bind(*args, **kwargs)  # a TypeError here is the one torch would raise
+        given = bound.arguments
+        defaults = {n: p.default for n, p in self.signature.parameters.items()}
+        unusual = [n for n, v in given.items() if n not in self.KEPT + self.IGNORED and v != defaults.get(n)]
+        if unusual or isinstance(given.get("functions"), dict):
+            return self.original(*args, **kwargs)
+        try:
+            request = request_of(**{n: v for n, v in given.items() if n in self.KEPT})
+        except RequestError:
+            return self.original(*args, **kwargs)
+        if self._toolchain is None:
+            self._toolchain = toolchain()
+        key = request.key(self._toolchain)
+        verbose = bool(given.get("verbose", False))
+        if self.cache is not None:
+            cached = self.cache / key
+            failed = _marked(cached, FAILED_MARK)
+            if failed is not None:
+                why = str(failed.get("log", ""))[-FAILURE_LOG_CHARS:]
+                raise RuntimeError(f"Error building extension '{request.name}': {why}")
+            if _marked(cached, OK_MARK) is not None:
+                return load_library(request, cached / f"{request.name}.so")
+        return self._build_here(request, key, verbose)
+
+    def _build_here(self, request: Request, key: str, verbose: bool) -> Any:
+        """Build in this job, once for all ranks: the rank holding the lock builds, the rest wait."""
+        directory = self.scratch / key
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                failed = _marked(directory, FAILED_MARK)
+                if failed is not None:
+                    raise RuntimeError(str(failed.get("log", "")))
+                if _marked(directory, OK_MARK) is None:
+                    try:
+                        build(request, directory, verbose)
+                    except Exception as exc:
+                        write_mark(directory, FAILED_MARK, {"log": str(exc)[-FAILURE_LOG_CHARS:]})
+                        raise
+                    write_mark(directory, OK_MARK, {"name": request.name})
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return load_library(request, directory / f"{request.name}.so")
+
+
+def install() -> None:
+    """Route the solution's `load_inline` calls through the extension cache (before it is imported)."""
+    from torch.utils import cpp_extension
+
+    cache = os.environ.get(CACHE_ENV)
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / "pkb-extensions"
+    loader = _Loader(Path(cache) if cache else None, scratch, cpp_extension.load_inline)
+    cpp_extension.load_inline = loader  # type: ignore[assignment]

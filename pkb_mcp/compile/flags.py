@@ -1,0 +1,152 @@
+"""Flags a solution passes (extra_cuda_cflags / extra_cflags): an allow-list, because a flag such as
+-ccbin, --run, -Xcompiler -B, -fplugin or -specs would let candidate code choose which program runs in a
+build. The same list decides which extension requests may be built for the shared extension cache."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# fmt: off
+_NVCC_TAKES_VALUE = frozenset((
+    "-Xptxas", "--ptxas-options", "-Xcompiler", "--compiler-options", "-Xcudafe", "-maxrregcount",
+    "--maxrregcount", "-I", "--include-path", "-isystem", "-D", "--define-macro", "-U", "--undefine-macro",
+    "-diag-suppress", "--diag-suppress", "--default-stream", "-default-stream", "-rdc",
+    "--relocatable-device-code", "-std", "--std", "-arch", "--gpu-architecture", "-gencode",
+    "--generate-code", "-code", "--gpu-code", "-o", "--output-file", "-ccbin", "--compiler-bindir", "-x",
+    "--x", "-include", "--pre-include", "-Xlinker", "--linker-options", "-Xnvlink", "-Xarchive", "-odir",
+    "--run-args", "-ftz", "--ftz", "-prec-div", "--prec-div", "-prec-sqrt", "--prec-sqrt", "-fmad",
+    "--fmad",
+))
+
+
+_NVCC_SWITCHES = frozenset((
+    "-use_fast_math", "--use_fast_math", "-lineinfo", "--generate-line-info", "-G", "--device-debug", "-g",
+    "--debug", "--expt-relaxed-constexpr", "-expt-relaxed-constexpr", "--expt-extended-lambda",
+    "-expt-extended-lambda", "--extended-lambda", "-extended-lambda", "-w", "--disable-warnings",
+    "-restrict", "--restrict", "-Wno-deprecated-gpu-targets", "-Wno-deprecated-declarations",
+    "-Werror=all-warnings", "--resource-usage", "-res-usage", "-v",
+))
+
+
+_NVCC_VALUED_OK = frozenset((
+    "-Xptxas", "--ptxas-options", "-Xcudafe", "-maxrregcount", "--maxrregcount", "-diag-suppress",
+    "--diag-suppress", "--default-stream", "-default-stream", "-rdc", "--relocatable-device-code", "-std",
+    "--std", "-ftz", "--ftz", "-prec-div", "--prec-div", "-prec-sqrt", "--prec-sqrt", "-fmad", "--fmad",
+    "-D", "--define-macro", "-U", "--undefine-macro",
+))
+
+
+_NVCC_PATH_FLAGS = frozenset(("-I", "--include-path", "-isystem", "-include", "--pre-include"))
+
+
+# fmt: on
+# Options forwarded to ptxas / cudafe that only change code generation or messages (no file names).
+_PTXAS_ITEM_RE = re.compile(
+    r"-{1,2}(v|verbose|O[0-3]|warn-spills|warn-on-spills|warn-lmem-usage|warn-on-local-memory-usage|"
+    r"warn-double-usage|w|disable-warnings|Werror|warning-as-error|lineinfo|generate-line-info|"
+    r"(dlcm|dscm|def-load-cache|def-store-cache|fmad|maxrregcount|allow-expensive-optimizations)=\w+|"
+    r"allow-expensive-optimizations|disable-optimizer-constants|suppress-stack-size-warning)"
+)
+
+
+_CUDAFE_ITEM_RE = re.compile(r"-{1,2}(diag[_-](suppress|warning|error|remark)=[\w,-]+|display_error_number)")
+
+
+_ARCH_FLAG_RE = re.compile(
+    r"(-gencode[= ]arch=compute_\d+[af]?,code=(sm|compute)_\d+[af]?|-arch[= ]sm_\d+[af]?|--use_fast_math)"
+)
+
+
+_HOST_FLAG_RE = re.compile(
+    r"-(O[0-3sgz]?|Ofast|W(?!l$|p$|a$|l,|p,|a,)[\w=+-]*|w|D\S+|U\S+|f(?!plugin)[\w=+.-]+|m[\w=.-]+|"
+    r"std=[\w+]+|g\d?|pthread|fopenmp|fPIC)"
+)
+
+
+@dataclass
+class _FlagChoice:
+    kept: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    user_std: bool = False
+
+
+def _choose_nvcc_flags(flags: Sequence[str], base: Path) -> _FlagChoice:
+    choice = _FlagChoice()
+    i = 0
+    while i < len(flags):
+        token = flags[i]
+        i += 1
+        name, value = token, None
+        if token in _NVCC_TAKES_VALUE and i < len(flags):
+            value = flags[i]
+            i += 1
+        elif token[:2] in ("-I", "-D", "-U", "-O") and len(token) > 2:
+            name, value = token[:2], token[2:]
+        elif token.startswith("-") and "=" in token:
+            name, value = token.split("=", 1)
+        if name in _NVCC_SWITCHES and value is None:
+            choice.kept.append(name)
+        elif name == "-O" and value in ("0", "1", "2", "3"):
+            choice.kept.append(f"-O{value}")
+        elif name in ("-D", "-U") and value:
+            choice.kept.append(name + value)
+        elif name in ("-Xptxas", "--ptxas-options", "-Xcudafe") and value is not None:
+            pattern = _CUDAFE_ITEM_RE if name == "-Xcudafe" else _PTXAS_ITEM_RE
+            if all(pattern.fullmatch(item) for item in value.split(",") if item):
+                choice.kept += [name, value]
+            else:
+                choice.dropped.append(f"{name} {value}")
+        elif name in _NVCC_VALUED_OK and value is not None and re.fullmatch(r"[\w+.,=-]+", value):
+            choice.kept += [name, value]
+            choice.user_std |= name in ("-std", "--std")
+        elif name in _NVCC_PATH_FLAGS and value is not None:
+            choice.kept += [name, str(base / value)]
+        elif name in ("-Xcompiler", "--compiler-options") and value is not None:
+            items = [item for item in value.split(",") if item]
+            if items and all(_HOST_FLAG_RE.fullmatch(item) for item in items):
+                choice.kept += [name, value]
+            else:
+                choice.dropped.append(f"{name} {value}")
+        else:
+            choice.dropped.append(token if value is None or "=" in token else f"{token} {value}")
+    return choice
+
+
+def _choose_host_flags(flags: Sequence[str], base: Path) -> _FlagChoice:
+    choice = _FlagChoice()
+    i = 0
+    while i < len(flags):
+        token = flags[i]
+        i += 1
+        if token in ("-I", "-isystem", "-include") and i < len(flags):
+            choice.kept += [token, str(base / flags[i])]
+            i += 1
+        elif token.startswith("-I") and len(token) > 2:
+            choice.kept.append("-I" + str(base / token[2:]))
+        elif _HOST_FLAG_RE.fullmatch(token):
+            choice.kept.append(token)
+            choice.user_std |= token.startswith("-std=")
+        else:
+            choice.dropped.append(token)
+    return choice
+
+
+def prebuild_refusal(request: Any) -> str | None:
+    """Why a load_inline request may not be built for the shared extension cache, or None.
+
+    A build job runs no candidate code only if the compilers run no program the candidate chose: its
+    flags must pass the same allow-list as compile_kernel's, with no paths, and link only libraries
+    by name."""
+    base = Path("/nonexistent")
+    host = _choose_host_flags(request.extra_cflags, base)
+    nvcc = _choose_nvcc_flags([f for f in request.extra_cuda_cflags if not _ARCH_FLAG_RE.fullmatch(f)], base)
+    dropped = host.dropped + nvcc.dropped
+    dropped += [f for f in (*host.kept, *nvcc.kept) if str(base) in f]
+    dropped += [f for f in request.extra_ldflags if not re.fullmatch(r"-l[\w.+-]+", f)]
+    if dropped:
+        return f"flag {dropped[0]!r} is not on the allow-list for shared builds"
+    return None

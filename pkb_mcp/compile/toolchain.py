@@ -1,0 +1,201 @@
+"""The compilers and headers a build uses: nvcc, torch's and Python's headers, the host compiler, stand-ins
+for CUDA library headers a toolkit lacks, and the fingerprint that keys the cache. Only asks the tools for
+their versions and search paths; nothing of a candidate runs here."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sysconfig
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pkb_mcp.compile.results import CompileError
+
+# Bump when the parser or the flags change, so old cache entries stop matching.
+_CACHE_SCHEMA = 1
+
+
+_DEFAULT_NVCC = (
+    "/usr/local/cuda/bin/nvcc"  # where nvcc is looked for when PKB_NVCC is unset and PATH lacks it
+)
+
+
+# torch's extension builds (torch.utils.cpp_extension) pass these to nvcc; mirroring them makes a kernel
+# that builds here build under load_inline, and reject what load_inline rejects (e.g. __half operators).
+_TORCH_NVCC_DEFINES = (
+    "-D__CUDA_NO_HALF_OPERATORS__",
+    "-D__CUDA_NO_HALF_CONVERSIONS__",
+    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-D__CUDA_NO_HALF2_OPERATORS__",
+    "--expt-relaxed-constexpr",
+    "-DTORCH_API_INCLUDE_EXTENSION_H",
+)
+
+
+# A standalone .cu follows the tool's contract (C++17); solution extensions follow what load_inline of the
+# installed torch (2.13) passes, which is C++20.
+_CU_STD = "c++17"
+
+
+_EXTENSION_STD = "c++20"
+
+
+# ATen/cuda headers include the CUDA math libraries' headers for handle types. A toolkit without those
+# libraries (as on the development machines) gets these declarations instead, searched after every real
+# include directory (-idirafter), so a real header always wins.
+_LIBRARY_STAND_INS: dict[str, str] = {
+    "cusparse.h": (
+        "typedef struct cusparseContext* cusparseHandle_t;\n"
+        "typedef enum { CUSPARSE_STATUS_SUCCESS = 0 } cusparseStatus_t;\n"
+        "const char* cusparseGetErrorString(cusparseStatus_t status);\n"
+    ),
+    "cublas_v2.h": (
+        "typedef struct cublasContext* cublasHandle_t;\n"
+        "typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;\n"
+    ),
+    "cublasLt.h": "#include <cublas_v2.h>\ntypedef struct cublasLtContext* cublasLtHandle_t;\n",
+    "cusolver_common.h": "typedef enum { CUSOLVER_STATUS_SUCCESS = 0 } cusolverStatus_t;\n",
+    "cusolverDn.h": "#include <cusolver_common.h>\ntypedef struct cusolverDnContext* cusolverDnHandle_t;\n",
+}
+
+
+_LIBRARY_HEADER_USE = re.compile(r"ATen/cuda/|c10/cuda/|cublas|cusparse|cusolver")
+
+
+@dataclass(frozen=True)
+class _Nvcc:
+    path: str
+    version: str
+    include_dirs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _TorchHeaders:
+    include_dirs: tuple[str, ...]
+    python_include: str
+    torch_version: str
+    has_cuda_cmake_macros: bool
+
+
+def _find_nvcc() -> _Nvcc:
+    configured = os.environ.get("PKB_NVCC")
+    if configured:
+        if not (os.path.isfile(configured) and os.access(configured, os.X_OK)):
+            raise CompileError(
+                f"PKB_NVCC={configured} is not an executable file; point it at nvcc or unset it"
+            )
+        return _nvcc_info(os.path.realpath(configured))
+    found = shutil.which("nvcc")
+    if found is None and os.access(_DEFAULT_NVCC, os.X_OK):
+        found = _DEFAULT_NVCC
+    if found is None:
+        raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC")
+    # by its real path: /usr/local/cuda is often a link through /etc/alternatives, which the sandbox lacks
+    return _nvcc_info(os.path.realpath(found))
+
+
+@functools.cache
+def _nvcc_info(nvcc: str) -> _Nvcc:
+    try:
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=True)
+        # The dry run shows where nvcc itself looks for headers (INCLUDES in nvcc.profile).
+        dry = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-cubin", "-o", os.devnull, os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CompileError(
+            f"running {nvcc} --version failed ({exc}); check the CUDA installation or PKB_NVCC"
+        ) from exc
+    dirs: list[str] = []
+    for line in dry.stderr.splitlines() + dry.stdout.splitlines():
+        if "INCLUDES=" in line:
+            for token in shlex.split(line.split("=", 1)[1]):
+                if token.startswith("-I") and len(token) > 2:
+                    dirs.append(os.path.normpath(token[2:]))
+                elif token != "-isystem" and os.path.isabs(token):
+                    dirs.append(os.path.normpath(token))
+    return _Nvcc(path=nvcc, version=version.stdout.strip(), include_dirs=tuple(dict.fromkeys(dirs)))
+
+
+@functools.cache
+def _torch_headers() -> _TorchHeaders:
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    dirs = tuple(include_paths())
+    python_include = sysconfig.get_path("include", scheme="posix_prefix") or sysconfig.get_path("include")
+    has_macros = any(os.path.isfile(os.path.join(d, "c10/cuda/impl/cuda_cmake_macros.h")) for d in dirs)
+    return _TorchHeaders(dirs, python_include, str(torch.__version__), has_macros)
+
+
+@functools.cache
+def _host_compiler() -> tuple[str, str] | None:
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            found = os.path.realpath(found)  # the sandbox has no /etc/alternatives to follow
+            try:
+                out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            return found, (out.stdout.splitlines() or [""])[0]
+    return None
+
+
+def _missing_library_headers(nvcc: _Nvcc) -> list[str]:
+    return [
+        name
+        for name in _LIBRARY_STAND_INS
+        if not any(os.path.isfile(os.path.join(d, name)) for d in nvcc.include_dirs)
+    ]
+
+
+def _stand_in_dir(root: Path, nvcc: _Nvcc) -> Path | None:
+    """Write stand-ins for the library headers this toolkit lacks; None when it has them all."""
+    if not _missing_library_headers(nvcc):
+        return None
+    directory = root / "stand-in-headers"
+    directory.mkdir(exist_ok=True)
+    for name, body in _LIBRARY_STAND_INS.items():  # all of them, since they include each other
+        (directory / name).write_text(f"#pragma once\n// pkb-mcp stand-in: {name} is not installed\n{body}")
+    return directory
+
+
+def _toolchain_fingerprint(nvcc: _Nvcc | None) -> dict[str, str]:
+    torch_headers = _torch_headers()
+    host = _host_compiler()
+    return {
+        "schema": str(_CACHE_SCHEMA),
+        "nvcc": nvcc.version if nvcc else "absent",
+        "nvcc_includes": ":".join(nvcc.include_dirs) if nvcc else "",
+        "host": host[1] if host else "absent",
+        "torch": torch_headers.torch_version,
+        "torch_includes": ":".join(torch_headers.include_dirs),
+        "python_include": torch_headers.python_include,
+    }
+
+
+def _optional_nvcc() -> _Nvcc | None:
+    try:
+        return _find_nvcc()
+    except CompileError:
+        return None
+
+
+def _stand_in_notes(missing: Sequence[str], texts: Iterable[str]) -> list[str]:
+    if missing and any(_LIBRARY_HEADER_USE.search(t) for t in texts):
+        return [
+            f"this CUDA toolkit lacks {', '.join(missing)}; stand-in declarations of their handle types let "
+            "ATen/cuda headers parse, so calls into those libraries cannot be checked here"
+        ]
+    return []

@@ -1,0 +1,333 @@
+"""One unit (a .cu file, or one extension of a solution): its compiler commands, run in a build job in the
+sandbox (harness/build.py) or taken from the cache, and the diagnostics and kernel resources of their
+output, mapped back to the lines the user wrote."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from pkb_mcp.compile.cache import _Cache, _read
+from pkb_mcp.compile.parse import _demangle, parse_diagnostics, parse_ptxas_resources
+from pkb_mcp.compile.results import _LOG_LIMIT, CompileUnit, Diagnostic, KernelResources, _tool_message
+from pkb_mcp.compile.toolchain import _TORCH_NVCC_DEFINES, _Nvcc, _torch_headers
+
+_MAX_DIAGNOSTICS_PER_UNIT = 50
+
+
+_MAX_CAPTURED_OUTPUT = 1 << 20
+
+
+class Tools(Protocol):
+    """Runs harness tool programs as sandbox jobs (pkb_mcp.jobs.ToolJobs)."""
+
+    isolated: bool
+
+    def new_dir(self) -> Path: ...
+
+    def run(self, mode: str, job_dir: Path, params: dict[str, Any], timeout_s: float) -> Any: ...
+
+
+def _remaining(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.01)
+
+
+def _execute(
+    plans: Sequence[_UnitPlan],
+    cache: _Cache,
+    tools: Tools,
+    work: Path,
+    deadline: float,
+    prebuild: Sequence[Any] = (),
+) -> tuple[list[list[tuple[_JobRecord | None, bool]]], Any]:
+    """Each plan's compiler runs: from the cache, or from one build job in `work` (the job directory
+    the plans wrote their sources into), which also builds `prebuild` extension requests. Returns per
+    plan [(record or None when the job left none, cache hit)], and what the extension builds did."""
+    from pkb_mcp import extensions
+
+    keyed = []
+    for plan in plans:
+        row = []
+        for job in plan.jobs:
+            key = cache.key({**job.key_material, "toolchain": plan.toolchain}) if job.key_material else ""
+            row.append((key, cache.load(key, _JobRecord) if key else None))
+        keyed.append(row)
+    pending = [(p, j) for p, row in enumerate(keyed) for j, (_, record) in enumerate(row) if record is None]
+    commands = [{"argv": plans[p].jobs[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
+    prepared, result = extensions.build_requests(
+        list(prebuild), tools, _remaining(deadline), extra={"commands": commands}, job_dir=work
+    )
+    ran = result.get("commands", []) if result is not None else []
+    ran = ran if isinstance(ran, list) else []
+    out: list[list[tuple[_JobRecord | None, bool]]] = [[(r, r is not None) for _, r in row] for row in keyed]
+    for n, (p, j) in enumerate(pending):
+        record = _parse_record(ran[n]) if n < len(ran) else None
+        if record is not None:  # the job wrote its directory as <build>; a unit's record names its own
+            output = record.output.replace("<build>", str(work)).replace(str(plans[p].work), "<build>")
+            record = record.model_copy(update={"output": output})
+        out[p][j] = (record, False)
+        key = keyed[p][j][0]
+        finished = record is not None and record.returncode is not None and 0 <= record.returncode != 127
+        if key and finished and record is not None:  # timed-out and unstartable runs are not kept
+            cache.store(key, record, plans[p].inputs)
+    return out, prepared
+
+
+def _parse_record(value: Any) -> _JobRecord | None:
+    """A compiler run as the build job reported it (untrusted: checked, output capped)."""
+    try:
+        record = _JobRecord.model_validate(value)
+    except ValidationError:
+        return None
+    return record.model_copy(update={"output": record.output[:_MAX_CAPTURED_OUTPUT]})
+
+
+@dataclass
+class _LineMap:
+    """Maps lines of a file that load_inline would generate back to the user's strings and the .py file."""
+
+    generated: str
+    prefix_lines: int
+    chunks: list[str]
+    py_lines: list[str]
+    py_display: str
+    pseudo_name: str
+    offsets: list[int | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.offsets = [_locate_chunk(chunk, self.py_lines) for chunk in self.chunks]
+
+    def map(self, line: int) -> tuple[str, int]:
+        index = line - self.prefix_lines - 1
+        if index < 0:
+            return self.pseudo_name, line
+        for n, chunk in enumerate(self.chunks):
+            count = chunk.count("\n") + 1
+            if index < count:
+                offset = self.offsets[n]
+                if offset is not None:
+                    return self.py_display, offset + index + 1
+                label = f"{self.pseudo_name}[{n}]" if len(self.chunks) > 1 else self.pseudo_name
+                return label, index + 1
+            index -= count
+        return self.pseudo_name, line
+
+
+def _locate_chunk(chunk: str, py_lines: Sequence[str]) -> int | None:
+    """0-based .py line index of the chunk's first line, or None where the text cannot be found.
+
+    Anchors on the chunk's longest line (its first non-empty line ties), then keeps the placement where the
+    most chunk lines equal the .py lines (escapes in a non-raw string may spoil a few lines, not most)."""
+    chunk_lines = [line.strip() for line in chunk.split("\n")]
+    non_empty = [(n, text) for n, text in enumerate(chunk_lines) if text]
+    if not non_empty:
+        return None
+    anchor_n, anchor = max(non_empty, key=lambda item: (len(item[1]), -item[0]))
+    stripped = [line.strip() for line in py_lines]
+    best: tuple[int, int] | None = None
+    for i, py_line in enumerate(stripped):
+        if anchor not in py_line:
+            continue
+        offset = i - anchor_n
+        score = 0
+        for n, text in non_empty:
+            j = offset + n
+            if 0 <= j < len(stripped) and (
+                stripped[j] == text or (text in stripped[j] and n in (0, anchor_n))
+            ):
+                score += 1
+        if best is None or score > best[1]:
+            best = (offset, score)
+    if best is None or best[1] * 2 < len(non_empty):
+        return None
+    return best[0]
+
+
+@dataclass
+class _Job:
+    tool: Literal["nvcc", "c++"]
+    argv: list[str]
+    key_material: dict[str, object]  # what decides the compiler's output, besides the toolchain
+    line_map: _LineMap | None = None
+    paths: dict[str, str] = field(default_factory=dict)  # compiler path -> name shown to the user
+
+
+@dataclass
+class _UnitPlan:
+    name: str
+    jobs: list[_Job]
+    work: Path
+    toolchain: dict[str, str]
+    inputs: dict[str, str] = field(default_factory=dict)  # files read besides the .py: {path: sha256}
+    diagnostics: list[Diagnostic] = field(default_factory=list)  # known before building
+
+
+def _job_material(
+    tool: str, argv: Sequence[str], work: Path, source: Path, deps: dict[str, str]
+) -> dict[str, object]:
+    return {
+        "level": "job",
+        "tool": tool,
+        "argv": _shown(argv, work),
+        "source": _read(str(source)),
+        "deps": deps,
+    }
+
+
+def _nvcc_argv(
+    nvcc: _Nvcc,
+    *,
+    source: Path,
+    out: Path,
+    arch: str,
+    std: str | None,
+    extension: str,
+    stand_ins: Path | None,
+    include_dirs: Sequence[str],
+    extra: Sequence[str],
+) -> list[str]:
+    torch_headers = _torch_headers()
+    argv = [
+        nvcc.path,
+        "-x",
+        "cu",
+        "-gencode",
+        f"arch=compute_{arch[3:]},code={arch}",
+        "-cubin",
+        "-o",
+        str(out),
+    ]
+    if std:
+        argv.append(f"-std={std}")
+    argv += ["-O3", "-lineinfo", "-Xptxas", "-v", "-Xptxas", "-warn-spills", *_TORCH_NVCC_DEFINES]
+    argv.append(f"-DTORCH_EXTENSION_NAME={extension}")
+    if not torch_headers.has_cuda_cmake_macros:
+        # CPU wheels lack this generated header; c10/cuda/CUDAMacros.h offers this switch to skip it.
+        argv.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
+    for d in include_dirs:
+        argv += ["-I", d]
+    for d in (*torch_headers.include_dirs, torch_headers.python_include):
+        argv += ["-isystem", d]
+    if stand_ins is not None:
+        argv += ["-Xcompiler", f"-idirafter,{stand_ins}"]
+    return [*argv, *extra, str(source)]
+
+
+def _cxx_argv(
+    cxx: str,
+    nvcc: _Nvcc | None,
+    *,
+    source: Path,
+    std: str | None,
+    extension: str,
+    stand_ins: Path | None,
+    include_dirs: Sequence[str],
+    extra: Sequence[str],
+) -> list[str]:
+    torch_headers = _torch_headers()
+    argv = [cxx, "-fsyntax-only", "-x", "c++"]
+    if std:
+        argv.append(f"-std={std}")
+    argv += [f"-DTORCH_EXTENSION_NAME={extension}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    if not torch_headers.has_cuda_cmake_macros:
+        argv.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
+    for d in include_dirs:
+        argv += ["-I", d]
+    system = [*torch_headers.include_dirs, torch_headers.python_include, *(nvcc.include_dirs if nvcc else ())]
+    for d in system:
+        argv += ["-isystem", d]
+    if stand_ins is not None:
+        argv += ["-idirafter", str(stand_ins)]
+    return [*argv, *extra, str(source)]
+
+
+def _shown(argv: Sequence[str], work: Path) -> str:
+    return shlex.join(argv).replace(str(work), "<build>")
+
+
+class _JobRecord(BaseModel):
+    """A compiler run as cached: its exit status and output, with the build dir written as <build>."""
+
+    returncode: int | None
+    output: str
+    elapsed_s: float
+
+
+def _unit_result(
+    plan: _UnitPlan, ran: Sequence[tuple[_JobRecord | None, bool]], timeout_s: float
+) -> CompileUnit:
+    """A unit's diagnostics and kernel resources from the output of each of its compiler runs."""
+    work = plan.work
+    lost = _JobRecord(returncode=None, output="", elapsed_s=0.0)
+    records = [record if record is not None else lost for record, _ in ran]
+    hits = [hit for _, hit in ran]
+    diagnostics = list(plan.diagnostics)
+    kernels: list[KernelResources] = []
+    logs: list[str] = []
+    for job, record in zip(plan.jobs, records, strict=True):
+        logs.append(f"$ {_shown(job.argv, work)}\n{record.output}")
+        output = record.output.replace("<build>", str(work))
+        found = [_place(d, job, work) for d in parse_diagnostics(output, tool=job.tool)]
+        if record.returncode is None:
+            found.append(_tool_message(f"build timed out after {timeout_s:g} s ({job.tool} was killed)"))
+        elif record.returncode < 0 or record.returncode == 127:
+            found.append(_tool_message(f"{job.tool} failed to run (status {record.returncode}); see log"))
+        elif record.returncode != 0 and not any(d.severity == "error" for d in found):
+            found.append(
+                _tool_message(f"{job.tool} exited with status {record.returncode}; see log", tool=job.tool)
+            )
+        diagnostics += found
+        if job.tool == "nvcc":
+            kernels += parse_ptxas_resources(output)
+    names = _demangle([k.mangled for k in kernels])
+    kernels = [k.model_copy(update={"kernel": names.get(k.mangled, k.mangled)}) for k in kernels]
+    diagnostics = _dedupe(diagnostics)
+    diagnostics.sort(key=lambda d: d.severity != "error")  # stable: errors first, compiler order kept
+    if len(diagnostics) > _MAX_DIAGNOSTICS_PER_UNIT:
+        omitted = len(diagnostics) - _MAX_DIAGNOSTICS_PER_UNIT
+        diagnostics = diagnostics[:_MAX_DIAGNOSTICS_PER_UNIT]
+        diagnostics.append(
+            _tool_message(f"{omitted} more diagnostics omitted; see the log", severity="warning")
+        )
+    return CompileUnit(
+        name=plan.name,
+        ok=not any(d.severity == "error" for d in diagnostics),
+        diagnostics=diagnostics,
+        kernels=kernels,
+        # jobs run side by side, so the unit took as long as its slowest job
+        build_time_s=max((r.elapsed_s for r in records), default=0.0),
+        cache_hit=bool(plan.jobs) and all(hits),
+        command="\n".join(_shown(job.argv, work) for job in plan.jobs),
+        log="\n".join(logs)[:_LOG_LIMIT],
+    )
+
+
+def _dedupe(diagnostics: Sequence[Diagnostic]) -> list[Diagnostic]:
+    return list({(d.file, d.line, d.column, d.severity, d.message): d for d in diagnostics}.values())
+
+
+def _place(diagnostic: Diagnostic, job: _Job, work: Path) -> Diagnostic:
+    """Rewrite a compiler's file name to what the user knows: the .py line, or the file's given name."""
+    if diagnostic.file is None:
+        return diagnostic
+    path = os.path.normpath(os.path.join(work, diagnostic.file))
+    if job.line_map is not None and path == job.line_map.generated and diagnostic.line is not None:
+        file, line = job.line_map.map(diagnostic.line)
+        column = diagnostic.column if file != job.line_map.py_display else None
+        return diagnostic.model_copy(update={"file": file, "line": line, "column": column})
+    if path in job.paths:
+        return diagnostic.model_copy(update={"file": job.paths[path]})
+    return diagnostic.model_copy(update={"file": diagnostic.file.replace(str(work), "<build>")})
+
+
+def _safe_identifier(name: str) -> str:
+    ident = re.sub(r"\W", "_", name) or "extension"
+    return f"_{ident}" if ident[0].isdigit() else ident

@@ -1,0 +1,262 @@
+"""The node's extension cache: what a solution builds with `load_inline`, built once, before its jobs run.
+
+Before a check or benchmark (and in `compile_kernel`) the host:
+
+1. finds the solution's extension builds with a discovery job (harness/discover.py: the candidate is
+   imported inside the sandbox; lazy calls on solution()'s first call are found too). What it reports
+   is untrusted data: parsed with limits, and only ever used as build requests. Discoveries are kept
+   per solution text, so an unchanged solution is not imported again;
+2. keys each request (harness/extensions.py: sources, flags, toolchain) and, for those not in the cache
+   whose flags pass the compile allow-list, runs a build job (harness/build.py): torch's build with no
+   candidate code, whose output is therefore a function of the request alone;
+3. moves each built directory into `config.extensions_dir()` under its key. Every job mounts that
+   folder read-only; a job's `load_inline` loads from it and builds only what it does not find there.
+
+So a candidate's own job never writes to the cache, and another tenant's job loads only what a build
+job made from the request that names it (docs/sandbox.md). Failed builds are kept too (with the
+compiler's output), so a re-check of a source that does not compile does not compile it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import extensions as requests
+from pkb_mcp import config
+from pkb_mcp.compile import Tools
+from pkb_mcp.jobs import read_result
+from pkb_mcp.log import get
+from sandbox.toolchain import jit_env
+
+log = get(__name__)
+
+MAX_REQUESTS = 16
+DISCOVERY_SCHEMA = 1
+DISCOVERY_CAP = 16 << 20
+TIMED_OUT = "timed out"
+
+
+@dataclass
+class Prepared:
+    """What preparing a solution's extensions did, for the result's notes."""
+
+    built: list[str] = field(default_factory=list)  # names built now
+    cached: list[str] = field(default_factory=list)  # names already in the cache
+    failed: list[str] = field(default_factory=list)  # names whose build failed (the job reports why)
+    skipped: list[str] = field(default_factory=list)  # why a request is left to the job to build
+    build_s: float = 0.0
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.built:
+            out.append(
+                f"built extension {', '.join(self.built)} in {self.build_s:.1f} s (cached for re-runs)"
+            )
+        if self.cached:
+            out.append(f"extension {', '.join(self.cached)} loaded from the build cache")
+        if self.failed:
+            out.append(f"extension {', '.join(self.failed)} failed to build; the job's error shows why")
+        out += self.skipped
+        return out
+
+
+def toolchain() -> dict[str, str]:
+    """The toolchain key part, as every job sees it (same interpreter, same /usr, same variables)."""
+    return requests.toolchain({**os.environ, **jit_env()})
+
+
+def _entry_state(key: str) -> str | None:
+    directory = config.extensions_dir() / key
+    if (directory / requests.OK_MARK).is_file():
+        return "ok"
+    if (directory / requests.FAILED_MARK).is_file():
+        return "failed"
+    return None
+
+
+def parse_requests(calls: Any) -> tuple[list[requests.Request], list[str]]:
+    """The load_inline requests in a discovery's recorded calls; and why others are not prebuilt."""
+    found: list[requests.Request] = []
+    why: list[str] = []
+    if not isinstance(calls, list):
+        return found, why
+    for call in calls[: 4 * MAX_REQUESTS]:
+        if not isinstance(call, dict) or call.get("api") != "load_inline":
+            continue
+        if call.get("build_directory") or call.get("extra_include_paths"):
+            name = str(call.get("name"))[:40]
+            why.append(f"extension {name}: built inside the job (it sets its own paths)")
+            continue
+        try:
+            request = requests.Request.from_json(call)
+        except requests.RequestError as exc:
+            why.append(f"not prebuilt: {exc}")
+            continue
+        if request not in found:
+            found.append(request)
+    return found[:MAX_REQUESTS], why
+
+
+def discover(text: str, tools: Tools, timeout_s: float) -> dict[str, Any] | str:
+    """The discovery of a solution's text (kept per text); a string says why it failed."""
+    digest = hashlib.sha256(json.dumps([DISCOVERY_SCHEMA, text, toolchain()]).encode()).hexdigest()
+    kept = config.cache_dir() / "discovery" / f"{digest}.json"
+    found = read_result(kept, DISCOVERY_CAP)
+    if isinstance(found, dict):
+        return found
+    job_dir = tools.new_dir()
+    try:
+        src = job_dir / "src"
+        src.mkdir()
+        solution = src / "solution.py"
+        solution.write_text(text, encoding="utf-8")
+        outcome = tools.run("discover", job_dir, {"solution_path": str(solution)}, timeout_s)
+        found = read_result(job_dir / "discovered.json", DISCOVERY_CAP)
+        if outcome.timed_out and not isinstance(found, dict):
+            return f"{TIMED_OUT}: importing the solution did not finish within {timeout_s:.3g} s"
+        if not isinstance(found, dict):
+            return f"importing the solution failed before it finished: {outcome.log[-1500:].strip()}"
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    if found.get("error") is None:  # a failed import is not kept: the cause may be passing
+        _store(kept, found)
+    return found
+
+
+def _store(path: Path, value: Any) -> None:
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+        part.write_text(json.dumps(value))
+        os.replace(part, path)
+
+
+def build_requests(
+    wanted: list[requests.Request],
+    tools: Tools,
+    timeout_s: float,
+    extra: dict[str, Any] | None = None,
+    job_dir: Path | None = None,
+) -> tuple[Prepared, dict[str, Any] | None]:
+    """Build the requests that are not in the cache, with `extra` commands (compile_kernel's compiler
+    runs) in the same build job, in `job_dir` if given (where the caller wrote their sources; the
+    caller removes it). Returns what happened and the build job's result (harness/build.py), or None
+    when no job ran or it left no readable result."""
+    from pkb_mcp.compile import prebuild_refusal
+
+    prepared = Prepared()
+    chain = toolchain()
+    todo: list[tuple[str, requests.Request]] = []
+    for request in wanted:
+        key = request.key(chain)
+        state = _entry_state(key)
+        if state == "ok":
+            prepared.cached.append(request.name)
+        elif state == "failed":
+            prepared.failed.append(request.name)
+        elif (refusal := prebuild_refusal(request)) is not None:
+            prepared.skipped.append(f"extension {request.name} is built inside each job: {refusal}")
+        elif tools.isolated:
+            todo.append((key, request))
+        else:
+            prepared.skipped.append(
+                f"extension {request.name} is built inside the job: the cache is filled only by isolated "
+                "build jobs (Docker)"
+            )
+    if not todo and not (extra and extra.get("commands")):
+        return prepared, None
+    own_dir = job_dir is None
+    job_dir = job_dir or tools.new_dir()
+    try:
+        params = {"extensions": [r.to_json() for _, r in todo], **(extra or {})}
+        start = time.monotonic()
+        outcome = tools.run("build", job_dir, params, timeout_s)
+        prepared.build_s = time.monotonic() - start
+        result = read_result(job_dir / "build.json")
+        _install_results(todo, result, outcome.timed_out, job_dir, prepared)
+    finally:
+        if own_dir:
+            shutil.rmtree(job_dir, ignore_errors=True)
+    log.info(
+        "extensions.built", built=prepared.built, failed=prepared.failed, wall_s=round(prepared.build_s, 2)
+    )
+    return prepared, result if isinstance(result, dict) else None
+
+
+def _install_results(
+    todo: list[tuple[str, requests.Request]], result: Any, timed_out: bool, job_dir: Path, prepared: Prepared
+) -> None:
+    """Move what the build job built into the cache; keep its failures."""
+    entries = result.get("extensions") if isinstance(result, dict) else None
+    by_key = {}
+    if isinstance(entries, list):
+        by_key = {e.get("key"): e for e in entries if isinstance(e, dict)}
+    for key, request in todo:
+        entry = by_key.get(key)
+        if entry is None:
+            why = "timed out" if timed_out else "left no result"
+            prepared.skipped.append(f"extension {request.name}: the build job {why}; the job builds it")
+            continue
+        if entry.get("ok") is True and _install(job_dir / "extensions" / key, key):
+            prepared.built.append(request.name)
+        elif entry.get("ok") is False:
+            _record_failure(key, str(entry.get("log", ""))[-requests.FAILURE_LOG_CHARS :])
+            prepared.failed.append(request.name)
+
+
+def _install(built: Path, key: str) -> bool:
+    """Copy a build job's directory into the cache under its key (atomically: a rename)."""
+    target = config.extensions_dir() / key
+    if target.exists():
+        return True
+    staging = config.extensions_dir() / f".{key}.{os.getpid()}.{time.monotonic_ns()}"
+    try:
+        if built.is_symlink() or not built.is_dir():
+            return False
+        # only plain files: a link made in the sandbox could point anywhere on the host
+        shutil.copytree(built, staging, symlinks=True, ignore=_not_plain)
+        if not (staging / requests.OK_MARK).is_file():
+            shutil.rmtree(staging, ignore_errors=True)
+            return False
+        os.replace(staging, target)
+        return True
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return target.exists()
+
+
+def _not_plain(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if os.path.islink(os.path.join(directory, n))]
+
+
+def _record_failure(key: str, log_text: str) -> None:
+    target = config.extensions_dir() / key
+    with contextlib.suppress(OSError):
+        target.mkdir(exist_ok=True)
+        requests.write_mark(target, requests.FAILED_MARK, {"log": log_text})
+
+
+def may_build(text: str) -> bool:
+    """Whether a solution's text could build an extension (the import of one is the tell)."""
+    return "load_inline" in text or "cuda_helpers" in text
+
+
+def prepare(text: str, tools: Tools, timeout_s: float) -> Prepared:
+    """Discover and build a solution's extensions before its jobs run; nothing when it has none."""
+    if not may_build(text):
+        return Prepared()
+    found = discover(text, tools, timeout_s)
+    if isinstance(found, str):
+        return Prepared(skipped=[f"extensions not prebuilt: {found}"])
+    wanted, why = parse_requests(found.get("calls"))
+    prepared, _ = build_requests(wanted, tools, timeout_s)
+    prepared.skipped = why + prepared.skipped
+    return prepared
