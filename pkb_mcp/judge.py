@@ -110,7 +110,6 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, A
         "max_abs_error": max_abs,
         "max_rel_error": max_rel,
         "rel_norm_error": max((n for _, n in judged), default=0.0),
-        "rel_norm_errors": [None if math.isnan(n) else n for n in norms],
         "mismatched": mismatched,
         "first_mismatch": first,
     }

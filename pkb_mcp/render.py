@@ -173,8 +173,9 @@ def show(d: ProblemDetail) -> str:
             d.description,
             "",
             f"contract: {d.signature}",
-            f"world sizes: {d.world_sizes}; dtype {d.dtype}; tolerance of each output {d.tolerance}"
-            + "".join(f"; output {i}: {b}" for i, b in d.output_tolerances.items()),
+            f"world sizes: {d.world_sizes}; dtype {d.dtype}; tolerance of each output "
+            + str({k: v for k, v in d.tolerance.items() if k != "outputs"})
+            + "".join(f"; output {i}: {b}" for i, b in (d.tolerance.get("outputs") or {}).items()),
             "sizes: " + "; ".join(f"{k} {v}" for k, v in d.sizes.items()),
             f"inputs per rank at world size {d.world_size}, size {d.size_preset}:",
             table(inputs, ["arg", "shape", "dtype", "value"]),

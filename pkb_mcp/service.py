@@ -109,8 +109,7 @@ def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> Prob
         size_preset=size,
         size=p.size(size),
         sizes=p.sizes,
-        tolerance=p.tolerance,
-        output_tolerances={str(i): b for i, b in p.output_tolerances.items()},
+        tolerance=p.bounds,
         mutates_inputs=p.mutates_inputs,
         inputs=[InputSpec(**spec) for spec in p.input_shapes(world_size, size)],
         traffic=Traffic(

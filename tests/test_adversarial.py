@@ -208,27 +208,25 @@ def test_computing_half_the_output_fails_at_the_second_half(isolated_dirs):
 
 
 @pytest.mark.parametrize(
-    ("pid", "candidate", "legit", "output"),
+    ("pid", "candidate", "output"),
     [
-        (19, "fp8_scales_off.py", "019_reciprocal.py", 0),
-        (21, "clip_coefficient_off.py", "021_coef_bf16.py", None),
-        (22, "clip_ep_coefficient_off.py", "022_coef_bf16.py", None),
+        (19, "fp8_scales_off.py", 0),
+        (21, "clip_coefficient_off.py", None),
+        (22, "clip_ep_coefficient_off.py", None),
     ],
 )
-def test_an_error_in_a_small_output_is_not_hidden_by_a_large_one(
-    pid, candidate, legit, output, isolated_dirs
-):
+def test_an_error_in_a_small_output_is_not_hidden_by_a_large_one(pid, candidate, output, isolated_dirs):
     """Issue 17: each output on its own bounds. Wrong only in its small outputs (19: the scales 10%
     off; 21, 22: the clipped gradients 1.2% off behind the total norm), each candidate passed when
-    one relative norm was taken over all outputs together; a correct variant still passes."""
+    one relative norm was taken over all outputs together. (Correct variants of the same problems
+    pass: tests/test_end_to_end.py::test_every_correct_variant_passes.)"""
     r = check(ADV / candidate, pid=pid, trials=1)
     assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
     if output is not None:  # the scales are far outside their own elementwise bounds
         assert r.ranks[0].first_mismatch.output == output and "rtol 2e-06" in r.message
     else:  # the gradients: a share of elements beyond their own rtol, and 1.2% in norm (bound 0.007)
         assert r.ranks[0].first_mismatch.output >= 1 and "rtol 0.01)" in r.message, r.message
-        norms = r.ranks[0].rel_norm_errors
-        assert norms[0] == 0.0 and all(0.011 < n < 0.013 for n in norms[1:]), norms
+        assert 0.011 < r.ranks[0].rel_norm_error < 0.013, "the worst output's norm: a gradient's"
 
 
 def test_problem_86_in_lower_precision_than_its_contract_fails(isolated_dirs):

@@ -389,6 +389,7 @@ def test_run_timing_interleaves_fresh_calls_outside_the_budget(monkeypatch):
     assert rec["sampled_ms"] < 60, "80 ms of making fresh inputs did not count against the budget"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("top_up", "fresh_mib"), [(False, 128), (True, 128), (True, 6)])
 def test_a_benchmark_job_saves_the_fresh_calls_outputs(isolated_dirs, top_up, fresh_mib):
     """Every timed call on a fresh input set leaves its output for the host to judge when they fit in

@@ -110,12 +110,13 @@ def test_per_output_bounds_are_validated(tmp_path, tolerance, message):
 
 
 def test_per_output_bounds_load_and_show():
-    from pkb_mcp import service
+    from pkb_mcp import render, service
 
     p = SUITE[21]
     assert 0 in p.output_tolerances and p.bounds["outputs"][0] == p.output_tolerances[0]
     detail = service.show_problem(21, world_size=2)
-    assert detail.output_tolerances["0"] == p.output_tolerances[0]
+    assert detail.tolerance["outputs"][0] == p.output_tolerances[0]
+    assert "output 0: {'atol': 0.0, 'rtol': 0.0002" in render.show(detail)
 
 
 def test_gpu_tests_pick_a_world_size_each_problem_allows():
