@@ -27,6 +27,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,11 +58,20 @@ def median_ci_halfwidth(samples: Sequence[float]) -> float:
     return (xs[hi] - xs[lo]) / 2
 
 
-def outputs_match(out: Sequence[torch.Tensor], ref: Sequence[torch.Tensor], tol: dict[str, float]) -> bool:
-    """Device-side check of a timed output against the judged first output of the same inputs."""
+def output_bounds(tolerance: dict[str, Any], index: int) -> dict[str, float]:
+    """The bounds of output `index`: its own entry in the problem's TOLERANCE["outputs"] (keyed by
+    index; JSON turns the keys into strings), else the problem's default bounds."""
+    own = tolerance.get("outputs") or {}
+    bounds = own.get(index, own.get(str(index)))
+    return bounds if bounds is not None else tolerance
+
+
+def outputs_match(out: Sequence[torch.Tensor], ref: Sequence[torch.Tensor], tol: dict[str, Any]) -> bool:
+    """Device-side check of a timed output against the judged first output of the same inputs, each
+    output on its own elementwise bounds."""
     if len(out) != len(ref):
         return False
-    for o, r in zip(out, ref, strict=True):
+    for i, (o, r) in enumerate(zip(out, ref, strict=True)):
         if o.shape != r.shape or o.dtype != r.dtype:
             return False
         if not (o.dtype.is_floating_point or o.dtype.is_complex):
@@ -70,9 +80,29 @@ def outputs_match(out: Sequence[torch.Tensor], ref: Sequence[torch.Tensor], tol:
             continue
         o64 = o.to(torch.complex128 if o.dtype.is_complex else torch.float64)
         r64 = r.to(o64.dtype)
-        if torch.isnan(o64).any().item() or not torch.allclose(o64, r64, atol=tol["atol"], rtol=tol["rtol"]):
+        b = output_bounds(tol, i)
+        if torch.isnan(o64).any().item() or not torch.allclose(o64, r64, atol=b["atol"], rtol=b["rtol"]):
             return False
     return True
+
+
+@dataclass
+class Fresh:
+    """Timed calls on input sets never seen before, interleaved with the replayed ones (a cache keyed
+    on the replayed inputs' values misses on them). The worker supplies the callables:
+    `prepare(k)` makes fresh call k's inputs (outside the clock), `call()` runs the solution on them,
+    `record(k, out)` keeps the output for the host to judge (outside the clock). `next` is the k of
+    the next fresh call and carries on across placements; at most `max_calls` are made in a job."""
+
+    prepare: Callable[[int], None]
+    call: Callable[[], Any]
+    record: Callable[[int, Any], None]
+    max_calls: int
+    next: int = 0
+
+    @property
+    def left(self) -> int:
+        return max(0, self.max_calls - self.next)
 
 
 class Timer:
@@ -129,10 +159,11 @@ def run_timing(
     judged: list[list[torch.Tensor]],
     device: torch.device,
     cfg: dict[str, Any],
-    tolerance: dict[str, float],
+    tolerance: dict[str, Any],
     *,
     rotate: Callable[[], list[int]] | None = None,
     after_call: Callable[[], None] | None = None,
+    fresh: Fresh | None = None,
 ) -> dict[str, Any]:
     """Warm up, then sample until precision, budget or cap; every rank returns the same record.
 
@@ -145,6 +176,14 @@ def run_timing(
     moves other data into the same buffers and returns, for each buffer i, the set whose data it now
     holds, whose judged output the next outputs are compared with. `after_call()` runs as soon as each
     call's clock has stopped (the worker checks there that the solution replaced nothing).
+
+    `fresh`, when given, interleaves timed calls on never-seen inputs with the replayed ones: one
+    untimed after the warm-up (so that per-address set-up is paid there), then one every `stride`
+    replayed samples, the stride sized so that `fresh_min` of them fit in the minimum sampling span,
+    until the job's `max_calls`. Their times are kept apart from the replayed samples (`fresh_ms`,
+    with `fresh_after`: the index of the replayed sample that followed each), and the time spent
+    making their inputs and keeping their outputs does not count against the budget. Precision stops
+    sampling only once `fresh_min` of them (or all that are left) were made.
     """
     timer = Timer(device, int(cfg.get("l2_bytes", 0)), float(cfg.get("min_sleep_us", MIN_SLEEP_US)))
     n_sets = len(judged)
@@ -169,12 +208,31 @@ def run_timing(
         enqueue.append(timer.enqueue_ms)
     per_call = max(max_over_ranks([statistics.median(probe)], device)[0], 1e-3)
     warmup = int(min(max(cfg["warmup_ms"] / per_call, 3), cfg["max_warmup"]))
+    t_warm = time.perf_counter()
     for i in range(warmup):
         timed(i % n_sets)
         enqueue.append(timer.enqueue_ms)
+    # real time per sampling iteration (alignment and checks included), for the fresh calls' stride
+    iter_ms = max_over_ranks([(time.perf_counter() - t_warm) * 1e3 / max(warmup, 1)], device)[0]
     # first calls carry one-off costs (allocation, rendezvous, JIT): size the sleep from the rest
     slowest_enqueue = max_over_ranks([statistics.median(enqueue[len(probe) :])], device)[0]
     timer.sleep_us = min(max(2e3 * slowest_enqueue + MIN_SLEEP_US, timer.min_sleep_us), MAX_SLEEP_US)
+
+    fresh_min = 0
+    stride = 0
+    if fresh is not None and fresh.left:
+        fresh.prepare(-1)  # the fresh buffers' first use is warm-up: neither timed nor judged
+        timer.time(fresh.call)
+        if after_call is not None:
+            after_call()
+        fresh_min = min(int(cfg.get("fresh_min", 8)), fresh.left)
+        expected = max(cfg["min_samples"], cfg.get("min_span_ms", 0.0) / max(iter_ms, 1e-3))
+        stride = max(1, int(expected // max(fresh_min, 1)))
+    fresh_ms: list[float] = []
+    fresh_wall: list[float] = []
+    fresh_after: list[int] = []
+    fresh_overhead_s = 0.0
+    next_fresh = stride
 
     events: list[float] = []
     walls: list[float] = []
@@ -184,12 +242,32 @@ def run_timing(
     # the budget is real time, alignment and checks included (the slowest rank's, so that every
     # rank stops at the same call): a host-synchronous solution's device interval says little of it
     t_sampling = time.perf_counter()
-    for i in range(cfg["max_samples"]):
+    while len(events) < cfg["max_samples"]:
+        if fresh is not None and stride and fresh.left and len(events) >= next_fresh:
+            k = fresh.next
+            fresh.next += 1
+            t0 = time.perf_counter()
+            fresh.prepare(k)
+            t1 = time.perf_counter()
+            out, ev, wall = timer.time(fresh.call)
+            if after_call is not None:
+                after_call()
+            t2 = time.perf_counter()
+            fresh.record(k, out)
+            del out
+            fresh_overhead_s += (t1 - t0) + (time.perf_counter() - t2)
+            ev, wall = max_over_ranks([ev, wall], device)
+            fresh_ms.append(ev)
+            fresh_wall.append(wall)
+            fresh_after.append(len(events))
+            next_fresh = len(events) + stride
+            continue
+        i = len(events)
         s = i % n_sets
         out, ev, wall = timed(s)
         bad = 0.0 if outputs_match(normalize(out), judged[holds[s]], tolerance) else 1.0
         del out
-        elapsed = (time.perf_counter() - t_sampling) * 1e3
+        elapsed = (time.perf_counter() - t_sampling - fresh_overhead_s) * 1e3
         ev, wall, bad, spent = max_over_ranks([ev, wall, bad, elapsed], device)
         events.append(ev)
         walls.append(wall)
@@ -201,7 +279,8 @@ def run_timing(
         n = len(events)
         if n < cfg["min_samples"] or spent < cfg.get("min_span_ms", 0.0):
             continue
-        if median_ci_halfwidth(events) <= cfg["precision"] * statistics.median(events):
+        precise = median_ci_halfwidth(events) <= cfg["precision"] * statistics.median(events)
+        if precise and len(fresh_ms) >= fresh_min:
             stop = "precision reached"
             break
         if spent >= cfg["budget_ms"]:
@@ -218,6 +297,9 @@ def run_timing(
         "clock": "cuda events" if device.type == "cuda" else "host perf_counter",
         "alignment_sleep_us": timer.sleep_us if device.type == "cuda" else 0.0,
         "rotated_inputs": rotate is not None,
+        "fresh_ms": fresh_ms,
+        "fresh_wall_ms": fresh_wall,
+        "fresh_after": fresh_after,
     }
 
 
@@ -227,12 +309,20 @@ _SHARED_MS = ("warmup_ms", "budget_ms", "min_span_ms")
 
 def placement_config(cfg: dict[str, Any], placements: int) -> dict[str, Any]:
     """The configuration of one of `placements` rounds: its share of the warm-up, budget, minimum
-    span and sample cap (never fewer samples than `min_samples`)."""
+    span, sample cap (never fewer samples than `min_samples`) and fresh calls it must make before
+    precision may stop it (never fewer than 2)."""
     if placements <= 1:
         return dict(cfg)
     share = {k: float(cfg[k]) / placements for k in _SHARED_MS if k in cfg}
     cap = max(int(cfg["max_samples"]) // placements, int(cfg["min_samples"]))
-    return {**cfg, **share, "max_samples": cap, "max_warmup": max(int(cfg["max_warmup"]) // placements, 3)}
+    fresh = {"fresh_min": max(int(cfg["fresh_min"]) // placements, 2)} if "fresh_min" in cfg else {}
+    return {
+        **cfg,
+        **share,
+        **fresh,
+        "max_samples": cap,
+        "max_warmup": max(int(cfg["max_warmup"]) // placements, 3),
+    }
 
 
 def pool_placements(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -248,6 +338,14 @@ def pool_placements(records: list[dict[str, Any]]) -> dict[str, Any]:
         mismatches += [offset + i for i in r.get("timed_output_mismatches", [])]
         offset += len(r["device_ms"])
     pooled["timed_output_mismatches"] = mismatches
+    pooled["fresh_ms"] = [x for r in records for x in r.get("fresh_ms", [])]
+    pooled["fresh_wall_ms"] = [x for r in records for x in r.get("fresh_wall_ms", [])]
+    after: list[int] = []
+    offset = 0
+    for r in records:  # each fresh call's following replayed sample, in the pooled samples' indices
+        after += [offset + int(i) for i in r.get("fresh_after", [])]
+        offset += len(r["device_ms"])
+    pooled["fresh_after"] = after
     pooled["warmup_calls"] = sum(int(r["warmup_calls"]) for r in records)
     pooled["sampled_ms"] = sum(float(r.get("sampled_ms", 0.0)) for r in records)
     pooled["alignment_sleep_us"] = max(float(r.get("alignment_sleep_us", 0.0)) for r in records)

@@ -300,6 +300,79 @@ def _input_rotation(sets: list[tuple]) -> Callable[[], list[int]] | None:
     return rotate
 
 
+def _copy_into(dst: tuple, src: tuple) -> bool:
+    """Copy set `src`'s tensors into set `dst`'s buffers in place (their addresses stay) when the two
+    differ in values only; False, and nothing copied, when they differ in anything else."""
+    import torch
+
+    if len(dst) != len(src):
+        return False
+    for a, b in zip(dst, src, strict=True):
+        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+            return False
+        if isinstance(a, torch.Tensor):
+            if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device) or not a.is_contiguous():
+                return False
+        else:
+            try:
+                if a != b:
+                    return False
+            except Exception:  # a non-tensor argument without a usable ==
+                return False
+    with torch.no_grad():
+        for a, b in zip(dst, src, strict=True):
+            if isinstance(a, torch.Tensor):
+                a.copy_(b)
+    return True
+
+
+def fresh_calls(
+    make: Callable[[Any], tuple],
+    solution: Callable[..., Any],
+    mutates: bool,
+    save: Callable[[int, list, str, dict], None],
+    max_calls: int,
+    judged: set[int],
+) -> Any:
+    """Timed calls on input sets never seen before (harness.timing.Fresh): fresh call k's inputs are
+    made from the seed labelled k and copied into one set of fresh buffers, made once, so that their
+    addresses stay the same from call to call (an honest solution that sets something up per address
+    pays once, in the untimed warm-up call); the outputs of the calls in `judged` are saved for the
+    host to judge, with the aliasing and mutation checks of a judged call. `make(label)` builds the
+    inputs of a label."""
+    import torch
+
+    from harness import timing
+
+    buffers = make("buffers")
+    state: dict[str, Any] = {}
+
+    def prepare(k: int) -> None:
+        made = make("warmup" if k < 0 else k)
+        copied = _copy_into(buffers, made)
+        inputs = buffers if copied else made
+        state["inputs"] = inputs
+        state["pristine"] = made if copied else (None if mutates else _snapshot(made))
+
+    def call() -> Any:
+        return solution(*state["inputs"])
+
+    def record(k: int, out: Any) -> None:
+        if k not in judged:
+            return
+        inputs = list(state["inputs"])
+        structure, outs = normalize_output(out)
+        returned = len(outs)
+        if mutates:  # the in-place result is part of the output
+            outs = outs + [t for t in inputs if isinstance(t, torch.Tensor)]
+        pristine = state["pristine"]
+        meta: dict[str, Any] = {"aliased_outputs": aliased_inputs(outs[:returned], inputs)}
+        meta["mutated_inputs"] = [] if mutates or pristine is None else mutated_inputs(inputs, list(pristine))
+        save(k, [o.detach().clone() for o in outs], structure, meta)
+
+    return timing.Fresh(prepare, call, record, max_calls)
+
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -489,6 +562,30 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 tensorfile.save(out_dir / f"s{i}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
                 judged.append(outs)  # private copies, taken at return
             pristine = [_snapshot(s) for s in sets] if not mutates else None
+            # Fresh input sets, interleaved with the replayed ones (docs/measurement.md, "Replay
+            # advantage"): fresh_min to fresh_max of them; the outputs of as many as fresh_bytes
+            # holds (at least 2, all when they fit, else a subset drawn from the secret seed that
+            # the solution cannot tell apart) are judged on the host. Seeds derive from the job's
+            # secret seed and the job's label, so no two jobs share them.
+            out_bytes = float(sum(t.numel() * t.element_size() for t in judged[0]))
+            out_bytes = timing.max_over_ranks([out_bytes], device)[0]
+            fresh_cap = int(tcfg.get("fresh_max", 0))
+            by_bytes = int(float(tcfg.get("fresh_bytes", 0)) // max(out_bytes, 1.0))
+            fresh = None
+            fresh_judged: list[int] = []
+            if fresh_cap:
+                label = str(tcfg.get("fresh_label", ""))
+                n_fresh = min(fresh_cap, max(int(tcfg.get("fresh_min", 2)), by_bytes, 2))
+                pick = random.Random(derive_seed(base, "fresh judged", label))
+                fresh_judged = sorted(pick.sample(range(n_fresh), min(n_fresh, max(2, by_bytes))))
+
+                def make_fresh(k: Any) -> tuple:
+                    return make(derive_seed(base, "fresh", label, k))
+
+                def save_fresh(k: int, outs: list, structure: str, meta: dict) -> None:
+                    tensorfile.save(out_dir / f"f{k}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
+
+                fresh = fresh_calls(make_fresh, solution, mutates, save_fresh, n_fresh, set(fresh_judged))
             rotate = _input_rotation(sets)
             holds = list(range(n_sets))
 
@@ -525,6 +622,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                     cfg["tolerance"],
                     rotate=rotate_sets if rotate is not None else None,
                     after_call=lambda: watch.check("while being timed"),
+                    fresh=fresh,
                 )
 
             # Placements after the first find the inputs, the solution's own buffers and the
@@ -561,6 +659,15 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 records.append(timed_round())
             record = timing.pool_placements(records)
             del spacers, records
+            if fresh is not None:
+                record["fresh_timed"] = fresh.next
+                record["fresh_judged"] = fresh_judged
+                if tcfg.get("fresh_top_up"):
+                    # the reference's job: outputs for every judged fresh seed a candidate's job can reach
+                    for k in (k for k in fresh_judged if k >= fresh.next):
+                        fresh.prepare(k)
+                        fresh.record(k, fresh.call())
+                        watch.check("during a call")
             if pristine is not None:
                 changed = [i for i, s in enumerate(sets) if mutated_inputs(list(s), list(pristine[holds[i]]))]
                 record["inputs_mutated_while_timing"] = bool(

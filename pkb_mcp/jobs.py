@@ -33,7 +33,7 @@ log = get(__name__)
 
 OUTPUT_FILE_CAP = 8 << 30
 RANK_LOG_CAP = 8 * 1024
-OUTPUT_NAME = re.compile(r"^([ts])(\d+)_r(\d+)\.pkbt$")
+OUTPUT_NAME = re.compile(r"^([tsf])(\d+)_r(\d+)\.pkbt$")
 
 
 @dataclass
@@ -57,6 +57,9 @@ class JobOutcome:
     timed_out: bool
     outputs: dict[tuple[int, int], Outputs] = field(default_factory=dict)  # (trial or set, rank)
     output_errors: dict[tuple[int, int], str] = field(default_factory=dict)
+    # benchmarks: the outputs of the timed calls on fresh input sets, (fresh call, rank)
+    fresh_outputs: dict[tuple[int, int], Outputs] = field(default_factory=dict)
+    fresh_output_errors: dict[tuple[int, int], str] = field(default_factory=dict)
     timing: dict[str, Any] | None = None
     launcher_log: str = ""
     warm: bool = False  # ran in a sandbox started ahead of need
@@ -78,7 +81,7 @@ class JobRequest:
     size: dict[str, Any]
     dtype: str
     seeds: list[int]
-    tolerance: dict[str, float]
+    tolerance: dict[str, Any]  # Problem.bounds: default bounds and per-output ones
     timeout_s: float
     timing: dict[str, Any] | None = None
     threads_per_rank: int = 1
@@ -276,18 +279,24 @@ def _collect(
     outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])
     out_dir = job_dir / "out"
     if out_dir.is_dir():
-        # trials write t<trial>_r<rank>, benchmarks s<set>_r<rank>: only this mode's files count
-        prefix = "s" if request.mode == "benchmark" else "t"
+        # trials write t<trial>_r<rank>, benchmarks s<set>_r<rank> and f<fresh call>_r<rank>: only
+        # this mode's files count
+        prefixes = "sf" if request.mode == "benchmark" else "t"
         for path in out_dir.iterdir():
             m = OUTPUT_NAME.match(path.name)
-            if not m or m.group(1) != prefix:
+            if not m or m.group(1) not in prefixes:
                 continue
             key = (int(m.group(2)), int(m.group(3)))
+            found, errors = (
+                (outcome.fresh_outputs, outcome.fresh_output_errors)
+                if m.group(1) == "f"
+                else (outcome.outputs, outcome.output_errors)
+            )
             try:
                 structure, tensors, meta = tensorfile.load(path, OUTPUT_FILE_CAP)
-                outcome.outputs[key] = Outputs(structure, tensors, meta)
+                found[key] = Outputs(structure, tensors, meta)
             except (tensorfile.TensorFileError, OSError) as exc:
-                outcome.output_errors[key] = str(exc)
+                errors[key] = str(exc)
     timing_path = job_dir / "timing.json"
     if timing_path.is_file() and timing_path.stat().st_size < (64 << 20):
         try:

@@ -1,19 +1,22 @@
 """Correctness on the host: a candidate's outputs against the reference's, for one rank of one trial.
 
-Shape and dtype must match exactly. Floating and complex outputs must pass an elementwise allclose
-(|out − ref| <= atol + rtol·|ref|, in float64 / complex128) AND a relative-norm bound
-‖out − ref‖ / ‖ref‖ <= rel_norm over all outputs together; a NaN or infinity the reference does not
-have fails. Integer and boolean outputs must be equal. Outputs aliasing inputs, and inputs changed by
-a solution that must not change them, fail whatever the values.
+Shape and dtype must match exactly. Each floating or complex output must pass, on its own bounds, an
+elementwise allclose (|out − ref| <= atol + rtol·|ref|, in float64 / complex128) AND a relative-norm
+bound ‖out − ref‖ / ‖ref‖ <= rel_norm, so that a large output cannot hide an error in a small one;
+a NaN or infinity the reference does not have fails. Integer and boolean outputs must be equal.
+Outputs aliasing inputs, and inputs changed by a solution that must not change them, fail whatever
+the values.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from harness.timing import output_bounds
 from pkb_mcp.models import Mismatch, RankResult
 
 CHUNK = 1 << 22  # elements compared at a time, to bound host memory on large outputs
@@ -31,8 +34,9 @@ def _fmt(value: torch.Tensor) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, float]) -> RankResult:
-    """The verdict for one rank's outputs in one trial."""
+def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, Any]) -> RankResult:
+    """The verdict for one rank's outputs in one trial: each output on its own bounds (the problem's
+    TOLERANCE, or the output's entry in TOLERANCE["outputs"])."""
 
     def wrong(message: str, **fields: object) -> RankResult:
         return RankResult(rank=rank, trial=trial, state="wrong", message=message, **fields)  # type: ignore[arg-type]
@@ -55,14 +59,17 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
 
     max_abs = 0.0
     max_rel = 0.0
-    err_sq = 0.0
-    ref_sq = 0.0
     mismatched = 0
     first: Mismatch | None = None
+    first_bounds: dict[str, float] = {}
+    norms: list[float] = []
     for i, (g, w) in enumerate(zip(got.tensors, want.tensors, strict=True)):
+        bounds = output_bounds(tol, i)
         exact = not (w.dtype.is_floating_point or w.dtype.is_complex)
         wide = torch.complex128 if w.dtype.is_complex else torch.float64
         gf, wf = g.reshape(-1), w.reshape(-1)
+        err_sq = 0.0
+        ref_sq = 0.0
         for start in range(0, gf.numel(), CHUNK):
             gc = gf[start : start + CHUNK]
             wc = wf[start : start + CHUNK]
@@ -79,7 +86,7 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
                 diff = (g64 - w64).abs()
                 ref_abs = w64.abs()
                 nonfinite = ~torch.isfinite(g64) & torch.isfinite(w64)
-                bad = ~(diff <= tol["atol"] + tol["rtol"] * ref_abs) | nonfinite
+                bad = ~(diff <= bounds["atol"] + bounds["rtol"] * ref_abs) | nonfinite
                 diff = torch.nan_to_num_(diff, nan=math.inf)  # |a - b| is NaN where either is
             n_bad = int(bad.sum())
             if n_bad and first is None:
@@ -88,30 +95,40 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, f
                 first = Mismatch(
                     output=i, index=[int(x) for x in index], expected=_fmt(wf[flat]), got=_fmt(gf[flat])
                 )
+                first_bounds = bounds
             mismatched += n_bad
             if diff.numel():
                 max_abs = max(max_abs, float(diff.max()))
                 max_rel = max(max_rel, float((diff / ref_abs.clamp_min(1e-30)).max()))
                 err_sq += float(torch.dot(diff, diff))
                 ref_sq += float(torch.dot(ref_abs, ref_abs))
-    rel_norm = math.sqrt(err_sq) / math.sqrt(ref_sq) if ref_sq > 0 else (0.0 if err_sq == 0 else math.inf)
+        # an all-zero reference output has no relative norm: the elementwise test alone judges it
+        zero_ref = 0.0 if err_sq == 0 else math.nan
+        norms.append(math.sqrt(err_sq) / math.sqrt(ref_sq) if ref_sq > 0 else zero_ref)
+    judged = [(i, n) for i, n in enumerate(norms) if not math.isnan(n)]
     fields = {
         "max_abs_error": max_abs,
         "max_rel_error": max_rel,
-        "rel_norm_error": rel_norm,
+        "rel_norm_error": max((n for _, n in judged), default=0.0),
         "mismatched": mismatched,
         "first_mismatch": first,
     }
+    many = len(want.tensors) > 1
     if mismatched:
         total = sum(t.numel() for t in want.tensors)
         assert first is not None
+        where = f"output {first.output} " if many else ""
         return wrong(
-            f"{mismatched} of {total} elements differ; first at output {first.output} "
-            f"index {first.index}: expected {first.expected}, got {first.got}",
+            f"{mismatched} of {total} elements differ; first at {where}index {first.index}: "
+            f"expected {first.expected}, got {first.got} (bounds atol {first_bounds['atol']:.3g}, "
+            f"rtol {first_bounds['rtol']:.3g})",
             **fields,
         )
-    if not rel_norm <= tol["rel_norm"]:  # written so that NaN fails
-        return wrong(f"relative error norm {rel_norm:.3g} exceeds {tol['rel_norm']:.3g}", **fields)
+    for i, n in judged:
+        bound = output_bounds(tol, i)["rel_norm"]
+        if not n <= bound:  # written so that NaN fails
+            what = f"of output {i} " if many else ""
+            return wrong(f"relative error norm {what}{n:.3g} exceeds {bound:.3g}", **fields)
     return RankResult(rank=rank, trial=trial, state="pass", **fields)  # type: ignore[arg-type]
 
 

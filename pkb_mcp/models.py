@@ -47,7 +47,8 @@ class Result(BaseModel):
 
 RankState = Literal["pass", "wrong", "error", "crashed", "timeout", "aborted", "exited"]
 Verdict = Literal["pass", "fail", "timeout"]
-# "suspect": every output was right but the time is below the physical floor, so it is not credited
+# "suspect": every output was right but the time is not credited: below the physical floor, or much
+# faster on input sets seen before than on fresh ones
 BenchVerdict = Literal["pass", "fail", "timeout", "suspect"]
 
 
@@ -69,9 +70,9 @@ class InputSpec(Result):
 
 
 class Traffic(Result):
-    nvlink_bytes: float = Field(description="bytes each GPU sends (= receives) over NVLink")
-    hbm_bytes: float = Field(description="bytes each GPU reads plus writes in HBM")
-    flops: float = Field(description="floating-point operations per GPU")
+    nvlink_bytes: float = Field(description="per GPU, each way")
+    hbm_bytes: float = Field(description="per GPU, read + write")
+    flops: float = Field(description="per GPU")
     rounds: float = Field(description="dependent communication steps")
 
 
@@ -82,7 +83,7 @@ class ProblemDetail(ProblemSummary):
     size_preset: str
     size: dict[str, object]
     sizes: dict[str, dict[str, object]]
-    tolerance: dict[str, float]
+    tolerance: dict[str, Any] = Field(description="each output's; 'outputs': own, by index")
     mutates_inputs: bool
     inputs: list[InputSpec] = Field(description="rank 0's inputs at this world size and size preset")
     traffic: Traffic
@@ -103,7 +104,7 @@ class RankResult(Result):
     message: str = ""
     max_abs_error: float | None = None
     max_rel_error: float | None = None
-    rel_norm_error: float | None = Field(None, description="‖out−ref‖ / ‖ref‖ over all outputs")
+    rel_norm_error: float | None = None
     mismatched: int | None = None
     first_mismatch: Mismatch | None = None
     traceback: str | None = None
@@ -163,13 +164,17 @@ class TimingStats(Result):
     placement_spread: float | None = None
     jobs: int = 1
     job_spread: float | None = Field(None, description="sd of log(median) between jobs")
+    fresh_calls: int = 0
+    fresh_median_ms: float | None = None
+    replay_advantage: float | None = None
+    replay_advantage_p: float | None = None
 
 
 class Ceilings(Result):
-    nvlink_gbps: float = Field(description="peer copy bandwidth per GPU, one direction, GB/s")
-    hbm_gbps: float = Field(description="HBM copy bandwidth counting read + write, GB/s")
+    nvlink_gbps: float = Field(description="per GPU, each way")
+    hbm_gbps: float = Field(description="read + write")
     tflops: dict[str, float] = Field(description="peak rate per dtype, TFLOP/s")
-    round_latency_us: float = Field(description="cost of one dependent communication step")
+    round_latency_us: float = Field(description="per dependent step")
     source: str
 
 
@@ -207,7 +212,7 @@ class BenchResult(Result):
     size: str
     device: str
     verdict: BenchVerdict = Field(
-        description="suspect: outputs right but the time is below the physical floor, not credited"
+        description="suspect: outputs right, not credited (below_floor or faster_on_seen_inputs)"
     )
     message: str
     reference: TimingStats | None = None
@@ -217,6 +222,9 @@ class BenchResult(Result):
     speedup_high: float | None = Field(None, description="reference q3 / candidate q1")
     roofline: FloorPlacement | None = None
     below_floor: bool = Field(False, description="the candidate's median is below the roofline floor")
+    fresh_speedup: float | None = None
+    seen_inputs_advantage: float | None = None
+    faster_on_seen_inputs: bool = False
     within_noise: bool | None = Field(
         None, description="on GPUs: within the spread of identical code between runs, so no evidence"
     )

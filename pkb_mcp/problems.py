@@ -24,6 +24,7 @@ from pkb_mcp.errors import UserError
 FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.py$")
 REQUIRED_PRESETS = ("pkb", "large")
 TRAFFIC_KEYS = ("nvlink_bytes", "hbm_bytes", "flops")
+BOUNDS = ("atol", "rtol", "rel_norm")
 
 
 class ProblemFormatError(ValueError):
@@ -41,7 +42,8 @@ class Problem:
     dtype: str
     world_sizes: str
     sizes: dict[str, dict[str, Any]]
-    tolerance: dict[str, float]
+    tolerance: dict[str, float]  # every output's bounds ...
+    output_tolerances: dict[int, dict[str, float]]  # ... except these outputs' own
     mutates_inputs: bool
     path: Path
     module: ModuleType
@@ -49,6 +51,13 @@ class Problem:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def bounds(self) -> dict[str, Any]:
+        """The tolerance as the judge and the worker read it (harness.timing.output_bounds)."""
+        if not self.output_tolerances:
+            return dict(self.tolerance)
+        return {**self.tolerance, "outputs": dict(self.output_tolerances)}
 
     @property
     def signature(self) -> str:
@@ -134,9 +143,21 @@ def load_problem(path: Path) -> Problem:
         if not isinstance(sizes.get(preset), dict):
             raise ProblemFormatError(f"{path.name}: SIZES needs a {preset!r} preset")
     tolerance = need("TOLERANCE", dict)
-    for key in ("atol", "rtol", "rel_norm"):
-        if not isinstance(tolerance.get(key), (int, float)) or tolerance[key] < 0:
-            raise ProblemFormatError(f"{path.name}: TOLERANCE needs a non-negative {key!r}")
+    own = tolerance.get("outputs", {})
+    if not isinstance(own, dict) or not all(type(i) is int and i >= 0 for i in own):
+        raise ProblemFormatError(
+            f"{path.name}: TOLERANCE['outputs'] maps output indices (0, 1, ...) to bounds"
+        )
+    extra = set(tolerance) - {*BOUNDS, "outputs"}
+    if extra:
+        raise ProblemFormatError(f"{path.name}: TOLERANCE has unknown keys {sorted(extra)}")
+    checked = [("TOLERANCE", tolerance), *((f"TOLERANCE['outputs'][{i}]", b) for i, b in own.items())]
+    for where, bounds in checked:
+        if not isinstance(bounds, dict) or (where != "TOLERANCE" and set(bounds) != set(BOUNDS)):
+            raise ProblemFormatError(f"{path.name}: {where} must be a dict of exactly {', '.join(BOUNDS)}")
+        for key in BOUNDS:
+            if not isinstance(bounds.get(key), (int, float)) or bounds[key] < 0:
+                raise ProblemFormatError(f"{path.name}: {where} needs a non-negative {key!r}")
     if not (module.__doc__ or "").strip():
         raise ProblemFormatError(
             f"{path.name}: needs a docstring saying what it computes and where it is from"
@@ -151,7 +172,8 @@ def load_problem(path: Path) -> Problem:
         dtype=dtype,
         world_sizes=need("WORLD_SIZES", str),
         sizes=sizes,
-        tolerance={k: float(tolerance[k]) for k in ("atol", "rtol", "rel_norm")},
+        tolerance={k: float(tolerance[k]) for k in BOUNDS},
+        output_tolerances={i: {k: float(b[k]) for k in BOUNDS} for i, b in sorted(own.items())},
         mutates_inputs=bool(getattr(module, "MUTATES_INPUTS", False)),
         path=path.resolve(),
         module=module,

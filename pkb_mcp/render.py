@@ -145,6 +145,15 @@ def bench(r: BenchResult) -> str:
         lines.append(rank_table(r.ranks))
     if r.speedup is not None:
         lines.append(f"speedup {r.speedup:.3f}x (quartile range {r.speedup_low:.3f}-{r.speedup_high:.3f})")
+    fresh = [
+        f"{label} {s.fresh_calls} calls, median {s.fresh_median_ms:.4g} ms, replay advantage "
+        f"{s.replay_advantage:.2f}"
+        for label, s in (("reference", r.reference), ("candidate", r.candidate))
+        if s is not None and s.fresh_median_ms is not None and s.replay_advantage is not None
+    ]
+    if fresh:
+        on_fresh = f"; speedup on them {r.fresh_speedup:.3f}x" if r.fresh_speedup is not None else ""
+        lines.append("fresh inputs: " + "; ".join(fresh) + on_fresh)
     if r.roofline is not None:
         roof = r.roofline
         pct = f", {roof.pct_of_floor:.1f}% of floor" if roof.pct_of_floor is not None else ""
@@ -169,7 +178,9 @@ def show(d: ProblemDetail) -> str:
             d.description,
             "",
             f"contract: {d.signature}",
-            f"world sizes: {d.world_sizes}; dtype {d.dtype}; tolerance {d.tolerance}",
+            f"world sizes: {d.world_sizes}; dtype {d.dtype}; tolerance of each output "
+            + str({k: v for k, v in d.tolerance.items() if k != "outputs"})
+            + "".join(f"; output {i}: {b}" for i, b in (d.tolerance.get("outputs") or {}).items()),
             "sizes: " + "; ".join(f"{k} {v}" for k, v in d.sizes.items()),
             f"inputs per rank at world size {d.world_size}, size {d.size_preset}:",
             table(inputs, ["arg", "shape", "dtype", "value"]),

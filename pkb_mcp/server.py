@@ -363,7 +363,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CompileOutput]:
         """Build CUDA for sm_90a in the sandbox: errors by line, registers/smem/spills per kernel; a
-        solution's load_inline extensions are checked and built once for later checks."""
+        solution's load_inline extensions are also built for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
         file = tools.solution_file(source, path, suffixes)
         job_id = tools.scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0, "sandbox": "auto"})
@@ -446,7 +446,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
 
     @mcp.tool(annotations=READ_ONLY)
     def job_status(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
-        """Where a job stands: queued, running (with progress), done, failed or cancelled."""
+        """Where a job stands, with its progress."""
         with tool_errors():
             return scheduler.get(job_id)
 
@@ -472,7 +472,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         )
     )
     def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
-        """Cancel a queued or running job; its processes are killed. A finished job is left as it is."""
+        """Cancel a queued or running job (its processes are killed)."""
         with tool_errors():
             return scheduler.cancel(job_id)
 

@@ -32,6 +32,7 @@ from pkb_mcp.models import (
     RooflineResult,
     SandboxInfo,
     StaticReport,
+    TimingStats,
     Traffic,
 )
 from sandbox import SandboxUnavailable, select_backend
@@ -43,10 +44,7 @@ MAX_TRIALS = 100
 MAX_PLACEMENTS = 16
 MAX_JOBS = 8
 # what `jobs` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
-JOBS_HELP = (
-    "separate jobs per side, reference and candidate alternating: more jobs resolve smaller differences, "
-    "at a job start each (docs/measurement.md)"
-)
+JOBS_HELP = "separate jobs per side, alternating: more resolve smaller differences (docs/measurement.md)"
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible
 # (the slack covers traffic models that round up and ceilings a kernel can beat a little).
@@ -108,7 +106,7 @@ def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> Prob
         size_preset=size,
         size=p.size(size),
         sizes=p.sizes,
-        tolerance=p.tolerance,
+        tolerance=p.bounds,
         mutates_inputs=p.mutates_inputs,
         inputs=[InputSpec(**spec) for spec in p.input_shapes(world_size, size)],
         traffic=Traffic(
@@ -325,7 +323,7 @@ class _Run:
             size=self.problem.size(self.size),
             dtype=self.problem.dtype,
             seeds=seeds,
-            tolerance=self.problem.tolerance,
+            tolerance=self.problem.bounds,
             timeout_s=self.timeout_s,
             timing=timing,
             threads_per_rank=threads,
@@ -408,12 +406,17 @@ def _judge(
     cand: JobOutcome,
     ref: JobOutcome,
     mac_key: bytes | None = None,
+    fresh: bool = False,
 ) -> list[RankResult]:
-    """Each rank's worst outcome over the trials (or timed input sets), in rank order.
+    """Each rank's worst outcome over the trials (or timed input sets; with `fresh`, the timed calls
+    on fresh input sets), in rank order.
 
     With `mac_key` (derived from the job's secret seeds), every candidate output file must carry the
     keyed digest the harness wrote into it: a file rewritten after the harness wrote it is rejected.
     """
+    wants = ref.fresh_outputs if fresh else ref.outputs
+    gots = cand.fresh_outputs if fresh else cand.outputs
+    errors = cand.fresh_output_errors if fresh else cand.output_errors
     results = []
     for rank in range(world_size):
         fate = cand.ranks[rank]
@@ -422,15 +425,15 @@ def _judge(
             continue
         worst: RankResult | None = None
         for key in keys:
-            want = ref.outputs.get((key, rank))
-            got = cand.outputs.get((key, rank))
+            want = wants.get((key, rank))
+            got = gots.get((key, rank))
             if want is None:
                 raise UserError(
                     f"the reference of problem {p.id} left no output for rank {rank}; "
                     "the job directory may be full"
                 )
             if got is None:
-                err = cand.output_errors.get((key, rank), "no output file")
+                err = errors.get((key, rank), "no output file")
                 res = RankResult(rank=rank, trial=key, state="wrong", message=f"unreadable output: {err}")
             elif mac_key is not None and not tensorfile.verify(mac_key, got.structure, got.tensors, got.meta):
                 res = RankResult(
@@ -441,7 +444,7 @@ def _judge(
                     "file); results are written by the harness only",
                 )
             else:
-                res = judge.compare(rank, key, got, want, p.tolerance)
+                res = judge.compare(rank, key, got, want, p.bounds)
             if worst is None or RANK_STATE_ORDER.index(res.state) > RANK_STATE_ORDER.index(worst.state):
                 worst = res
             if res.state != "pass":
@@ -566,6 +569,20 @@ def floor_message(time_ms: float, roof: RooflineResult, speed: float) -> str:
     )
 
 
+def seen_inputs_message(ref: TimingStats, cand: TimingStats, speed: float, fresh_speed: float | None) -> str:
+    """Why a candidate much faster on inputs it has seen is not credited, with the figures."""
+    assert cand.replay_advantage is not None and cand.fresh_median_ms is not None
+    relative = stats.seen_inputs_advantage(ref, cand)
+    on_fresh = f"; on fresh inputs it measured {fresh_speed:.3f}x" if fresh_speed else ""
+    return (
+        f"not credited: the candidate is {relative:.2f}x faster on input sets it has seen than on fresh "
+        f"ones (fresh calls: median {cand.fresh_median_ms:.4g} ms over {cand.fresh_calls}, each "
+        f"{cand.replay_advantage:.2f}x its replayed neighbours at the median, sign test p = "
+        f"{cand.replay_advantage_p:.2g}): outputs memoized by input values? (measured {speed:.3f}x the "
+        f"reference{on_fresh})"
+    )
+
+
 # How each side of a benchmark is sampled (harness/timing.py). On GPUs the L2 is also flushed before
 # every timed call (its size is read from the device), so a handful of distinct input sets is enough
 # (each one is judged on the host).
@@ -579,6 +596,11 @@ GPU_TIMING: dict[str, Any] = {
     "precision": 0.005,
     "max_sets": 8,
     "rotation_bytes": 8 << 30,
+    # timed calls on fresh input sets (docs/measurement.md): at least fresh_min before precision may
+    # stop a job, at most fresh_max, and no more than fit in fresh_bytes of outputs per rank
+    "fresh_min": 8,
+    "fresh_max": 24,
+    "fresh_bytes": 1 << 30,
 }
 CPU_TIMING: dict[str, Any] = {
     "warmup_ms": 20.0,
@@ -591,6 +613,9 @@ CPU_TIMING: dict[str, Any] = {
     "l2_bytes": 32 << 20,
     "max_sets": 4,
     "rotation_bytes": 1 << 30,
+    "fresh_min": 8,
+    "fresh_max": 16,
+    "fresh_bytes": 128 << 20,
 }
 
 
@@ -667,7 +692,11 @@ def bench(
     def job_of(job: int) -> str:
         return f" (job {job + 1} of {jobs})" if jobs > 1 else ""
 
-    ref_request = run.request("benchmark", p.path, seeds, tcfg)
+    def job_timing(job: int, reference: bool) -> dict[str, Any]:
+        # each job's fresh input sets are its own; the reference's job makes outputs for all of them
+        return {**tcfg, "fresh_label": f"job{job}", "fresh_top_up": reference}
+
+    ref_request = run.request("benchmark", p.path, seeds, job_timing(0, True))
     # every job gets a sandbox started ahead: none may start while the other side is timed
     ahead = (
         f"starting a sandbox for each of the {2 * jobs} jobs, then " if pool is not None and jobs > 1 else ""
@@ -679,13 +708,16 @@ def bench(
         for job in range(jobs):
             if job:
                 progress(2 * job, steps, f"timing the reference{job_of(job)}")
-            ref_outcome = run_job(ref_request, run.backend, cancel)
+            ref_outcome = run_job(
+                run.request("benchmark", p.path, seeds, job_timing(job, True)), run.backend, cancel
+            )
             if not ref_outcome.ok or ref_outcome.timing is None:
                 raise _reference_failed(p, ref_outcome)
             ref_records.append(ref_outcome.timing)
             so_far = stats.summarize(stats.pool_jobs(ref_records))[0].median_ms
             progress(2 * job + 1, steps, f"reference: {so_far:.4g} ms; timing the candidate{job_of(job)}")
-            cand_outcome = run_job(run.request("benchmark", run.solution, seeds, tcfg), run.backend, cancel)
+            cand_request = run.request("benchmark", run.solution, seeds, job_timing(job, False))
+            cand_outcome = run_job(cand_request, run.backend, cancel)
             ran.append((ref_outcome, cand_outcome))
             if not cand_outcome.ok:
                 break  # judged below: the first failure decides
@@ -701,6 +733,19 @@ def bench(
         if refused is not None:
             return result(refused[0], refused[1] + job_of(job), **fields)
         assert cand_outcome.timing is not None
+        # every timed call on a fresh input set is judged too: right on the replayed sets is not enough
+        timed = int(cand_outcome.timing.get("fresh_timed", 0))
+        fresh_keys = [int(k) for k in cand_outcome.timing.get("fresh_judged", []) if int(k) < timed]
+        fresh_ranks = _judge(p, world_size, fresh_keys, cand_outcome, ref_outcome, mac_key, fresh=True)
+        verdict, why = _verdict(fresh_ranks)
+        if verdict != "pass":
+            fields["ranks"] = fresh_ranks
+            return result(
+                verdict,
+                f"wrong on a fresh input set (a timed call on inputs never seen before; the trial number "
+                f"is the fresh call's){job_of(job)}: {why}",
+                **fields,
+            )
         cand_records.append(cand_outcome.timing)
     cand_stats, warnings = stats.summarize(stats.pool_jobs(cand_records))
     run.warnings.extend(warnings)
@@ -724,6 +769,15 @@ def bench(
             f"; {jobs} jobs per side, their medians spread {spreads[0]:.1%} (candidate) and "
             f"{spreads[1]:.1%} (reference)"
         )
+    if cand_stats.fresh_median_ms and ref_stats.fresh_median_ms:
+        fields["fresh_speedup"] = ref_stats.fresh_median_ms / cand_stats.fresh_median_ms
+    fields["seen_inputs_advantage"] = stats.seen_inputs_advantage(ref_stats, cand_stats)
+    limit = stats.REPLAY_ADVANTAGE_LIMIT.get(run.device, stats.REPLAY_ADVANTAGE_LIMIT["cpu"])
+    if (ref_stats.replay_advantage or 0.0) > limit:
+        run.warnings.append(
+            f"the reference itself is {ref_stats.replay_advantage:.2f}x faster on replayed input sets "
+            "than on fresh ones: the check for memoized outputs is weaker on this problem here"
+        )
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
     else:
@@ -743,6 +797,10 @@ def bench(
                     f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
                     f"{roof.floor_ms:.4g} ms: the measurement is suspect"
                 )
+    if stats.faster_on_seen_inputs(ref_stats, cand_stats, run.device):
+        verdict = "suspect"
+        fields["faster_on_seen_inputs"] = True
+        message = seen_inputs_message(ref_stats, cand_stats, speed, fields.get("fresh_speedup"))
     progress(steps, steps, f"speedup {speed:.3f}x")
     return result(
         verdict,

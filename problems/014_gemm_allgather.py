@@ -9,7 +9,9 @@ torch.matmul does), where columns r*N/W .. (r+1)*N/W come from rank r's shard.
 Source: Megatron-LM ColumnParallelLinear with gather_output (ParallelKernelBench problem 14). The
 sizes are the original's: A [1024, 512] and N = 1024 split over the ranks (B_local [512, 128] at 8
 ranks). The gathered blocks are column blocks, so a plain all-gather (which stacks row blocks) needs
-a transpose into place afterwards; a custom kernel can write each block where it belongs.
+a transpose into place afterwards; a custom kernel can write each block where it belongs. Since A is
+on every rank, gathering the weight shards instead (and computing all of C locally) moves K x N/W
+instead of M x N/W elements per peer: the roofline's floor takes the cheaper (traffic()).
 """
 
 import torch.distributed as dist
@@ -61,14 +63,20 @@ def solution(a, b_local):
 
 
 def traffic(ctx):
-    """Per GPU: its [M, N/W] block of the output goes to each of the W-1 peers."""
+    """Per GPU, each field the minimum over the two schedules a solution may choose (so the floor is
+    no larger than either's):
+    - gather the output (the reference): its [M, N/W] block of C goes to each of the W-1 peers;
+    - gather the weight: its [K, N/W] shard of B goes to each of the W-1 peers, and each rank then
+      multiplies the replicated A by the whole B (W times the FLOPs, no output exchange).
+    The weight is the smaller message whenever K < M (the pkb size: half the bytes).
+    """
     w = ctx.world_size
     m, k, n = ctx.size["m"], ctx.size["k"], ctx.size["n"]
     isz = ctx.dtype.itemsize
     return {
-        "nvlink_bytes": (w - 1) * m * (n // w) * isz,
-        # read A and the weight shard, write the whole [M, N] output once
+        "nvlink_bytes": (w - 1) * min(m, k) * (n // w) * isz,
+        # read A and the weight shard, write the whole [M, N] output once (gathering the output)
         "hbm_bytes": (m * k + k * (n // w) + m * n) * isz,
-        "flops": 2 * m * (n // w) * k,
+        "flops": 2 * m * (n // w) * k,  # gathering the output: this rank's columns only
         "rounds": 1,
     }

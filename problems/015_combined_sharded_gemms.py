@@ -82,8 +82,14 @@ def solution(x_local, w1_local, w2_local):
 
 
 def traffic(ctx):
-    """Per GPU: its x shard to each of the W-1 peers, then each foreign row block of its partial
-    product to that block's owner; the second step depends on the first (two rounds).
+    """Per GPU, each field the minimum over the two schedules a solution may choose (so the floor is
+    no larger than either's):
+    - the reference's: its x shard [M/W, H] to each of the W-1 peers, then each foreign row block
+      of its partial product [M/W, H] to that block's owner; the second step depends on the first
+      (two rounds);
+    - gather the weights: its shards w1_local [H, F/W] and w2_local [F/W, H] to each of the W-1
+      peers in one round, then the whole MLP on its own M/W tokens (the same FLOPs, no sum).
+    The weights are the smaller message whenever F < M (the pkb size: half the bytes).
 
     HBM: read x_local and both weight shards, write y_local. The gathered x, the SiLU output and the
     partial products are intermediates a fused kernel could keep on chip or stream, so the floor
@@ -94,9 +100,9 @@ def traffic(ctx):
     f_local = ffn // w
     isz = ctx.dtype.itemsize
     return {
-        "nvlink_bytes": 2 * (w - 1) * (m // w) * hidden * isz,
+        "nvlink_bytes": 2 * (w - 1) * min(m // w, f_local) * hidden * isz,
         "hbm_bytes": (2 * (m // w) * hidden + 2 * hidden * f_local) * isz,
-        # both GEMMs over all M tokens, SiLU (about 4 flops per element), this rank's share of the sum
-        "flops": 4 * m * hidden * f_local + 4 * m * f_local + (w - 1) * (m // w) * hidden,
-        "rounds": 2,
+        # both GEMMs over all M tokens and SiLU (about 4 flops per element), with this rank's shards
+        "flops": 4 * m * hidden * f_local + 4 * m * f_local,
+        "rounds": 1,
     }

@@ -7,7 +7,9 @@ B_local [K/W, N]. Rank r must return rows r*M/W .. (r+1)*M/W of sum_s A_s @ B_s,
 rank's partial product in bf16 (float32 accumulation), summed over ranks.
 
 Source: Megatron-LM sequence-parallel RowParallelLinear (ParallelKernelBench problem 16). The
-sizes are the original's: K = 512 and M = 1024 split over the ranks.
+sizes are the original's: K = 512 and M = 1024 split over the ranks. At these sizes sending each
+rank A's rows it owns plus the B shard moves fewer bytes than reduce-scattering the [M, N] partial
+products: the roofline's floor takes the cheaper (traffic()).
 """
 
 import torch.distributed as dist
@@ -59,14 +61,24 @@ def solution(a_local, b_local):
 
 
 def traffic(ctx):
-    """Per GPU: each of the W-1 foreign row blocks of its partial product goes to its owner."""
+    """Per GPU, each field the minimum over the two schedules a solution may choose (so the floor is
+    no larger than either's):
+    - reduce-scatter the partial products (the reference): each of the W-1 foreign row blocks
+      [M/W, N] of its partial product goes to its owner;
+    - gather the inputs of one's own rows: to each peer, the peer's rows of A_local [M/W, K/W] and
+      the whole B_local [K/W, N]; each rank then computes its [M/W, N] rows over all of K.
+    The second is the smaller message whenever M K / W + K N < M N (the pkb size at W = 4: 1.6x
+    fewer bytes); both take one round and the same GEMM FLOPs.
+    """
     w = ctx.world_size
     m, k, n = ctx.size["m"], ctx.size["k"], ctx.size["n"]
     k_local = k // w
     isz = ctx.dtype.itemsize
+    reduce_scatter = (w - 1) * (m // w) * n
+    gather_inputs = (w - 1) * ((m // w) * k_local + k_local * n)
     return {
-        "nvlink_bytes": (w - 1) / w * m * n * isz,
+        "nvlink_bytes": min(reduce_scatter, gather_inputs) * isz,
         "hbm_bytes": (m * k_local + k_local * n + m // w * n) * isz,  # read A and B, write the block
-        "flops": 2 * m * n * k_local + (w - 1) / w * m * n,  # the local GEMM plus summing its row block
+        "flops": 2 * m * n * k_local,  # the GEMM work of one rank, either way
         "rounds": 1,
     }

@@ -15,7 +15,7 @@ reciprocal or an approximate division, or as x * (448 / amax); whenever x / scal
 few float32 units of a rounding midpoint between two FP8 values, that flips the code by one step
 (measured: about 0.1% of the codes for bf16 inputs, where exact midpoints are common). Those flips
 are allowed; a wrong block shape, a wrong FP8 maximum or quantizing with a scale half a percent off
-is not (see TOLERANCE).
+is not, nor is a scale off by more than a few float32 units (see TOLERANCE).
 
 Source: DeepSeek-V3 block FP8 quantization, a Triton kernel (ParallelKernelBench problem 19). Unlike
 the original, each row of x has its own random magnitude (so block scales differ and are O(1), which a
@@ -39,12 +39,21 @@ SIZES = {
 }
 BLOCK = 128
 FP8_MAX = 448.0
-# One FP8 e4m3 step is at most 1/8 of the value it rounds from (3 mantissa bits), and 2^-9 below the
-# smallest normal: rtol 1/8 and atol 2^-9 let every code move by one step where rounding differs.
-# Scales are O(1) by construction, so rtol also binds them. The relative norm over both outputs is
-# about 0.002 for the legitimate variants above and 0.02 for scales 0.5% off, which move a large
-# share of the codes by a step.
-TOLERANCE = {"atol": 2.0**-9, "rtol": 0.125, "rel_norm": 0.01}
+# Each output on its own bounds (issue 17: together, the codes, up to 448, hid scales 10% off).
+# Codes: one FP8 e4m3 step is at most 1/8 of the value it rounds from (3 mantissa bits), and 2^-9
+# below the smallest normal: rtol 1/8 and atol 2^-9 let every code move by one step where rounding
+# differs. Their relative norm is 0.0027 for the reciprocal variant (tests/candidates/legit/
+# 019_reciprocal.py; docs/scripts/tolerance_study.py, W = 2 and 4) and about 0.02 for scales 0.5%
+# off, which move a large share of the codes by a step.
+# Scales (output 0): amax / 448 in float32; a reciprocal or an approximate division moves a scale
+# by a float32 unit or two (measured: 1.2e-7 relative at most, relative norm 6e-8), so 2e-6 is a
+# margin of more than 10x and any scale that is off by more than that fails.
+TOLERANCE = {
+    "atol": 2.0**-9,
+    "rtol": 0.125,
+    "rel_norm": 0.01,
+    "outputs": {0: {"atol": 0.0, "rtol": 2e-6, "rel_norm": 2e-6}},
+}
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single; both run the same collective.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -29,7 +29,7 @@ checked and repeated calls shrank them by 4x each until they underflowed; here t
 gradients are returned as new tensors and the inputs are left alone. The gradients have a random
 per-rank RMS in [1.5, 3) and max_norm = sqrt(number of gradient elements over all ranks), so
 clipping always happens and the clipped gradients have an RMS of 1. The total norm is large
-(about 2.3 * max_norm); it is judged by the relative tolerance.
+(about 2.3 * max_norm); it is judged on bounds of its own (TOLERANCE).
 """
 
 import math
@@ -51,12 +51,22 @@ SIZES = {
 }
 EPS = 1e-6
 L2_BYTES = 50 * 2**20  # H200 L2 cache, for the memory floor in traffic()
-# The clipped gradients are O(1) (RMS 1). Correct solutions differ in the float32 summation order
-# of the norm (~1e-5 relative or less), in whether the coefficient is rounded to bf16 before the
-# multiply (up to 2^-9 relative, the same for every element; torch may do either, by device) and
-# in the rounding of each product to bf16 (a unit in the last place): together below 0.3% in norm.
-# The total norm (about 2.3 * max_norm) is judged by rtol.
-TOLERANCE = {"atol": 0.02, "rtol": 0.02, "rel_norm": 0.005}
+# Each output on its own bounds (issue 17: the total norm, some 5800 at the pkb size, outweighed
+# the clipped gradients, and a clip coefficient 1.2% off passed behind it).
+# Clipped gradients (O(1), RMS 1): correct solutions differ in whether the coefficient is rounded to
+# bf16 before the multiply (up to 2^-9 relative, the same for every element; torch does either, by
+# device) and in the rounding of each product to bf16 (one unit in the last place where the two
+# roundings part): measured up to a relative norm of 0.0028 and 0.62% per element
+# (tests/candidates/legit/022_coef_bf16.py; docs/scripts/tolerance_study.py, W = 2 and 4). A
+# coefficient 1.2% off is 0.012 (tests/adversarial/clip_ep_coefficient_off.py) and fails both bounds.
+# Total norm (output 0, float32): summation order and precision (float32 or float64) move it by
+# 4e-5 relative at most (measured); 2e-4 leaves a margin of 5x.
+TOLERANCE = {
+    "atol": 0.01,
+    "rtol": 0.01,
+    "rel_norm": 0.007,
+    "outputs": {0: {"atol": 0.0, "rtol": 2e-4, "rel_norm": 2e-4}},
+}
 
 _GROUPS = {}  # world size -> (EP group, EP-FSDP group) of this rank
 

@@ -67,7 +67,19 @@ GRAD_RMS = 0.03  # RMS of the averaged gradient with these data (measured), the 
 # update), ~1e-5 of their size. Together ~2e-4 in norm at the pkb size, ~4e-4 at the large one (the
 # moments weigh more there, against smaller weights). Skipping the step moves the parameters by ~10%;
 # skipping the weight decay changes the outputs by ~0.25% in norm: both fail.
-TOLERANCE = {"atol": 5e-4, "rtol": 0.02, "rel_norm": 1e-3}
+# Each output is judged on its own (issue 17). The moments carry the gradient's error less diluted
+# than the parameters: a float32 pipeline (docs/scripts/tolerance_study.py, W = 2, 4, 8) differs
+# from the reference by a relative norm of up to m 1.1e-3 and v 3e-3 in the outputs (param, m, v);
+# their bounds of their own leave about 2.5x that.
+TOLERANCE = {
+    "atol": 0.0005,
+    "rtol": 0.02,
+    "rel_norm": 0.001,
+    "outputs": {
+        1: {"atol": 0.0005, "rtol": 0.02, "rel_norm": 0.003},
+        2: {"atol": 0.0005, "rtol": 0.02, "rel_norm": 0.008},
+    },
+}
 
 # torch 2.13 renamed all_gather_into_tensor and reduce_scatter_tensor to all_gather_single and
 # reduce_scatter_single; the old and new names run the same collectives.

@@ -92,17 +92,23 @@ def solution(logits_local, target):
 
 
 def traffic(ctx):
-    """Per GPU: two float32 values per token to every peer, in one step.
-
-    Each rank can send its local log-sum-exp (max plus log of the shifted sum) and, from the owner,
-    the target's logit; every rank then combines the W log-sum-exps itself, so one exchange suffices
-    (the reference takes two). HBM: read the logits once, the targets once, write the losses.
+    """Per GPU, each field the minimum over the schedules a solution may choose (so the floor is no
+    larger than any of theirs):
+    - all-gather (one round): each rank sends its local log-sum-exp of every token and, where it
+      owns the target, the target's logit: two float32 values a token to every peer, (W-1) x 8 bytes
+      a token;
+    - combine at the owner (two rounds): for each token, every other rank sends its local
+      log-sum-exp (4 bytes) to the rank that owns the token's target, which holds the target's
+      logit, computes the loss and sends it (4 bytes) to every peer. With targets spread evenly over
+      the vocabulary a rank owns 1/W of them: (W-1)/W x 8 bytes a token, W times fewer.
+    The reference all-reduces twice (the maximum, then the sums). HBM: read the logits once, the
+    targets once, write the losses.
     """
     w = ctx.world_size
     tokens = ctx.size["batch"] * ctx.size["seq"]
     elems = tokens * (ctx.size["vocab"] // w)
     return {
-        "nvlink_bytes": (w - 1) * tokens * 8,
+        "nvlink_bytes": (w - 1) / w * tokens * 8,
         "hbm_bytes": elems * ctx.dtype.itemsize + tokens * 8 + tokens * 4,
         "flops": 4 * elems,  # compare for the max, subtract, exponentiate, add
         "rounds": 1,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import render, roofline, service
+from pkb_mcp import render, roofline, service, stats
 from pkb_mcp.models import BenchResult, SandboxInfo
 
 from .conftest import CANDIDATES, CEIL, docker_client, job_processes
@@ -95,6 +95,45 @@ def test_every_placement_s_timed_outputs_are_checked(isolated_dirs):
     assert_clean(isolated_dirs)
 
 
+def test_outputs_memoized_by_input_values_are_not_credited(isolated_dirs):
+    """Issue 17: a cache keyed on a few input values is always right (a miss computes), survives the
+    buffer rotation, and hit on every replayed timed call: `pkb bench 1` credited 13.1x. Timed calls
+    on fresh input sets miss; the side much faster on inputs it has seen is named, not credited."""
+    r = bench(ADV / "memoized_by_values.py")
+    assert r.verdict == "suspect" and r.faster_on_seen_inputs, r.message
+    assert states(r) == ["pass", "pass"], "every judged output, fresh ones included, was right"
+    assert (
+        r.message.startswith("not credited: the candidate is")
+        and "faster on input sets it has seen" in r.message
+    )
+    assert r.seen_inputs_advantage > 3 and r.candidate.replay_advantage_p < stats.REPLAY_P
+    assert r.candidate.fresh_calls >= service.CPU_TIMING["fresh_min"]
+    assert r.speedup > 3 and r.fresh_speedup < r.speedup, "its figures are shown, fresh ones far lower"
+    assert "SUSPECT: not credited" in render.bench(r)
+    assert any("_cache" in s for s in r.static_report.suspicious)
+    assert_clean(isolated_dirs)
+
+
+def test_lazy_on_inputs_it_will_not_see_again_fails_on_a_fresh_set(isolated_dirs):
+    """Right on the first eight inputs (every judged trial and replayed set), zeros afterwards: the
+    fresh timed calls are judged too."""
+    c = check(ADV / "lazy_on_new_inputs.py", trials=5)
+    assert c.verdict == "pass", "five trials are among the first eight inputs"
+    r = bench(ADV / "lazy_on_new_inputs.py")
+    assert r.verdict == "fail" and r.speedup is None and states(r) == ["wrong", "wrong"], r.message
+    assert r.message.startswith("wrong on a fresh input set") and "elements differ" in r.message
+
+
+@pytest.mark.parametrize("candidate", ["reference", "caches_state.py"])
+def test_honest_state_kept_across_calls_is_not_flagged(candidate, isolated_dirs):
+    """The control: the reference, and a solution that keeps a process group and a buffer across
+    calls, run as fast on fresh input sets as on replayed ones."""
+    path = service.problems.resolve(1).path if candidate == "reference" else CANDIDATES / candidate
+    r = bench(path)
+    assert r.verdict == "pass" and not r.faster_on_seen_inputs, r.message
+    assert r.candidate.fresh_calls >= service.CPU_TIMING["fresh_min"] and r.fresh_speedup is not None
+
+
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_predicted_output_fails_on_random_inputs(world_size, isolated_dirs):
     r = check(ADV / "predicts_output.py", world_size=world_size, trials=1)
@@ -166,6 +205,36 @@ def test_computing_half_the_output_fails_at_the_second_half(isolated_dirs):
     r = check(ADV / "computes_subset.py", trials=1)
     assert r.verdict == "fail" and states(r) == ["wrong", "wrong"]
     assert r.ranks[0].first_mismatch.index[0] == 512  # the first row of the second half (1024 rows)
+
+
+@pytest.mark.parametrize(
+    ("pid", "candidate", "output"),
+    [
+        (19, "fp8_scales_off.py", 0),
+        (21, "clip_coefficient_off.py", None),
+        (22, "clip_ep_coefficient_off.py", None),
+    ],
+)
+def test_an_error_in_a_small_output_is_not_hidden_by_a_large_one(pid, candidate, output, isolated_dirs):
+    """Issue 17: each output on its own bounds. Wrong only in its small outputs (19: the scales 10%
+    off; 21, 22: the clipped gradients 1.2% off behind the total norm), each candidate passed when
+    one relative norm was taken over all outputs together. (Correct variants of the same problems
+    pass: tests/test_end_to_end.py::test_every_correct_variant_passes.)"""
+    r = check(ADV / candidate, pid=pid, trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
+    if output is not None:  # the scales are far outside their own elementwise bounds
+        assert r.ranks[0].first_mismatch.output == output and "rtol 2e-06" in r.message
+    else:  # the gradients: a share of elements beyond their own rtol, and 1.2% in norm (bound 0.007)
+        assert r.ranks[0].first_mismatch.output >= 1 and "rtol 0.01)" in r.message, r.message
+        assert 0.011 < r.ranks[0].rel_norm_error < 0.013, "the worst output's norm: a gradient's"
+
+
+def test_problem_86_in_lower_precision_than_its_contract_fails(isolated_dirs):
+    """bf16 GEMMs and a bf16 Gram all-reduce (half the bytes) are outside the float32 contract.
+    (float64, and gathering the momentum once with the Gram on the other side, pass:
+    tests/test_end_to_end.py::test_every_correct_variant_passes.)"""
+    r = check(ADV / "muon_low_precision.py", pid=86, trials=1)
+    assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
 
 
 # ---------------------------------------------------------------- patching the harness

@@ -21,8 +21,8 @@ def check(path, pid=1, trials=3):
     return service.check(pid, path, world_size=2, device="cuda", trials=trials, timeout_s=300)
 
 
-def bench(path, pid=1):
-    return service.bench(pid, path, world_size=2, device="cuda", timeout_s=300)
+def bench(path, pid=1, size="pkb"):
+    return service.bench(pid, path, world_size=2, device="cuda", size=size, timeout_s=300)
 
 
 def test_side_stream_work_is_judged_on_the_callers_stream():
@@ -67,7 +67,24 @@ def test_output_cached_by_data_pointer_fails_on_gpus():
 
 
 def test_honest_examples_are_not_suspect():
-    """The speed-of-light guard and the tamper checks leave honest fast solutions alone."""
+    """The speed-of-light guard, the fresh-input check and the tamper checks leave honest fast
+    solutions alone (001 keeps a symmetric-memory buffer across calls)."""
     examples = Path(__file__).resolve().parents[1] / "examples"
     r = bench(examples / "001_allreduce_symm_mem.py")
-    assert r.verdict == "pass" and not r.below_floor, r.message
+    assert r.verdict == "pass" and not r.below_floor and not r.faster_on_seen_inputs, r.message
+
+
+@pytest.mark.parametrize("size", ["pkb", "large"])
+@pytest.mark.parametrize("candidate", ["memoized_by_values.py", "gpu/memoized_burns_time.py"])
+def test_memoized_outputs_are_not_credited_on_gpus(candidate, size):
+    """Issue 17: outputs memoized by input values, plain (at large also below the floor) and burning
+    GPU time on a hit to stay above the floor; fresh timed calls miss."""
+    r = bench(ADV / candidate, size=size)
+    assert r.verdict == "suspect" and r.faster_on_seen_inputs, r.message
+    assert r.message.startswith("not credited: the candidate is")
+
+
+@pytest.mark.parametrize("size", ["pkb", "large"])
+def test_honest_state_kept_across_calls_is_not_flagged_on_gpus(size):
+    r = bench(Path(__file__).resolve().parent / "candidates" / "caches_state.py", size=size)
+    assert r.verdict == "pass" and not r.faster_on_seen_inputs, r.message

@@ -1,5 +1,10 @@
 """GPU paths (`python -m pytest -m gpu` on a GPU node): most need 2 GPUs; the one-GPU tests open
-problem 1 to a single rank."""
+problem 1 to a single rank.
+
+Each problem runs at the smallest world size its rule allows on this node (as tests/test_end_to_end.py
+does on CPU): 48, for instance, needs an even world size of 4 or more and is skipped, with its rule,
+on 2 GPUs.
+"""
 
 from pathlib import Path
 
@@ -14,12 +19,28 @@ two_gpus = pytest.mark.skipif(
 )
 one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def world_size_for(pid: int, size: str = "pkb", gpus: int = GPUS) -> int | None:
+    """The smallest world size from 2 to `gpus` that problem `pid`'s rule allows, or None."""
+    p = problems.suite()[pid]
+    return next((w for w in range(2, gpus + 1) if not p.world_size_error(w, size)), None)
+
+
+def world_size_or_skip(pid: int) -> int:
+    ws = world_size_for(pid)
+    if ws is None:
+        p = problems.suite()[pid]
+        pytest.skip(f"problem {pid} needs another world size than 2..{GPUS} GPUs allow ({p.world_sizes})")
+    return ws
 
 
 @two_gpus
 @pytest.mark.parametrize("pid", sorted(problems.suite()))
-def test_reference_passes_on_two_gpus(pid):
-    r = service.check(pid, problems.suite()[pid].path, world_size=2, device="cuda", trials=2)
+def test_reference_passes_on_gpus(pid):
+    ws = world_size_or_skip(pid)
+    r = service.check(pid, problems.suite()[pid].path, world_size=ws, device="cuda", trials=2)
     assert r.verdict == "pass", r.message
 
 
@@ -31,8 +52,10 @@ def test_wrong_example_fails_on_gpus():
 
 @two_gpus
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("[0-9][0-9][0-9]_*.py")))
-def test_examples_pass_on_two_gpus(example):
-    r = service.check(int(example[:3]), EXAMPLES / example, world_size=2, device="cuda", trials=3)
+def test_examples_pass_on_gpus(example):
+    pid = int(example[:3])
+    ws = world_size_or_skip(pid)
+    r = service.check(pid, EXAMPLES / example, world_size=ws, device="cuda", trials=3)
     assert r.verdict == "pass", r.message
 
 

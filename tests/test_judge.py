@@ -98,3 +98,45 @@ def test_error_norm_counts_every_chunk_identical_or_not(monkeypatch):
     want = float((got - ref).norm() / ref.norm())
     assert r.state == "pass" and math.isclose(r.rel_norm_error, want, rel_tol=1e-9)
     assert math.isclose(r.max_abs_error, float((got - ref).abs().max()), rel_tol=1e-9)
+
+
+def test_a_large_output_cannot_hide_an_error_in_a_small_one():
+    """Issue 17: pooled over both outputs, 2% off in the small one is 0.0002 in norm and passed; each
+    output on its own bounds, it is 0.02 of its own norm and fails, naming the output."""
+    big = torch.randn(10_000, dtype=torch.float64) * 100
+    small = torch.randn(100, dtype=torch.float64)
+    tol = {"atol": 1.0, "rtol": 0.1, "rel_norm": 0.005}
+    r = compare(0, 0, out(big.clone(), small * 1.02), out(big, small), tol)
+    assert r.state == "wrong" and r.mismatched == 0, "every element is inside the elementwise bounds"
+    assert "relative error norm of output 1 0.02 exceeds 0.005" in r.message
+    assert math.isclose(r.rel_norm_error, 0.02, rel_tol=1e-9), "the largest per-output figure"
+
+
+def test_an_output_may_have_bounds_of_its_own():
+    total = torch.tensor([5000.0], dtype=torch.float64)
+    grads = torch.randn(1000, dtype=torch.float64)
+    tol = {**TOL, "outputs": {0: {"atol": 0.0, "rtol": 1e-4, "rel_norm": 1e-4}}}
+    off = total * (1 + 1e-3)  # 0.1%: inside the default rtol, outside output 0's own
+    r = compare(0, 0, out(off, grads.clone()), out(total, grads), tol)
+    assert r.state == "wrong" and r.first_mismatch.output == 0 and "rtol 0.0001" in r.message
+    assert compare(0, 0, out(off, grads.clone()), out(total, grads), TOL).state == "pass"
+    json_keys = {**TOL, "outputs": {"0": tol["outputs"][0]}}  # the worker reads the bounds from JSON
+    assert compare(0, 0, out(off, grads.clone()), out(total, grads), json_keys).state == "wrong"
+
+
+def test_an_all_zero_reference_output_is_judged_elementwise_only():
+    zeros = torch.zeros(16, dtype=torch.float64)
+    ones = torch.ones(16, dtype=torch.float64)
+    r = compare(0, 0, out(ones.clone(), zeros + 0.001), out(ones, zeros), TOL)
+    assert r.state == "pass" and r.rel_norm_error == 0.0, "output 1 has no norm; output 0 is exact"
+    assert compare(0, 0, out(ones.clone(), zeros + 0.1), out(ones, zeros), TOL).state == "wrong"
+
+
+def test_timed_rechecks_use_each_output_s_bounds():
+    from harness.timing import output_bounds, outputs_match
+
+    tol = {**TOL, "outputs": {"1": {"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0}}}
+    assert output_bounds(tol, 0) is tol and output_bounds(tol, 1)["rtol"] == 0.0
+    a, b = torch.randn(8), torch.randn(8)
+    assert outputs_match([a + 0.001, b.clone()], [a, b], tol)
+    assert not outputs_match([a.clone(), b + 0.001], [a, b], tol), "output 1 is bit-exact"

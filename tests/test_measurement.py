@@ -286,3 +286,151 @@ def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, mov
     assert math.isclose(s["within_pct"], math.sqrt(2) * 1.0, abs_tol=1e-3)  # each pair: sd of (0, 0.02)
     assert math.isclose(s["between_pct"], math.log(2) / math.sqrt(2) * 100, abs_tol=1e-3)
     assert math.isclose(s["jobs_pct"], s["between_pct"], abs_tol=1e-3)
+
+
+# ---------------------------------------------------------------- fresh input sets (issue 17)
+
+
+def test_replay_advantage_pairs_each_fresh_call_with_its_replayed_neighbours():
+    samples = [1.0, 1.0, 2.0, 2.0, 1.0]
+    # fresh calls after samples 1 and 3 (indices of the replayed sample that followed)
+    adv, p = stats.replay_advantage(samples, [3.0, 1.5], [2, 4])
+    assert adv == pytest.approx((3.0 / 1.5 + 1.5 / 1.5) / 2) and p == pytest.approx(0.75)
+    assert stats.replay_advantage(samples, [], []) == (None, None)
+    assert stats.sign_test_p(8, 8) == pytest.approx(1 / 256) and stats.sign_test_p(0, 5) == 1.0
+
+
+def test_a_side_much_faster_on_seen_inputs_is_flagged_relative_to_the_reference():
+    def side(adv, p, fresh=10):
+        s, _ = stats.summarize(record([1.0] * 20))
+        return s.model_copy(update={"replay_advantage": adv, "replay_advantage_p": p, "fresh_calls": fresh})
+
+    honest = side(1.02, 0.3)
+    limit = stats.REPLAY_ADVANTAGE_LIMIT["cuda"]
+    assert not stats.faster_on_seen_inputs(honest, side(1.02, 0.2), "cuda")
+    assert stats.faster_on_seen_inputs(honest, side(limit * 1.05, 0.001), "cuda")
+    assert not stats.faster_on_seen_inputs(honest, side(limit * 1.05, 0.05), "cuda"), "not significant"
+    # the reference shows the same effect: the harness, not the candidate
+    assert not stats.faster_on_seen_inputs(side(limit * 1.04, 0.001), side(limit * 1.05, 0.001), "cuda")
+    assert stats.seen_inputs_advantage(side(0.8, 0.9), side(1.2, 0.01)) == pytest.approx(1.2), "not below 1"
+    assert not stats.faster_on_seen_inputs(honest, side(None, None, 0), "cuda")
+
+
+def test_fresh_calls_pool_with_the_replayed_samples_indices():
+    from harness.timing import pool_placements
+
+    def rec(n, fresh, after):
+        return {
+            **record([1.0] * n),
+            "fresh_ms": fresh,
+            "fresh_wall_ms": fresh,
+            "fresh_after": after,
+            "sampled_ms": 1.0,
+            "timed_output_mismatches": [],
+        }
+
+    pooled = pool_placements([rec(3, [2.0], [1]), rec(4, [3.0, 4.0], [1, 3])])
+    assert pooled["fresh_ms"] == [2.0, 3.0, 4.0] and pooled["fresh_after"] == [1, 4, 6]
+    s, _ = stats.summarize(pooled)
+    assert s.fresh_calls == 3 and s.fresh_median_ms == 3.0 and s.replay_advantage == 3.0
+    with pytest.raises(ValueError, match="fresh calls do not add up"):
+        stats.summarize({**pooled, "fresh_after": [1]})
+
+
+def test_run_timing_interleaves_fresh_calls_outside_the_budget(monkeypatch):
+    """Fresh calls come one every `stride` replayed samples after an untimed first use, are kept apart
+    from the replayed samples, keep sampling going until `fresh_min` of them, and the time spent
+    making their inputs and keeping their outputs does not count against the budget."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from harness import timing
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        out = torch.ones(4)
+        monkeypatch.setattr(timing.Timer, "time", lambda self, call: (call(), 0.01, 0.01))
+        made, kept = [], []
+        fresh = timing.Fresh(
+            prepare=lambda k: made.append(k) or time.sleep(0.02),  # 20 ms a fresh input set
+            call=lambda: out,
+            record=lambda k, o: kept.append(k),
+            max_calls=6,
+        )
+        cfg = {
+            "warmup_ms": 0.0,
+            "max_warmup": 3,
+            "min_samples": 8,
+            "max_samples": 100_000,
+            "budget_ms": 100.0,
+            "precision": 0.5,
+            "fresh_min": 4,
+        }
+        rec = timing.run_timing(
+            prepare=lambda i: None,
+            call_on_set=lambda i: out,
+            normalize=lambda o: [o],
+            judged=[[out]],
+            device=torch.device("cpu"),
+            cfg=cfg,
+            tolerance={"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0},
+            fresh=fresh,
+        )
+    finally:
+        dist.destroy_process_group()
+    assert made[0] == -1 and kept[0] == 0, "the first use (k = -1) is neither timed nor kept"
+    assert rec["stop_reason"] == "precision reached", "precision waits for 4 fresh calls, not the budget"
+    assert len(rec["fresh_ms"]) == 4 == len(kept) and made[1:] == kept == [0, 1, 2, 3]
+    assert rec["fresh_after"] == [2, 4, 6, 8], "one every 8 // 4 = 2 replayed samples"
+    assert len(rec["device_ms"]) == 9, "fresh calls are not replayed samples; the last has one after it"
+    assert rec["sampled_ms"] < 60, "80 ms of making fresh inputs did not count against the budget"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("top_up", "fresh_mib"), [(False, 128), (True, 128), (True, 6)])
+def test_a_benchmark_job_saves_the_fresh_calls_outputs(isolated_dirs, top_up, fresh_mib):
+    """Every timed call on a fresh input set leaves its output for the host to judge when they fit in
+    fresh_bytes (problem 1's output here: 2 MiB a rank), else a subset drawn from the secret seed;
+    the reference's job (`fresh_top_up`) makes the judged outputs a candidate's job can reach. The
+    fresh inputs come from the job's label: two jobs' fresh sets differ."""
+    from pkb_mcp import service
+    from pkb_mcp.jobs import run_job
+    from sandbox.process import ProcessBackend
+
+    from .conftest import cpu_job
+
+    tcfg = {
+        **service.timing_config("cpu"),
+        "fresh_label": "job0",
+        "fresh_top_up": top_up,
+        "fresh_max": 12,
+        "fresh_bytes": fresh_mib << 20,
+    }
+    seeds = [123456789]
+    outcome = run_job(cpu_job("benchmark", timing=tcfg, seeds=seeds, timeout_s=120), ProcessBackend())
+    assert outcome.ok, outcome.ranks
+    timed, judged = outcome.timing["fresh_timed"], outcome.timing["fresh_judged"]
+    assert timed == len(outcome.timing["fresh_ms"]) >= tcfg["fresh_min"]
+    assert judged == (list(range(12)) if fresh_mib == 128 else judged) and len(judged) == min(
+        12, fresh_mib // 2
+    )
+    made = judged if top_up else [k for k in judged if k < timed]
+    assert sorted(outcome.fresh_outputs) == [(k, r) for k in made for r in (0, 1)]
+    first = outcome.fresh_outputs[(made[0], 0)]
+    assert first.meta["aliased_outputs"] == [] and first.meta["mutated_inputs"] == []
+    if fresh_mib != 128:
+        return
+    other = run_job(
+        cpu_job("benchmark", timing={**tcfg, "fresh_label": "job1"}, seeds=seeds, timeout_s=120),
+        ProcessBackend(),
+    )
+    assert not torch_equal(other.fresh_outputs[(0, 0)].tensors[0], first.tensors[0])
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and torch.equal(a, b)

@@ -83,3 +83,48 @@ def test_malformed_problem_is_refused_naming_the_file(tmp_path, name, text, mess
     with pytest.raises(problems.ProblemFormatError, match=message) as info:
         problems.load_problem(path)
     assert str(info.value).startswith(name)
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "message"),
+    [
+        ('{"atol": 0.1, "rtol": 0.1, "rel_norm": 0.1, "outputs": {"0": {}}}', "maps output indices"),
+        ('{"atol": 0.1, "rtol": 0.1, "rel_norm": 0.1, "outputs": {0: {"atol": 1}}}', "exactly atol"),
+        (
+            '{"atol": 0.1, "rtol": 0.1, "rel_norm": 0.1, '
+            '"outputs": {0: {"atol": 1, "rtol": 1, "rel_norm": -1}}}',
+            r"TOLERANCE\['outputs'\]\[0\] needs a non-negative 'rel_norm'",
+        ),
+        ('{"atol": 0.1, "rtol": 0.1, "rel_norm": 0.1, "rel": 1}', "unknown keys"),
+    ],
+)
+def test_per_output_bounds_are_validated(tmp_path, tolerance, message):
+    path = tmp_path / "001_allreduce.py"
+    path.write_text(
+        GOOD.replace(
+            'TOLERANCE = {"atol": 0.05, "rtol": 0.02, "rel_norm": 0.005}', f"TOLERANCE = {tolerance}"
+        )
+    )
+    with pytest.raises(problems.ProblemFormatError, match=message):
+        problems.load_problem(path)
+
+
+def test_per_output_bounds_load_and_show():
+    from pkb_mcp import render, service
+
+    p = SUITE[21]
+    assert 0 in p.output_tolerances and p.bounds["outputs"][0] == p.output_tolerances[0]
+    detail = service.show_problem(21, world_size=2)
+    assert detail.tolerance["outputs"][0] == p.output_tolerances[0]
+    assert "output 0: {'atol': 0.0, 'rtol': 0.0002" in render.show(detail)
+
+
+def test_gpu_tests_pick_a_world_size_each_problem_allows():
+    """tests/test_gpu.py ran every problem at 2 ranks, and 48 (4 or more ranks) failed there."""
+    from .test_gpu import world_size_for
+
+    assert world_size_for(48, gpus=2) is None and world_size_for(48, gpus=8) == 4
+    for pid, p in SUITE.items():
+        ws = world_size_for(pid, gpus=8)
+        assert ws is not None and not p.world_size_error(ws, "pkb"), pid
+        assert all(p.world_size_error(w, "pkb") for w in range(2, ws)), "the smallest allowed"

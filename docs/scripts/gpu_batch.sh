@@ -33,6 +33,13 @@
 #              pinned, with a new communicator every round, and with a 2 ms alignment sleep;
 #              world size $WS, else 4 (each variant about 2 minutes, at most $BISECT_LIMIT s, else
 #              140); $VARIANTS picks some of pinned,unpinned,comm,sleep
+#   memo17     issue 17: the memoizers of problem 1 (plain, burning GPU time on a hit) and the honest
+#              control, at pkb and large, $REPEATS (else 2) times each; world size $WS, else 2
+#   refs17-a, refs17-b   issue 17: every reference against itself at size pkb (replay advantages of
+#              honest code, self-speedups), first and second half of the suite; world size $WS, else 2
+#   refs17-large         issue 17: the references whose work changed (23, 86) and problem 1 at large
+#   pytest17   issue 17: the GPU tests (every reference at a world size its rule allows, the examples,
+#              the GPU hacks including the memoizers); 2 GPUs
 # GPU jobs pin each rank to CPU cores of its own unless PKB_PIN_CPUS=0 (sandbox/cpus.py).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -103,6 +110,18 @@ for part in "$@"; do
           ${variant#*:} > "$OUT/bisect_$name.log" 2>&1
         echo "$name:"; grep -h '"summary"' "$OUT/bisect_$name.log"
       done ;;
+    memo17)
+      timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/memo17_w${WS:-2}.jsonl" --world-sizes "${WS:-2}" \
+        --parts memo --memo-sizes pkb large --memo-repeats "${REPEATS:-2}" --device "${DEVICE:-cuda}" \
+        > "$OUT/memo17_w${WS:-2}.log" 2>&1
+      tail -20 "$OUT/memo17_w${WS:-2}.log" ;;
+    refs17-a) refs "refs17_w${WS:-2}_a" pkb "$HALF_A" "${WS:-2}" | tail -22 ;;
+    refs17-b) refs "refs17_w${WS:-2}_b" pkb "$HALF_B" "${WS:-2}" | tail -22 ;;
+    refs17-large) refs "refs17_w${WS:-2}_large" large 1,23,86 "${WS:-2}" | tail -8 ;;
+    pytest17)
+      timeout 590 python3 -m pytest -m gpu -q tests/test_gpu.py tests/test_adversarial_gpu.py \
+        > "$OUT/pytest17.log" 2>&1
+      tail -25 "$OUT/pytest17.log" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

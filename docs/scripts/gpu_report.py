@@ -9,7 +9,8 @@ Parts (all by default): `refs` (every problem: `check` of the reference as candi
 the reference against itself: the speedup must be 1.00 within a few percent, and the reference's %
 of floor), `examples` (every examples/NNN_*.py: check and bench at each size), `wall` (the wall time
 of `pkb check 1 ... --trials 5` as a user runs it, a fresh CLI process, per sandbox backend), `mcp` (an
-MCP client runs run_correctness and benchmark of examples/001 end to end).
+MCP client runs run_correctness and benchmark of examples/001 end to end), `memo` (two candidates
+that memoize problem 1's outputs by input values, plain and burning GPU time on a hit: never credited).
 `--device cpu` is a dry run on a machine without GPUs (examples are skipped there: they need CUDA).
 """
 
@@ -92,6 +93,12 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
         row["candidate"] = r.candidate.model_dump()
     if r.speedup is not None:
         row.update(speedup=r.speedup, speedup_low=r.speedup_low, speedup_high=r.speedup_high)
+    row.update(
+        fresh_speedup=r.fresh_speedup,
+        seen_inputs_advantage=r.seen_inputs_advantage,
+        faster_on_seen_inputs=r.faster_on_seen_inputs,
+        below_floor=r.below_floor,
+    )
     if r.roofline:
         row.update(
             floor_ms=r.roofline.floor_ms,
@@ -159,6 +166,23 @@ def run_examples(out: Path, world_sizes: list[int], sizes: list[str], only: str 
                 emit(out, row)
                 if row["verdict"] == "pass":
                     emit(out, bench_row("examples", pid, path, ws, size))
+
+
+# Candidates that memoize outputs by the values of their inputs (issue 17), for problem 1: plain, and
+# burning GPU time on a cache hit so that its time stays above the roofline's floor.
+MEMOIZERS = ("tests/adversarial/memoized_by_values.py", "tests/adversarial/gpu/memoized_burns_time.py")
+# ... and the control: an honest solution that keeps a process group and a buffer across calls
+CONTROLS = ("tests/candidates/caches_state.py",)
+
+
+def run_memo(out: Path, world_sizes: list[int], sizes: list[str], repeats: int) -> None:
+    """Each memoizer benchmarked on problem 1 at each size, `repeats` times: it must not be credited
+    (verdict suspect, faster_on_seen_inputs); the control must pass, not flagged."""
+    for ws in world_sizes:
+        for size in sizes:
+            for path in MEMOIZERS + CONTROLS:
+                for _ in range(repeats):
+                    emit(out, bench_row("memo", 1, ROOT / path, ws, size))
 
 
 def run_wall(out: Path, repeats: int, sandboxes: list[str], world_size: int) -> None:
@@ -262,9 +286,9 @@ def summarize(path: Path) -> str:
         lines.append(f"machine: {meta}")
     lines.append(
         "\n| part | problem | W | size | verdict | ref median ms | speedup (IQR range) | % of floor | "
-        "samples | wall s |"
+        "samples | replay advantage ref / cand (fresh calls) | speedup on fresh | wall s |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.get("part") in ("machine",):
             continue
@@ -281,16 +305,23 @@ def summarize(path: Path) -> str:
         med = f"{ref['median_ms']:.4g}" if ref else ""
         samples = f"{ref.get('samples', '')}/{cand.get('samples', '')}" if ref else ""
         name = (
-            re.sub(r"^examples/", "", r.get("solution", ""))
-            if r.get("part", "").startswith("examples")
+            re.sub(r"^(examples|tests/adversarial|tests/adversarial/gpu)/", "", r.get("solution", ""))
+            if r.get("part", "").startswith(("examples", "memo"))
             else ""
         )
+        adv = ""
+        if ref.get("replay_advantage") is not None and cand.get("replay_advantage") is not None:
+            adv = (
+                f"{ref['replay_advantage']:.3f} / {cand['replay_advantage']:.3f} "
+                f"({ref.get('fresh_calls')}/{cand.get('fresh_calls')})"
+            )
+        fresh = f"{r['fresh_speedup']:.3f}" if r.get("fresh_speedup") is not None else ""
         lines.append(
             f"| {r['part']} | {r['problem']} {name} | {r['world_size']} | {r['size']} | {r['verdict']} | "
-            f"{med} | {speed} | {pct} | {samples} | {r.get('wall_s', '')} |"
+            f"{med} | {speed} | {pct} | {samples} | {adv} | {fresh} | {r.get('wall_s', '')} |"
         )
         if r.get("verdict") not in ("pass",):
-            lines.append(f"|  | message: {str(r.get('message', ''))[:300]} |||||||||")
+            lines.append(f"|  | message: {str(r.get('message', ''))[:300]} |||||||||||")
     return "\n".join(lines)
 
 
@@ -302,8 +333,10 @@ def main() -> None:
         "--parts",
         nargs="+",
         default=["wall", "mcp", "examples", "refs"],
-        help="wall (pkb check 1 wall time per sandbox), mcp, examples, refs",
+        help="wall (pkb check 1 wall time per sandbox), mcp, examples, refs, memo (memoizers of problem 1)",
     )
+    ap.add_argument("--memo-sizes", nargs="+", default=["pkb", "large"])
+    ap.add_argument("--memo-repeats", type=int, default=1)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
     ap.add_argument("--sandbox", default="auto", choices=["auto", "docker", "process"])
     ap.add_argument("--wall-sandboxes", nargs="+", default=["docker", "process"])
@@ -340,6 +373,8 @@ def main() -> None:
         run_mcp(args.out, max(args.world_sizes))
     if "examples" in args.parts and DEVICE == "cuda":
         run_examples(args.out, args.world_sizes, args.example_sizes, args.example)
+    if "memo" in args.parts:
+        run_memo(args.out, args.world_sizes, args.memo_sizes, args.memo_repeats)
     if "refs" in args.parts:
         checks, benches = not args.no_refs_check, not args.no_refs_bench
         run_refs(args.out, ids, args.world_sizes, args.sizes, checks, benches, args.trials)
