@@ -85,16 +85,18 @@ def solution(gate_logits, num_experts, top_k=2, attention_mask=None):
 
 
 def traffic(ctx):
-    """Per GPU: one float32 loss reaches every rank; the logits are read once.
+    """Per GPU: one float32 loss from every rank reaches every rank; the logits are read once.
 
-    Each field is the minimum over schedules: every rank must receive at least 4 bytes (all-reduce by
-    recursive doubling, log2(W) rounds of 4 bytes each, or a one-shot in 1 round of (W-1) x 4 bytes);
-    the latency term takes the one-shot's single round. FLOPs: the softmax (max, subtract,
+    Each field is the minimum over schedules (they need not be the same one). Fewest bytes: pass the
+    partial sum once around a ring and the total once more, 8 bytes through each GPU (4 at W = 2);
+    none does with less at W >= 3 (the receiver of the first message, which holds one rank's loss
+    only, needs a second). Recursive doubling sends 4 log2(W) bytes, a one-shot all-reduce
+    (W-1) x 4 but in one round, the latency term's. FLOPs: the softmax (max, subtract,
     exponentiate, sum, divide), its mean and the top-k comparisons, about 8 per logit.
     """
     elems = ctx.size["tokens"] * ctx.size["experts"]
     return {
-        "nvlink_bytes": 4,
+        "nvlink_bytes": 4 if ctx.world_size == 2 else 8,
         "hbm_bytes": elems * ctx.dtype.itemsize,
         "flops": 8 * elems,
         "rounds": 1,
