@@ -179,6 +179,80 @@ def test_35_row_counts_differ_by_rank_and_trial_within_the_stated_range():
     assert all(size["rows"] * 7 // 8 <= n <= size["rows"] for n in rows.values())
 
 
+class SimulatedAllToAll:
+    """A stand-in for torch.distributed with W ranks in one process, for all_to_all_single only: each
+    rank's call is run twice, first to record what it sends, then to deliver what the others sent."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.rank = 0
+        self.delivering = False
+        self.sent: dict[int, torch.Tensor] = {}
+
+    def get_world_size(self, group=None):
+        return self.world_size
+
+    def all_to_all_single(self, output, input, group=None):
+        if not self.delivering:
+            self.sent[self.rank] = input.clone()
+            return
+        chunks = [self.sent[j].reshape(self.world_size, -1)[self.rank] for j in range(self.world_size)]
+        output.copy_(torch.stack(chunks).reshape(output.shape))
+
+    def run(self, call, per_rank_inputs):
+        outs = []
+        for self.delivering in (False, True):
+            outs = []
+            for self.rank, x in enumerate(per_rank_inputs):
+                outs.append(call(x))
+        return outs
+
+
+def expected_all_to_all(xs, rank, scatter_dim, gather_dim):
+    w = len(xs)
+    return torch.cat([torch.tensor_split(x, w, scatter_dim)[rank] for x in xs], dim=gather_dim)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize(
+    ("pid", "shape", "scatter_dim", "gather_dim"),
+    [
+        (33, (8, 12), 0, 1),
+        (33, (8, 12), 1, 0),
+        (33, (4, 8, 12), -1, 0),
+        (36, (2, 3, 8, 5), 2, 1),
+        (36, (8, 3, 4, 5), 0, 3),
+        (37, (2, 8, 3, 5), 1, 2),
+        (37, (2, 3, 5, 8), -1, 1),
+    ],
+)
+def test_the_ulysses_exchanges_work_for_any_pair_of_dimensions(
+    pid, shape, scatter_dim, gather_dim, world_size, monkeypatch
+):
+    """The references of 33, 36 and 37 handle the dimensions they are given, not only the call's."""
+    fake = SimulatedAllToAll(world_size)
+    monkeypatch.setattr(SUITE[pid].module, "dist", fake)
+    xs = [torch.randn(*shape) for _ in range(world_size)]
+    solution = SUITE[pid].module.solution
+    if pid == 33:
+        outs = fake.run(lambda x: solution(x, scatter_dim, gather_dim), xs)
+    elif pid == 36:  # scatters the heads, gathers the sequence
+        outs = fake.run(lambda x: solution(x, gather_dim, scatter_dim), xs)
+    else:  # 37 scatters the sequence, gathers the heads
+        outs = fake.run(lambda x: solution(x, scatter_dim, gather_dim), xs)
+    for rank, out in enumerate(outs):
+        assert torch.equal(out, expected_all_to_all(xs, rank, scatter_dim, gather_dim))
+
+
+def test_36_cuts_the_gathered_sequence_to_unpadded_dim_size(monkeypatch):
+    fake = SimulatedAllToAll(2)
+    monkeypatch.setattr(SUITE[36].module, "dist", fake)
+    xs = [torch.randn(2, 3, 4, 5) for _ in range(2)]
+    outs = fake.run(lambda x: SUITE[36].module.solution(x, 1, 2, None, 5), xs)
+    for rank, out in enumerate(outs):
+        assert torch.equal(out, expected_all_to_all(xs, rank, 2, 1)[:, :5])
+
+
 # ------------------------------------------------------------------------- floors against schedules
 
 
