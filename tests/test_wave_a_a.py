@@ -253,6 +253,57 @@ def test_36_cuts_the_gathered_sequence_to_unpadded_dim_size(monkeypatch):
         assert torch.equal(out, expected_all_to_all(xs, rank, 2, 1)[:, :5])
 
 
+class ThreadedAllGather:
+    """A stand-in for torch.distributed with W ranks as threads of one process, for the all-gathers
+    of problem 35 (all_gather_single, all_gather_into_tensor)."""
+
+    def __init__(self, world_size: int):
+        import threading
+
+        self.world_size = world_size
+        self.local = threading.local()
+        self.barrier = threading.Barrier(world_size, timeout=30)
+        self.slots: list[torch.Tensor | None] = [None] * world_size
+
+    def get_world_size(self, group=None):
+        return self.world_size
+
+    def all_gather_single(self, output, input, group=None):
+        self.slots[self.local.rank] = input.clone()
+        self.barrier.wait()
+        output.copy_(torch.cat([t for t in self.slots if t is not None]).reshape(output.shape))
+        self.barrier.wait()
+
+    all_gather_into_tensor = all_gather_single
+
+    def run(self, call, per_rank_inputs):
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(rank):
+            self.local.rank = rank
+            return call(per_rank_inputs[rank])
+
+        with ThreadPoolExecutor(self.world_size) as pool:
+            return list(pool.map(one, range(self.world_size)))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("gather_dim", [0, 1, -1])
+def test_35_gathers_unequal_lengths_along_any_dimension(gather_dim, world_size, monkeypatch):
+    module = SUITE[35].module
+    fake = ThreadedAllGather(world_size)
+    monkeypatch.setattr(module, "dist", fake)
+    monkeypatch.setattr(module, "_all_gather", fake.all_gather_single)
+    shape = [4, 5, 6]
+    xs = []
+    for rank in range(world_size):
+        shape[gather_dim] = 3 + 2 * rank
+        xs.append(torch.randn(*shape))
+    outs = fake.run(lambda x: module.solution(x, gather_dim), xs)
+    for out in outs:
+        assert torch.equal(out, torch.cat(xs, dim=gather_dim))
+
+
 # ------------------------------------------------------------------------- floors against schedules
 
 
