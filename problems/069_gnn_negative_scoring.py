@@ -1,0 +1,97 @@
+"""Link-prediction evaluation: the rank of each positive edge's score among its negatives, on all ranks.
+
+Evaluating a link predictor (OGB's ranking protocol): every positive edge is scored against a set
+of corrupted (negative) edges, and its rank is 1 + the number of negatives scored at least as high
+(ties count against the positive). The positive edges are split across ranks, unevenly: rank r holds
+local_pos_scores [P_r] and its edges' negatives local_neg_scores [P_r, K], bf16 logits, with
+P_r = pos_base + r % 3. Every rank must return the ranks of all positive edges of all ranks, int64
+[P_0 + ... + P_{W-1}], rank 0's edges first: the input of a metric (MRR, hits@k) that every rank
+then computes.
+
+The rank is defined on the logits. The model's probabilities are sigmoid(logit), which keeps the
+order (the logits lie within +-6, where float32's sigmoid is strictly increasing on bf16 values), so
+a solution may compare probabilities in float32 or the logits themselves; a sigmoid rounded to bf16
+merges neighbouring logits and miscounts ties. Positives score higher than negatives on average
+(logits N(1.5, 1) against N(0, 1), clamped to +-6), so ranks spread from 1 to K + 1; integer
+outputs are judged exactly. Each rank knows only its own P_r.
+
+Source: distributed link-prediction evaluation in GNN training (ParallelKernelBench problem 69). The
+call is the original's: (local_pos_scores, local_neg_scores, None), and so are the pkb shapes
+(P_r = 128 + r % 3 positives with 1000 negatives each).
+
+Differences from the original: none in the call or the shapes. The rank is defined explicitly
+(ties count against the positive); the inputs are random and differ per rank and per trial.
+"""
+
+import torch
+import torch.distributed as dist
+
+ID = 69
+NAME = "gnn_negative_scoring"
+CATEGORY = "GNN"
+SOURCE = "GNN link-prediction evaluation (OGB ranking protocol)"
+SUMMARY = "Rank each positive bf16 score among its K negatives; all-gather the uneven int64 ranks."
+DTYPE = "bfloat16"
+WORLD_SIZES = "any world size >= 2"
+SIZES = {
+    # pos_base: positives of rank r are pos_base + r % 3; negatives: K per positive
+    "pkb": {"pos_base": 128, "negatives": 1000},
+    # estimate, not yet measured: 3.2 GB of negatives per rank; a compare-and-count reads them once
+    # (0.75 ms at 4.3 TB/s), the reference also writes and rereads a boolean mask (~1.2 ms)
+    "large": {"pos_base": 131072, "negatives": 12288},
+}
+# Integer outputs: exact.
+TOLERANCE = {"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0}
+LOGIT_LIMIT = 6.0
+
+
+def check_world_size(world_size, size):
+    """None when the world size works for this size preset, else the reason it does not."""
+    return None if world_size >= 2 else "needs at least 2 ranks"
+
+
+def positives(rank, size):
+    return size["pos_base"] + rank % 3
+
+
+def make_inputs(ctx):
+    """Positive logits N(1.5, 1), negative logits N(0, 1), both clamped to +-LOGIT_LIMIT, in bf16."""
+    p, k = positives(ctx.rank, ctx.size), ctx.size["negatives"]
+    pos = ctx.randn(p, dtype=torch.float32).add_(1.5).clamp_(-LOGIT_LIMIT, LOGIT_LIMIT)
+    neg = ctx.randn(p, k, dtype=torch.float32).clamp_(-LOGIT_LIMIT, LOGIT_LIMIT)
+    return pos.to(ctx.dtype), neg.to(ctx.dtype), None
+
+
+def solution(local_pos_scores, local_neg_scores, group=None):
+    w = dist.get_world_size(group)
+    ranks = (local_neg_scores >= local_pos_scores.unsqueeze(-1)).sum(dim=-1).add_(1)  # int64 [P_r]
+    counts = torch.empty(w, dtype=torch.int64, device=ranks.device)
+    dist.all_gather_into_tensor(counts, torch.tensor([ranks.numel()], device=ranks.device), group=group)
+    sizes = counts.tolist()
+    longest = max(sizes)
+    padded = ranks.new_zeros(longest)
+    padded[: ranks.numel()] = ranks
+    gathered = ranks.new_empty(w * longest)
+    dist.all_gather_into_tensor(gathered, padded, group=group)
+    keep = torch.arange(longest, device=ranks.device) < counts.unsqueeze(1)
+    return gathered.view(w, longest)[keep]
+
+
+def traffic(ctx):
+    """Per GPU: its ranks to every peer, 2 bytes each (a rank is at most K + 1 < 2^15), in one step.
+
+    A solution may send the counts with the ranks (a sentinel ends a rank's list) and the ranks in
+    any width that holds K + 1; sending scores instead moves K times more. The largest P_r sets the
+    per-GPU figure. HBM: read the scores once, write the gathered int64 ranks.
+    """
+    w, s = ctx.world_size, ctx.size
+    k = s["negatives"]
+    width = 2 if k + 1 < 2**15 else 4
+    p_max = max(positives(r, s) for r in range(w))
+    total = sum(positives(r, s) for r in range(w))
+    return {
+        "nvlink_bytes": (w - 1) * p_max * width,
+        "hbm_bytes": p_max * (k + 1) * ctx.dtype.itemsize + total * 8,
+        "flops": p_max * k,  # one compare (and count) per negative
+        "rounds": 1,
+    }

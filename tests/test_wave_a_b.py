@@ -1,0 +1,426 @@
+"""Problems 38, 39, 65, 66, 69, 72, 76 and 87 (issue 20, wave A, second half) and the example for 72.
+
+Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
+device at both sizes, its world-size rule says what it should, its traffic model is no larger than
+the schedules a solution could choose instead, and the semantics the CPU runs cannot reach (72's
+causal FFT convolution and zigzag order) are checked against a direct computation.
+Integration tier (real ranks on CPU, process sandbox): the reference passes as a candidate at world
+sizes 2 and 4, a perturbed reference fails, a candidate written in the original benchmark's
+convention passes or fails for the reason its problem states, float64 versions pass (the
+tolerances hold), and the example for 72 matches the reference, also in the configurations the pkb
+size does not reach (filter groups, channel chunks, no zigzag)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from harness.context import ProblemContext
+from pkb_mcp import problems, service
+
+from .conftest import CANDIDATES, ROOT
+
+IDS = [38, 39, 65, 66, 69, 72, 76, 87]
+WAVE = CANDIDATES / "wave_a"
+EXAMPLE_72 = ROOT / "examples" / "072_hyena_forward_cp_fused_a2a.py"
+
+# the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
+# (../shared/pkb-contracts.md); "T" stands for a tensor argument, "L" for a list of ints
+CONTRACTS = {
+    38: (
+        ["qkv_tensor", "seq_dim", "group", "unpadded_dim_size", "restore_shape"],
+        {"group": None, "unpadded_dim_size": None, "restore_shape": True},
+        ["T", 1, None, None, True],
+    ),
+    39: (
+        ["hidden_states", "w_qkv", "w_o", "group", "num_heads", "causal"],
+        {"group": None, "num_heads": 8, "causal": False},
+        ["T", "T", "T", None, 8, False],
+    ),
+    65: (
+        ["local_features", "seed_inverse_ids", "counts_sent", "counts_received", "group"],
+        {"group": None},
+        ["T", "T", "L", "L", None],
+    ),
+    66: (
+        ["grad_output", "seed_inverse_ids", "seed_size", "counts_sent", "counts_received", "group"],
+        {"group": None},
+        ["T", "T", 512, "L", "L", None],
+    ),
+    69: (["local_pos_scores", "local_neg_scores", "group"], {"group": None}, ["T", "T", None]),
+    72: (
+        [
+            "x1_seq",
+            "x2_seq",
+            "v_seq",
+            "h",
+            "conv_bias",
+            "num_groups",
+            "group_dim",
+            "group",
+            "with_zigzag_splitting",
+        ],
+        {"group": None, "with_zigzag_splitting": True},
+        ["T", "T", "T", "T", "T", 1024, 1, None, True],
+    ),
+    76: (
+        ["input", "weight", "bias", "stride", "padding", "dilation", "groups", "group"],
+        {"groups": 1, "group": None},
+        ["T", "T", "T", 1, 0, 1, 1, None],
+    ),
+    87: (
+        ["x", "weight", "bias", "stride", "padding", "group"],
+        {"stride": 1, "padding": 1, "group": None},
+        ["T", "T", "T", 1, 1, None],
+    ),
+}
+
+
+def problem(pid: int) -> problems.Problem:
+    return problems.suite()[pid]
+
+
+def load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cpu_inputs(pid: int, world_size: int, rank: int, seed: int = 1, preset: str = "pkb") -> tuple:
+    p = problem(pid)
+    ctx = p.context(world_size, preset, rank=rank, device="cpu")
+    ctx.seed = seed
+    return tuple(p.module.make_inputs(ctx))
+
+
+# ---------------------------------------------------------------- fast: format, shapes, rules
+
+
+@pytest.mark.parametrize("pid", IDS)
+def test_loads_with_the_originals_signature_and_call(pid):
+    p = problem(pid)
+    names, defaults, call = CONTRACTS[pid]
+    params = inspect.signature(p.module.solution).parameters
+    assert list(params) == names
+    for name, value in defaults.items():
+        assert params[name].default == value, name
+    assert "Differences from the original:" in p.description
+    inputs = cpu_inputs(pid, 8 if not p.world_size_error(8, "pkb") else 4, rank=0)
+    assert len(inputs) == len(call)
+    for got, want in zip(inputs, call, strict=True):
+        if want == "T":
+            assert isinstance(got, torch.Tensor)
+        elif want == "L":
+            assert isinstance(got, list) and all(isinstance(c, int) for c in got)
+        else:
+            assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize("preset", ["pkb", "large"])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_meta_shapes_and_traffic(pid, preset, world_size):
+    p = problem(pid)
+    if p.world_size_error(world_size, preset):
+        pytest.skip(f"world size {world_size} not allowed for {p.name} {preset}")
+    shapes = p.input_shapes(world_size, preset)
+    assert any("shape" in s for s in shapes)
+    traffic = p.traffic(world_size, preset)
+    assert traffic["nvlink_bytes"] > 0 and traffic["hbm_bytes"] > 0 and traffic["flops"] >= 0
+
+
+def test_pkb_shapes_are_the_originals_at_world_size_8():
+    def shapes(pid, rank=0):
+        return [s.get("shape") for s in problem(pid).input_shapes(8, "pkb", rank=rank)]
+
+    assert shapes(38)[0] == [16, 16, 1536]
+    assert shapes(39)[:3] == [[16, 2, 512], [1536, 512], [512, 512]]
+    assert shapes(65)[:2] == [[768, 128], [1024]]
+    assert shapes(66)[:2] == [[1024, 128], [1024]]
+    assert [shapes(69, r)[0] for r in range(8)] == [[128 + r % 3] for r in range(8)]
+    assert shapes(69)[1] == [128, 1000]
+    assert shapes(72)[:4] == [[1, 1024, 2048]] * 3 + [[1024, 4096]]
+    assert shapes(76)[:2] == [[1, 64, 19, 66, 66], [512, 64, 3, 3, 3]]
+    assert shapes(87)[:2] == [[1, 1280, 32, 128], [1280, 1280, 3, 3]]
+
+
+@pytest.mark.parametrize(
+    ("pid", "world_size", "allowed"),
+    [
+        (38, 3, False),  # 8 heads
+        (39, 3, False),
+        (39, 8, True),
+        (65, 3, True),
+        (66, 5, True),
+        (69, 3, True),
+        (72, 3, False),  # 1024 groups
+        (72, 16, True),
+        (76, 3, False),  # 512 input channels
+        (87, 3, True),
+        (87, 1, False),
+    ],
+)
+def test_world_size_rules(pid, world_size, allowed):
+    assert (problem(pid).world_size_error(world_size, "pkb") is None) == allowed
+
+
+def test_72_filter_must_fit_the_sequence():
+    size = {**problem(72).size("pkb"), "filter_len": 8192}
+    assert problem(72).module.check_world_size(2, size) is not None
+    assert problem(72).module.check_world_size(4, size) is None
+
+
+@pytest.mark.parametrize("pid", [65, 66])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_request_counts_agree_between_ranks(pid, world_size):
+    """counts_sent on rank r is counts_received[r] on rank j; every rank sends and receives the same
+    total; the counts change with the trial (from W = 3: at W = 2 the split is fixed); ids cover
+    every unique seed."""
+    by_rank = [cpu_inputs(pid, world_size, r) for r in range(world_size)]
+    sent = [i[-3] for i in by_rank]
+    received = [i[-2] for i in by_rank]
+    total = sum(sent[0])
+    for r in range(world_size):
+        for j in range(world_size):
+            assert sent[r][j] == received[j][r]
+        assert sum(sent[r]) == sum(received[r]) == total
+        assert torch.equal(by_rank[r][1].unique(), torch.arange(total)), "every unique seed is used"
+    if pid == 65:
+        assert all(i[0].shape[0] == total for i in by_rank), "a rank holds the rows it was asked for"
+    if world_size > 2:
+        assert cpu_inputs(pid, world_size, 0, seed=2)[-3] != sent[0]
+
+
+def test_69_scores_keep_their_order_under_float32_sigmoid():
+    pos, neg, _ = cpu_inputs(69, 2, 1)
+    assert pos.shape == (129,) and neg.shape == (129, 1000)
+    grid = torch.unique(torch.cat([pos, neg.flatten()])).float()  # sorted bf16 values
+    assert grid.abs().max() <= 6.0
+    assert bool((torch.sigmoid(grid).diff() > 0).all())
+
+
+def test_72_fft_convolution_is_the_causal_direct_one():
+    f64 = load(WAVE / "072_float64.py", "c072_float64")
+    gen = torch.Generator().manual_seed(0)
+    z = torch.randn(2, 6, 40, generator=gen, dtype=torch.float64)
+    h = torch.randn(3, 40, generator=gen, dtype=torch.float64)
+    direct = torch.zeros_like(z)
+    for t in range(40):
+        for s in range(t + 1):
+            direct[..., t] += h.repeat_interleave(2, dim=0)[:, s] * z[..., t - s]
+    assert torch.allclose(f64.causal_conv(z, h, group_dim=2), direct, atol=1e-10)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_72_zigzag_order(world_size):
+    """Rank r holds natural chunks r and 2W-1-r: the reference's chunk table and the float64
+    candidate's position table agree with that definition."""
+    f64 = load(WAVE / "072_float64.py", "c072_float64")
+    chunks = problem(72).module._zigzag_chunks(world_size, torch.device("cpu")).tolist()
+    assert chunks == [c for r in range(world_size) for c in (r, 2 * world_size - 1 - r)]
+    positions = f64._natural_positions(world_size, 4, True).view(-1, 2).tolist()
+    assert [p[0] // 2 for p in positions] == chunks
+
+
+# ---------------------------------------------------------------- fast: traffic against alternatives
+
+
+def traffic(pid, world_size, preset="pkb"):
+    return problem(pid).traffic(world_size, preset)
+
+
+def ctx(pid, world_size, preset="pkb"):
+    return problem(pid).context(world_size, preset)
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("preset", ["pkb", "large"])
+def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
+    w = world_size
+
+    # 39: Ulysses (4 (W-1)/W * hidden per local position) or gathering the hidden states ((W-1) *)
+    s = ctx(39, w, preset).size
+    per_position = s["batch"] * s["seq_local"] * s["hidden"] * 2
+    t = traffic(39, w, preset)["nvlink_bytes"]
+    assert t <= 4 * (w - 1) / w * per_position and t <= (w - 1) * per_position
+    if w == 2:
+        assert t < 4 * (w - 1) / w * per_position, "at W = 2 gathering beats the reference's schedule"
+
+    # 65: all-gathering every rank's rows would move (W-1) * unique rows
+    s = ctx(65, w, preset).size
+    assert traffic(65, w, preset)["nvlink_bytes"] < (w - 1) * s["unique"] * s["features"] * 2
+
+    # 66: sending unsummed gradient rows moves more than the summed ones
+    s = ctx(66, w, preset).size
+    unsummed = (s["ids"] - s["seed_size"] // w) * s["features"] * 4
+    assert traffic(66, w, preset)["nvlink_bytes"] < unsummed
+
+    # 69: int64 ranks, or the scores themselves
+    s = ctx(69, w, preset).size
+    p_max = s["pos_base"] + min(w - 1, 2)
+    t = traffic(69, w, preset)["nvlink_bytes"]
+    assert t < (w - 1) * p_max * 8 < (w - 1) * p_max * s["negatives"] * 2
+
+    # 72: the reference's four all-to-alls; a halo of filter_len - 1 positions for both chunks
+    s = ctx(72, w, preset).size
+    tensor = s["batch"] * s["num_groups"] * s["group_dim"] * s["seq_local"] * 2
+    t = traffic(72, w, preset)["nvlink_bytes"]
+    assert t == pytest.approx(0.5 * 4 * (w - 1) / w * tensor)
+    channels = s["num_groups"] * s["group_dim"]
+    halo_bytes = min(2 * (s["filter_len"] - 1), (w - 1) * s["seq_local"]) * s["batch"] * channels * 2
+    assert t <= halo_bytes
+
+    # 76: all-reduce of the output, or gathering inputs and kernel slices
+    c = ctx(76, w, preset)
+    if not problem(76).world_size_error(w, preset):
+        out_voxels, _, x_local, w_local = problem(76).module._shapes(c)
+        reduce_bytes = 2 * (w - 1) / w * c.size["channels_out"] * out_voxels * 2
+        t = traffic(76, w, preset)["nvlink_bytes"]
+        assert t <= reduce_bytes and t <= (w - 1) * (x_local + w_local) * 2
+
+    # 87: the original's all-gather of every band's two edge rows
+    s = ctx(87, w, preset).size
+    row = s["channels"] * s["width"] * 2
+    assert traffic(87, w, preset)["nvlink_bytes"] <= (w - 1) * 2 * row
+
+
+# ---------------------------------------------------------------- integration: real ranks on CPU
+
+HEAVY = {76}  # a 0.5 TFLOP convolution per rank at W = 2: one check takes about a minute on 2 cores
+
+
+def check(pid, path, world_size, trials=2):
+    return service.check(
+        pid, path, world_size=world_size, device="cpu", trials=trials, timeout_s=600, sandbox="process"
+    )
+
+
+PERTURB = """
+
+_reference_solution = solution
+
+
+def solution(*args):
+    out = _reference_solution(*args)
+    flat = out.view(-1)
+    i = flat.numel() // 3
+    flat[i] = flat[i] + 4 * (flat[i].abs() + 1)
+    return out
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("pid", IDS)
+def test_reference_passes_as_a_candidate(pid, world_size):
+    p = problem(pid)
+    r = check(pid, p.path, world_size)
+    assert r.verdict == "pass", r.message
+    assert [x.state for x in r.ranks] == ["pass"] * world_size
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pid", IDS)
+def test_perturbed_reference_fails(pid, tmp_path):
+    p = problem(pid)
+    bad = tmp_path / "perturbed.py"
+    bad.write_text(p.path.read_text() + PERTURB)
+    r = check(pid, bad, 2, trials=1 if pid in HEAVY else 2)
+    assert r.verdict == "fail"
+    assert any(x.state == "wrong" and x.first_mismatch is not None for x in r.ranks), r.message
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("pid", "world_size"),
+    [(38, 2), (38, 4), (65, 2), (65, 4), (66, 4), (69, 2), (69, 4), (72, 2), (72, 4), (76, 2), (87, 4)],
+)
+def test_original_style_candidate_passes(pid, world_size):
+    r = check(pid, WAVE / f"{pid:03d}_original_style.py", world_size, trials=1 if pid in HEAVY else 2)
+    assert r.verdict == "pass", r.message
+
+
+@pytest.mark.integration
+def test_39_original_style_fails_for_its_softmax_and_passes_once_fixed(tmp_path):
+    """The stated difference: the original's softmax runs across heads. Its convention fails on
+    nearly every element; the same file with the softmax over the keys passes."""
+    original = WAVE / "039_original_style.py"
+    r = check(39, original, 2)
+    assert r.verdict == "fail"
+    for rank in r.ranks:
+        assert rank.state == "wrong" and rank.rel_norm_error is not None and rank.rel_norm_error > 0.5
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(original.read_text().replace('ATTEND_OVER = "heads"', 'ATTEND_OVER = "sequence"'))
+    assert check(39, fixed, 2).verdict == "pass"
+
+
+@pytest.mark.integration
+def test_69_bf16_probabilities_merge_ties_and_fail(tmp_path):
+    bf16 = tmp_path / "bf16_sigmoid.py"
+    text = (WAVE / "069_original_style.py").read_text()
+    bf16.write_text(text.replace("SIGMOID_DTYPE = torch.float32", "SIGMOID_DTYPE = torch.bfloat16"))
+    r = check(69, bf16, 2)
+    assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("pid", "world_size"), [(39, 4), (66, 4), (72, 2), (87, 2)])
+def test_float64_candidate_passes(pid, world_size):
+    """An independent float64 computation is within the tolerance of the reference."""
+    r = check(pid, WAVE / f"{pid:03d}_float64.py", world_size)
+    assert r.verdict == "pass", r.message
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_72_example_passes(world_size):
+    r = check(72, EXAMPLE_72, world_size)
+    assert r.verdict == "pass", r.message
+
+
+def _hyena_ranks(rank: int, world_size: int, store: str, size: dict, zigzag: bool) -> None:
+    """One rank: the reference, the example (cut into channel chunks) and the float64 candidate on the
+    same inputs of a size no preset has (filter groups of 4 channels, a batch of 2)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
+    try:
+        p = load(ROOT / "problems" / "072_hyena_forward_cp.py", "p072")
+        example = load(EXAMPLE_72, "e072")
+        example.CHUNK_BYTES = 1  # as many chunks as allowed: the pipelined path
+        f64 = load(WAVE / "072_float64.py", "c072_float64")
+        context = ProblemContext(rank=rank, world_size=world_size, size=size, dtype=torch.float32, seed=11)
+        inputs = list(p.make_inputs(context))
+        inputs[-1] = zigzag
+        ref = p.solution(*inputs)
+        assert example._chunk_groups(size["num_groups"] // world_size, 1 << 40) > 1
+        for other in (example.solution(*inputs), f64.solution(*inputs)):
+            assert other.shape == ref.shape == (size["batch"], size["seq_local"], size["num_groups"] * 4)
+            diff = (other.double() - ref.double()).abs()
+            assert bool((diff <= p.TOLERANCE["atol"] + p.TOLERANCE["rtol"] * ref.double().abs()).all())
+            assert float(diff.norm() / ref.double().norm()) <= p.TOLERANCE["rel_norm"]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("zigzag", [True, False])
+def test_72_example_in_chunks_with_filter_groups(tmp_path, zigzag):
+    import torch.multiprocessing as mp
+
+    size = {"batch": 2, "num_groups": 16, "group_dim": 4, "seq_local": 64, "filter_len": 100}
+    world_size = 2
+    mp.start_processes(
+        _hyena_ranks,
+        args=(world_size, str(tmp_path / "store"), size, zigzag),
+        nprocs=world_size,
+        start_method="spawn",
+    )
