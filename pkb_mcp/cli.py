@@ -84,6 +84,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         sandbox=args.sandbox,
         progress=_progress(args.json),
+        convention=args.convention,
     )
     _emit(args, result, render.check(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
@@ -100,6 +101,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sandbox=args.sandbox,
         progress=_progress(args.json),
         jobs=args.jobs,
+        convention=args.convention,
     )
     _emit(args, result, render.bench(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
@@ -198,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
                 choices=["auto", "docker", "process"],
                 default="auto",
                 help="isolation: docker, process (no isolation), auto (docker when an engine answers)",
+            )
+            p.add_argument(
+                "--convention",
+                choices=["auto", "ours", "original"],
+                default="auto",
+                help="how solution() is called: ours, the original benchmark's, or auto (from its signature)",
             )
 
     p = sub.add_parser("problems", help="list the problems")

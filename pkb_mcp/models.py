@@ -40,6 +40,17 @@ class Traffic(BaseModel):
     rounds: float = Field(description="dependent communication steps (latency term)")
 
 
+class OriginalConvention(BaseModel):
+    """How a file written for the original benchmark is called on this problem (harness/convention.py)."""
+
+    signature: str = Field(description="the original benchmark's solution() signature")
+    call: str | None = Field(
+        None, description="the call the harness makes from this problem's inputs; None if it cannot"
+    )
+    callable: bool = Field(description="whether original-convention files can run on this problem")
+    differences: str = Field("", description="where this workload deliberately differs from the original")
+
+
 class ProblemDetail(ProblemSummary):
     description: str
     signature: str
@@ -52,6 +63,9 @@ class ProblemDetail(ProblemSummary):
     inputs: list[InputSpec] = Field(description="rank 0's inputs at this world size and size preset")
     traffic: Traffic
     reference_source: str
+    original: OriginalConvention | None = Field(
+        None, description="the original benchmark's signature, call and stated differences"
+    )
 
 
 class Mismatch(BaseModel):

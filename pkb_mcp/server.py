@@ -55,6 +55,12 @@ Source = Annotated[str | None, Field(description="the solution's source text; gi
 SourcePath = Annotated[str | None, Field(description="path of the solution file on the server; or source")]
 Device = Annotated[Literal["cpu", "cuda"] | None, Field(description="default: cuda when the node has GPUs")]
 Wait = Annotated[bool, Field(description="true: return the result; false: return a job id at once")]
+Convention = Annotated[
+    Literal["auto", "ours", "original"],
+    Field(
+        description="how solution() is called: ours, the original benchmark's, or auto (from its signature)"
+    ),
+]
 
 
 class ProblemList(BaseModel):
@@ -296,6 +302,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         trials: Annotated[int, Field(ge=1, le=100, description="fresh random inputs per trial")] = 5,
         device: Device = None,
         timeout_s: Annotated[float, Field(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
+        convention: Convention = "auto",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
@@ -313,6 +320,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
                 "device": dev,
                 "timeout_s": timeout_s,
                 "sandbox": "auto",
+                "convention": convention,
             },
         )
         return await tools.finish(job_id, wait, ctx)
@@ -335,6 +343,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
                 description=service.JOBS_HELP,
             ),
         ] = 1,
+        convention: Convention = "auto",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, BenchOutput]:
         """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
@@ -352,6 +361,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
                 "timeout_s": timeout_s,
                 "sandbox": "auto",
                 "jobs": jobs,
+                "convention": convention,
             },
         )
         return await tools.finish(job_id, wait, ctx)
