@@ -336,6 +336,7 @@ class _Batch:
         for path in files:
             entries.append(self.start(path))
             self.progress(self._done(entries), total, path.name, self._what(entries[-1]))
+        said = ""
         while any(e.stage != "done" for e in entries):
             changed = False
             for e in entries:
@@ -343,8 +344,20 @@ class _Batch:
                     changed = True
                     self.progress(self._done(entries), total, e.path.name, self._what(e))
             if not changed:
+                said = self._heartbeat(entries, total, said)
                 time.sleep(POLL_S)
         return [e.result for e in entries if e.result is not None]
+
+    def _heartbeat(self, entries: list[_Entry], total: int, said: str) -> str:
+        """What the first running job says it is doing, when that changed (its progress message)."""
+        for e in entries:
+            record = self.scheduler.store.get(e.job) if e.stage != "done" and e.job else None
+            if record is not None and record.state == "running" and record.message:
+                line = f"{e.stage}: {record.message}"
+                if line != said:
+                    self.progress(self._done(entries), total, e.path.name, line)
+                return line
+        return said
 
     @staticmethod
     def _done(entries: list[_Entry]) -> int:
@@ -362,6 +375,16 @@ class _Batch:
 
 def _quiet(done: int, total: int, file: str, message: str) -> None:
     return None
+
+
+def _wait_stopped(scheduler: Any, timeout_s: float = 60.0) -> None:
+    """After stop(), the jobs that were running are killed and re-queued by their threads: wait for
+    that (their sandboxes removed) before this process may exit, so none is left behind."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(r.state == "running" for r in scheduler.store.unfinished()):
+            return
+        time.sleep(POLL_S)
 
 
 def evaluate(
@@ -427,6 +450,7 @@ def evaluate(
     finally:
         if scheduler is not None:
             scheduler.stop()
+            _wait_stopped(scheduler)
         results_store.release()
     report = EvalReport(
         settings=settings,
