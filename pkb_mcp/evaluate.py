@@ -106,7 +106,7 @@ class EvalReport(BaseModel):
 
 
 def collect_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Directories (their *.py files), globs and files, in order, each once."""
+    """Directories (their *.py files), globs (`**` descends) and files, in order, each once."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw).expanduser()
@@ -115,7 +115,7 @@ def collect_files(paths: Iterable[str | Path]) -> list[Path]:
         elif path.is_file():
             matches = [path]
         else:
-            matches = [Path(m) for m in sorted(glob.glob(str(path))) if Path(m).is_file()]
+            matches = [Path(m) for m in sorted(glob.glob(str(path), recursive=True)) if Path(m).is_file()]
             if not matches:
                 raise UserError(f"{raw} is not a file, a directory or a glob that matches files")
         for m in matches:

@@ -51,6 +51,9 @@ def test_files_come_from_directories_globs_and_paths_each_once(tmp_path):
         (tmp_path / name).write_text("")
     found = collect_files([tmp_path, str(tmp_path / "00*.py"), tmp_path / "002_b.py"])
     assert [p.name for p in found] == ["001_a_torch.py", "002_b.py"]
+    (tmp_path / "model_a").mkdir()
+    (tmp_path / "model_a" / "003_c_cuda.py").write_text("")
+    assert [p.name for p in collect_files([str(tmp_path / "**" / "003_*.py")])] == ["003_c_cuda.py"]
     with pytest.raises(UserError, match="not a file, a directory or a glob"):
         collect_files([tmp_path / "missing*.py"])
 
