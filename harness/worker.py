@@ -180,7 +180,7 @@ class Watch:
         import torch
         import torch.distributed as dist
 
-        from harness import context, tensorfile, timing
+        from harness import context, convention, tensorfile, timing
 
         owners: dict[str, Any] = {
             "time": (time, ["perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "sleep"]),
@@ -226,6 +226,7 @@ class Watch:
             ("harness.timing", timing),
             ("harness.tensorfile", tensorfile),
             ("harness.context", context),
+            ("harness.convention", convention),
             ("harness.worker", sys.modules[__name__]),  # __main__ when run with -m
         ]:
             owners[label] = (module, [n for n in vars(module) if not n.startswith("__")])
@@ -431,7 +432,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
     import torch
     import torch.distributed as dist
 
-    from harness import tensorfile, timing
+    from harness import convention, tensorfile, timing
     from harness.context import DTYPES, ProblemContext, derive_seed
 
     rank, world_size = setup["rank"], setup["world_size"]
@@ -485,6 +486,7 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             solution = getattr(candidate, "solution", None)
             if not callable(solution):
                 raise SolutionError("the solution file defines no callable named solution")
+            solution = convention.bind(solution, problem, cfg, device)  # ours, or the original's call
         watch.check("while being imported")
 
         dtype = DTYPES[cfg["dtype"]]
@@ -514,7 +516,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 torch.cuda.set_stream(caller)  # whatever stream the solution left current
                 torch.cuda.synchronize()
             dist.barrier()  # every rank's work has ended before inputs are compared
-            meta: dict[str, Any] = {"aliased_outputs": aliased_inputs(outs[:returned], list(inputs))}
+            aliased = aliased_inputs(outs[:returned], list(inputs))
+            aliased = convention.aliasing_faults(problem, rank, world_size, outs, list(inputs), aliased)
+            meta: dict[str, Any] = {"aliased_outputs": aliased}
             meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), list(snaps))
             return structure, at_return, meta
 

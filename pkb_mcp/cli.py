@@ -84,6 +84,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         sandbox=args.sandbox,
         progress=_progress(args.json),
+        convention=args.convention,
     )
     _emit(args, result, render.check(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
@@ -100,6 +101,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sandbox=args.sandbox,
         progress=_progress(args.json),
         jobs=args.jobs,
+        convention=args.convention,
     )
     _emit(args, result, render.bench(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
@@ -122,6 +124,56 @@ def cmd_profile(args: argparse.Namespace) -> int:
     )
     _emit(args, result, render.profile(result))
     return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED
+
+
+class _Bar:
+    """`pkb eval`'s progress on stderr: a bar redrawn in place on a terminal, else a line per event."""
+
+    WIDTH = 24
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int, file: str, message: str) -> None:
+        if self.quiet:
+            return
+        filled = self.WIDTH * done // max(total, 1)
+        line = f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total}  {file}: {message}"
+        if self.tty:
+            print("\r\033[K" + line[:160], end="\n" if done == total else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pkb_mcp import eval_report
+    from pkb_mcp.evaluate import CANDIDATE_FAILURES, evaluate
+
+    report = evaluate(
+        args.paths,
+        world_size=args.world_size,
+        device=args.device,
+        size=args.size,
+        trials=args.trials,
+        timeout_s=args.timeout,
+        bench_timeout_s=args.bench_timeout,
+        sandbox=args.sandbox,
+        convention=args.convention,
+        bench=not args.no_bench,
+        rerun=args.rerun,
+        store=Path(args.store) if args.store else None,
+        out_dir=Path(args.out),
+        progress=_Bar(args.json),
+    )
+    text = eval_report.to_markdown(report)
+    text += "".join(f"\n{fmt}: {path}" for fmt, path in report.reports.items())
+    text += "".join(f"\nnote: {n}" for n in report.notes)
+    _emit(args, report, text)
+    outcomes = report.summary.outcomes
+    if outcomes.get("env"):
+        return EXIT_USAGE
+    return EXIT_FAILED if any(outcomes.get(k) for k in CANDIDATE_FAILURES) else EXIT_PASS
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
@@ -220,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
                 default="auto",
                 help="isolation: docker, process (no isolation), auto (docker when an engine answers)",
             )
+            p.add_argument(
+                "--convention",
+                choices=["auto", "ours", "original"],
+                default="auto",
+                help="how solution() is called: ours, the original benchmark's, or auto (from its signature)",
+            )
 
     p = sub.add_parser("problems", help="list the problems")
     p.add_argument("--category")
@@ -274,6 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common(p, run=True)
     p.set_defaults(func=cmd_profile, default_timeout=300.0)
+
+    p = sub.add_parser(
+        "eval",
+        help="check and benchmark a batch of solution files (directories, globs); report and scores",
+        description="Each file (named NNN_slug.py or the original's {id}_{name}_{backend}.py) is checked "
+        "and, if correct, benchmarked in sandboxed jobs of its own; results are kept in a SQLite store, "
+        "so a re-run resumes. Writes report.json, report.csv, report.md and report.png into --out.",
+    )
+    p.add_argument("paths", nargs="+", help="solution files, directories of them, or globs")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument(
+        "--bench-timeout", type=float, default=300.0, help="wall-clock limit of each benchmark job, seconds"
+    )
+    p.add_argument("--no-bench", action="store_true", help="check only: no speedups, only fast_0")
+    p.add_argument("--rerun", action="store_true", help="run every file again, even those already done")
+    p.add_argument("--store", default=None, help="the SQLite store (default $PKB_STATE_DIR/eval.sqlite)")
+    p.add_argument("--out", default="pkb-eval", help="directory for the reports (default ./pkb-eval)")
+    common(p, run=True)
+    p.set_defaults(func=cmd_eval, default_timeout=120.0)
 
     p = sub.add_parser("roofline", help="the problem's floor from its traffic and the node's ceilings")
     p.add_argument("problem", help="id or name")

@@ -64,6 +64,7 @@ class JobOutcome:
     launcher_log: str = ""
     warm: bool = False  # ran in a sandbox started ahead of need
     collected: Any = None  # what run_job's `collect` read from the job directory before its removal
+    convention: dict[str, str] | None = None  # what rank 0 recorded it chose (informational)
 
     @property
     def ok(self) -> bool:
@@ -85,6 +86,7 @@ class JobRequest:
     timeout_s: float
     timing: dict[str, Any] | None = None
     threads_per_rank: int = 1
+    convention: str = "auto"  # how the candidate is called: auto, ours, original (harness/convention.py)
 
 
 def new_job_dir(job_id: str) -> Path:
@@ -176,6 +178,7 @@ def run_job(
             "timeout_s": request.timeout_s,
             "timing": request.timing,
             "threads_per_rank": request.threads_per_rank,
+            "convention": request.convention,
             "rank_cpus": [list(block) for block in key.cpus],
         }
         job = SandboxJob(
@@ -297,6 +300,7 @@ def _collect(
                 found[key] = Outputs(structure, tensors, meta)
             except (tensorfile.TensorFileError, OSError) as exc:
                 errors[key] = str(exc)
+    outcome.convention = _convention_record(job_dir)
     timing_path = job_dir / "timing.json"
     if timing_path.is_file() and timing_path.stat().st_size < (64 << 20):
         try:
@@ -304,6 +308,15 @@ def _collect(
         except ValueError:
             outcome.timing = None
     return outcome
+
+
+def _convention_record(job_dir: Path) -> dict[str, str] | None:
+    """How rank 0 says it called the candidate: written in the sandbox, so only short strings count."""
+    record = read_result(job_dir / "convention.json", 4096)
+    if not isinstance(record, dict):
+        return None
+    kept = {k: v[:300] for k, v in record.items() if k in ("requested", "used", "why") and isinstance(v, str)}
+    return kept or None
 
 
 # ---------------------------------------------------------------- tool jobs (discover, build)

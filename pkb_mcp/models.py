@@ -76,6 +76,14 @@ class Traffic(Result):
     rounds: float = Field(description="dependent communication steps")
 
 
+class OriginalConvention(Result):
+    # How a file written for the original benchmark is called on this problem (harness/convention.py).
+    signature: str
+    call: str | None = Field(None, description="as the harness makes it; null if it cannot")
+    callable: bool
+    differences: str = Field("", description="where this workload deliberately differs")
+
+
 class ProblemDetail(ProblemSummary):
     description: str
     signature: str
@@ -85,14 +93,15 @@ class ProblemDetail(ProblemSummary):
     sizes: dict[str, dict[str, object]]
     tolerance: dict[str, Any] = Field(description="each output's; 'outputs': own, by index")
     mutates_inputs: bool
-    inputs: list[InputSpec] = Field(description="rank 0's inputs at this world size and size preset")
+    inputs: list[InputSpec] = Field(description="rank 0's")
     traffic: Traffic
     reference_source: str
+    original: OriginalConvention | None = Field(None, description="the original benchmark's convention")
 
 
 class Mismatch(Result):
-    output: int = Field(description="which output")
-    index: list[int] = Field(description="the first failing element")
+    output: int
+    index: list[int]  # the first failing element
     expected: str
     got: str
 
@@ -123,9 +132,9 @@ class StaticReport(Result):
 
     collectives: list[str]
     compute_ops: list[str]
-    multicast: bool = Field(description="uses NVLink multicast: refused")
+    multicast: bool  # uses NVLink multicast: refused before running
     multicast_uses: list[str] = []
-    suspicious: list[str] = Field(description="patterns worth review")
+    suspicious: list[str]  # patterns worth review (docs/adversarial.md)
 
 
 class CheckResult(Result):
@@ -141,7 +150,7 @@ class CheckResult(Result):
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
-    notes: list[str] = Field([], description="extensions built for the run")
+    notes: list[str] = []  # what was built for the run (load_inline extensions)
     static_report: StaticReport | None = None
 
 
@@ -185,7 +194,7 @@ class FloorPlacement(Result):
     floor_ms: float = Field(description="max(nvlink, hbm, compute) + latency")
     bound: str
     time_ms: float | None = None
-    pct_of_floor: float | None = Field(None, description="floor / time x 100: 100% is the speed of light")
+    pct_of_floor: float | None = Field(None, description="floor / time x 100")
     note: str = ""
 
 
@@ -232,7 +241,7 @@ class BenchResult(Result):
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
-    notes: list[str] = Field([], description="extensions built for the run")
+    notes: list[str] = []  # what was built for the run (load_inline extensions)
     static_report: StaticReport | None = None
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from harness import convention
 from harness.context import DTYPES, ProblemContext
 from pkb_mcp import config
 from pkb_mcp.errors import UserError
@@ -185,6 +186,9 @@ def load_problem(path: Path) -> Problem:
     missing = [k for k in TRAFFIC_KEYS if k not in traffic]
     if missing:
         raise ProblemFormatError(f"{path.name}: traffic() lacks {', '.join(missing)}")
+    why = convention.declaration_error(module, problem.size("pkb"), problem.torch_dtype)
+    if why:
+        raise ProblemFormatError(f"{path.name}: {why}")
     return problem
 
 

@@ -71,12 +71,17 @@ def check(r: CheckResult) -> str:
             f"{r.verdict.upper()}: {r.message}",
             *static_lines(r.static_report),
             *warning_lines(r.warnings),
+            *note_lines(r.notes),
         ]
     )
 
 
 def warning_lines(items: list[str]) -> list[str]:
     return [f"warning: {w}" for w in items]
+
+
+def note_lines(items: list[str]) -> list[str]:
+    return [f"note: {n}" for n in items]
 
 
 def _some(items: list[str], n: int) -> str:
@@ -163,7 +168,7 @@ def bench(r: BenchResult) -> str:
         )
     lines.append(f"{r.verdict.upper()}: {r.message}")
     lines += static_lines(r.static_report)
-    return "\n".join(lines + warning_lines(r.warnings))
+    return "\n".join(lines + warning_lines(r.warnings) + note_lines(r.notes))
 
 
 def show(d: ProblemDetail) -> str:
@@ -186,8 +191,25 @@ def show(d: ProblemDetail) -> str:
             table(inputs, ["arg", "shape", "dtype", "value"]),
             f"traffic per GPU: NVLink {fmt_bytes(t.nvlink_bytes)} each way, HBM {fmt_bytes(t.hbm_bytes)}, "
             f"{t.flops:.4g} FLOP, {t.rounds:g} rounds",
+            *original_lines(d),
         ]
     )
+
+
+def original_lines(d: ProblemDetail) -> list[str]:
+    """The original benchmark's signature, the call made from our inputs, and the stated differences."""
+    o = d.original
+    if o is None:
+        return []
+    how = (
+        f"is called (on rank 0) as {o.call}"
+        if o.callable
+        else "cannot run on this workload: write it to the contract above"
+    )
+    lines = ["", f"original benchmark's signature: {o.signature}", f"  an original-format file {how}"]
+    if o.differences:
+        lines.append(f"  differences from the original: {o.differences}")
+    return lines
 
 
 def problems(found: list[ProblemSummary]) -> str:

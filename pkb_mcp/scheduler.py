@@ -50,6 +50,7 @@ def _run_args(params: dict[str, Any], progress: service.Progress, cancel: thread
         "progress": progress,
         "cancel": cancel,
         "gpus": params.get("gpus"),
+        "convention": params.get("convention", "auto"),
     }
 
 

@@ -112,6 +112,10 @@ Source = Annotated[str | None, Arg(description="the code; or give path")]
 SourcePath = Annotated[str | None, Arg(description="a file on the server; or give source")]
 Device = Annotated[Literal["cpu", "cuda"] | None, Arg(description="default: cuda when the node has GPUs")]
 Wait = Annotated[bool, Arg(description="false: return a job id at once")]
+Convention = Annotated[
+    Literal["auto", "ours", "original"],
+    Arg(description="solution()'s calling convention (auto: by its signature)"),
+]
 
 
 class ProblemList(Result):
@@ -380,6 +384,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         trials: Annotated[int, Arg(ge=1, le=100, description="fresh random inputs per trial")] = 5,
         device: Device = None,
         timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
+        convention: Convention = "auto",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
@@ -397,6 +402,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
                 "device": dev,
                 "timeout_s": timeout_s,
                 "sandbox": "auto",
+                "convention": convention,
             },
         )
         return await tools.finish(job_id, wait, ctx)
@@ -419,6 +425,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
                 description=service.JOBS_HELP,
             ),
         ] = 1,
+        convention: Convention = "auto",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, BenchOutput]:
         """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
@@ -436,6 +443,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
                 "timeout_s": timeout_s,
                 "sandbox": "auto",
                 "jobs": jobs,
+                "convention": convention,
             },
         )
         return await tools.finish(job_id, wait, ctx)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import tensorfile, timing
-from pkb_mcp import config, judge, problems, roofline, static_report, stats
+from pkb_mcp import config, conventions, judge, problems, roofline, static_report, stats
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, ToolJobs, prestart, run_job, warm_pool
 from pkb_mcp.models import (
@@ -113,6 +113,7 @@ def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> Prob
             nvlink_bytes=t["nvlink_bytes"], hbm_bytes=t["hbm_bytes"], flops=t["flops"], rounds=t["rounds"]
         ),
         reference_source=p.path.read_text(),
+        original=conventions.describe(p, world_size, size),
     )
 
 
@@ -269,8 +270,10 @@ class _Run:
         timeout_s: float,
         sandbox: str,
         gpus: list[int] | None = None,
+        convention: str = "auto",
     ):
         self.t0 = time.monotonic()
+        self.convention = conventions.requested(convention)
         self.problem, self.device = preflight(ref, world_size, size, device, timeout_s)
         self.gpus = gpus if gpus is not None and self.device == "cuda" else _gpus_for(self.device, world_size)
         self.world_size = world_size
@@ -327,6 +330,7 @@ class _Run:
             timeout_s=self.timeout_s,
             timing=timing,
             threads_per_rank=threads,
+            convention=self.convention,
         )
 
     def elapsed(self) -> float:
@@ -488,9 +492,10 @@ def check(
     progress: Progress = _noop,
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
+    convention: str = "auto",
 ) -> CheckResult:
     """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
-    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
+    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
     p = run.problem
     if not 1 <= trials <= MAX_TRIALS:
         raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
@@ -537,6 +542,7 @@ def check(
         cand_outcome = run_job(cand_request, run.backend, cancel)
     if not ref_outcome.ok:
         raise _reference_failed(p, ref_outcome)
+    run.notes += conventions.notes(cand_outcome)
     progress(2, 3, "judging outputs")
     mac_key = tensorfile.result_key(seeds)
     ranks = _judge(p, world_size, list(range(trials)), cand_outcome, ref_outcome, mac_key)
@@ -643,6 +649,7 @@ def bench(
     gpus: list[int] | None = None,
     placements: int = 1,
     jobs: int = 1,
+    convention: str = "auto",
 ) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
 
@@ -655,7 +662,7 @@ def bench(
         raise UserError(f"placements must be between 1 and {MAX_PLACEMENTS}, not {placements}")
     if not 1 <= jobs <= MAX_JOBS:
         raise UserError(f"jobs must be between 1 and {MAX_JOBS}, not {jobs}")
-    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
+    run = _Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
     p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> BenchResult:
@@ -721,6 +728,7 @@ def bench(
             ran.append((ref_outcome, cand_outcome))
             if not cand_outcome.ok:
                 break  # judged below: the first failure decides
+    run.notes += conventions.notes(ran[0][1])
     ref_stats, ref_warnings = stats.summarize(stats.pool_jobs(ref_records))
     run.warnings.extend(f"reference: {w}" for w in ref_warnings)
     fields: dict[str, Any] = {"reference": ref_stats}

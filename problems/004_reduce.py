@@ -1,9 +1,10 @@
 """Reduce (sum) of one bf16 matrix onto rank 0.
 
 Each rank holds a different random [rows, cols] matrix. Rank 0 (the root) must return the
-elementwise sum over all ranks; every other rank returns a copy of its own input, as the original
-workload does (a reduce leaves the non-root buffers as they were). The primitive behind collecting
-gradients or metrics on one process.
+elementwise sum over all ranks; every other rank returns its own input, unchanged, as the original
+workload does (a reduce leaves the non-root buffers as they were): the input tensor itself may be
+returned there (`input_returned`; outputs are copied at return, so nothing is lost), or a copy. The
+primitive behind collecting gradients or metrics on one process.
 
 Source: torch.distributed.reduce with dst 0 (ParallelKernelBench problem 4). Unlike the original,
 the inputs are random and differ per rank and per trial, so the sum cannot be known without
@@ -39,13 +40,19 @@ def make_inputs(ctx):
     return (ctx.randn(ctx.size["rows"], ctx.size["cols"], scale=ctx.world_size**-0.5),)
 
 
+def input_returned(rank, world_size):
+    """Where the output is the rank's input unchanged, so the input tensor itself may be returned."""
+    return rank != 0
+
+
 def solution(x):
-    out = x.clone()
-    dist.reduce(out, dst=0, op=dist.ReduceOp.SUM)
-    if dist.get_rank() != 0 and "gloo" in dist.get_backend():
-        # gloo uses the non-root buffers as scratch space (NCCL only reads them): restore the copy.
-        out.copy_(x)
-    return out
+    if dist.get_rank() == 0:
+        out = x.clone()
+        dist.reduce(out, dst=0, op=dist.ReduceOp.SUM)
+        return out
+    # NCCL only reads the non-root buffers; gloo uses them as scratch space, so it gets a copy
+    dist.reduce(x.clone() if "gloo" in dist.get_backend() else x, dst=0, op=dist.ReduceOp.SUM)
+    return x
 
 
 def traffic(ctx):
@@ -64,3 +71,10 @@ def traffic(ctx):
         "flops": elems,  # the root adds the others' sum to its own matrix
         "rounds": 1 if w == 2 else 2,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": "solution(tensor: torch.Tensor, dst: int = 0) -> torch.Tensor",
+    "args": lambda inputs, env: (inputs[0], 0),
+}

@@ -52,3 +52,15 @@ def traffic(ctx):
         "flops": 0,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": "solution(tensor: torch.Tensor, src: int = 0) -> torch.Tensor",
+    # the root passes its stack; the others a [rows, cols] buffer, the shape the original gives them
+    "args": lambda inputs, env: inputs if env.rank == 0 else (inputs[0].new_empty(inputs[0].shape[1:]),),
+    "differences": (
+        "Ranks other than the root get a fresh [rows, cols] buffer, as the original gives them (ours "
+        "gives every rank a [W, rows, cols] stack, read on the root only)."
+    ),
+}

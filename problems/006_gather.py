@@ -1,8 +1,10 @@
 """Gather of one bf16 matrix from every rank onto rank 0.
 
 Each rank holds a different random [rows, cols] matrix. Rank 0 (the root) must return all of them
-stacked in rank order, [world_size, rows, cols]; every other rank returns a copy of its own input,
-as the original workload does. The primitive behind collecting results on one process.
+stacked in rank order, [world_size, rows, cols]; every other rank returns its own input, unchanged,
+as the original workload does: the input tensor itself may be returned there (`input_returned`;
+outputs are copied at return, so nothing is lost), or a copy. The primitive behind collecting
+results on one process.
 
 Source: torch.distributed.gather with dst 0 (ParallelKernelBench problem 6). Unlike the original,
 the inputs are random and differ per rank and per trial.
@@ -35,13 +37,18 @@ def make_inputs(ctx):
     return (ctx.randn(ctx.size["rows"], ctx.size["cols"]),)
 
 
+def input_returned(rank, world_size):
+    """Where the output is the rank's input unchanged, so the input tensor itself may be returned."""
+    return rank != 0
+
+
 def solution(x):
     if dist.get_rank() == 0:
         out = x.new_empty(dist.get_world_size(), *x.shape)
         dist.gather(x, gather_list=list(out.unbind(0)), dst=0)
         return out
     dist.gather(x, gather_list=None, dst=0)
-    return x.clone()
+    return x
 
 
 def traffic(ctx):
@@ -54,3 +61,10 @@ def traffic(ctx):
         "flops": 0,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": "solution(tensor: torch.Tensor, dst: int = 0) -> torch.Tensor",
+    "args": lambda inputs, env: inputs,  # the original passes the tensor alone: dst keeps its default
+}

@@ -86,3 +86,18 @@ def traffic(ctx):
         "flops": w * elems,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": (
+        "solution(local_y: torch.Tensor, local_s: torch.Tensor, block_size: int = 128) -> torch.Tensor"
+    ),
+    "args": None,
+    "differences": (
+        "In the original the codes and the scales are bf16 tensors ([W, rows, cols] and "
+        "[W, rows * cols / 128]), the dequantized values are what travels, and the output is float32; "
+        "here the codes are FP8 e4m3, the scales float32 [W, rows, cols / 128] (problem 19's layout) and "
+        "the output bf16, so an original file's arithmetic does not apply to these inputs."
+    ),
+}

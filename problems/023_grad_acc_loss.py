@@ -105,3 +105,20 @@ def traffic(ctx):
         "flops": 2 * n_micro + (w - 1) / w * n_grad + n_grad + 4,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": (
+        "solution(loss: torch.Tensor, local_valid_tokens: torch.Tensor, global_valid_tokens: torch.Tensor, "
+        "grad_normalized_loss: torch.Tensor, grad_loss_sum: Optional[torch.Tensor] = None) "
+        "-> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]"
+    ),
+    "args": None,
+    "differences": (
+        "The original works on single bf16 scalars (one loss, the local and the global token counts "
+        "given as inputs, one gradient value); here each rank holds micro-batch losses, counts and a "
+        "gradient vector, and the global count must be found by an all-reduce, so the original's call "
+        "has no counterpart in these inputs."
+    ),
+}

@@ -191,3 +191,20 @@ def traffic(ctx):
         "flops": 6 * batch * hidden * (d_in + d_out) + 12 * s,
         "rounds": 2,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": (
+        "solution(X_local: Tensor, y_local: Tensor, flat_param_shard: Tensor, param_shapes: "
+        "Sequence[tuple[int, ...]], exp_avg_shard: Tensor, exp_avg_sq_shard: Tensor, lr: float, beta1: "
+        "float, beta2: float, eps: float, weight_decay: float, step: int) -> tuple[Tensor, Tensor, Tensor]"
+    ),
+    "args": None,
+    "differences": (
+        "The original keeps the parameter shard and moments in bf16 and needs P divisible by W; here they"
+        " are float32 shards of a zero-padded vector, with a bf16 forward and backward and a float32 "
+        "AdamW: an original file, computing in one dtype, cannot produce this mixed-precision step's "
+        "outputs."
+    ),
+}

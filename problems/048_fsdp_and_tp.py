@@ -146,3 +146,19 @@ def traffic(ctx):
         "flops": 3 * 2 * tokens * dim * ffn_tp + 4 * tokens * ffn_tp + tokens * dim,
         "rounds": 2,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": (
+        "solution(x_local: Tensor, W1_shard: Tensor, W2_shard: Tensor, W3_shard: Tensor, n_tp: int, "
+        "n_fsdp: int) -> Tensor"
+    ),
+    "args": None,
+    "differences": (
+        "The original creates six process groups on every call and its shards are W1, W2 [64, 512] and "
+        "W3 [512, 64] at 8 ranks; here gate and up are [ffn / (2 n_fsdp), dim] and down "
+        "[dim / n_fsdp, ffn / 2] (nn.Linear layout, FSDP-sharded by rows), so the original's shards have "
+        "no counterpart in these inputs."
+    ),
+}

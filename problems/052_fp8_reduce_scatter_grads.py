@@ -96,3 +96,14 @@ def traffic(ctx):
         "flops": 4 * w * n,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py).
+ORIGINAL = {
+    "signature": "solution(flat_grads: Tensor, amax_history: Tensor) -> tuple[Tensor, Tensor]",
+    "args": lambda inputs, env: inputs[:2],
+    "differences": (
+        "The original derives this step's scale from the history itself (448 / max(history), the value "
+        "passed here as scales[0]), and its history is bf16 (float32 here)."
+    ),
+}

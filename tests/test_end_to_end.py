@@ -25,7 +25,9 @@ _reference_solution = solution
 
 def solution(*args):
     out = _reference_solution(*args)
-    first = out if isinstance(out, torch.Tensor) else out[0]
+    # a copy: where a rank returns its input (rooted collectives, input_returned), the input stays as is
+    first = (out if isinstance(out, torch.Tensor) else out[0]).clone()
+    out = first if isinstance(out, torch.Tensor) else (first, *out[1:])
     flat = first.view(-1)
     i = flat.numel() // 3
     # one element clearly wrong whatever its value (x * 2 + 1 would leave x = -1, and values near it

@@ -1,0 +1,9 @@
+# Problem 1 written the original benchmark's way (its signature, `tensor`): right.
+import torch
+import torch.distributed as dist
+
+
+def solution(tensor: torch.Tensor) -> torch.Tensor:
+    out = tensor.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out

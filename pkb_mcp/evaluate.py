@@ -1,0 +1,466 @@
+"""`pkb eval`: a batch of solution files, each checked and, if correct, benchmarked; one report.
+
+Files are named by problem: the original benchmark's `{id}_{name}_{backend}.py` or ours
+`NNN_slug.py`. Each file's check, then its benchmark, is a job of the scheduler (pkb_mcp/scheduler.py),
+so the files' jobs spread over the node's GPUs as the scheduler allows and each runs in sandboxed jobs
+of its own. Per-file results are kept in a table beside the scheduler's jobs, in one SQLite file
+(pkb_mcp/eval_store.py): a re-run skips what is done, and jobs an interrupted run left behind are
+adopted, not submitted again. A crash, a hang or a failed build is that file's verdict; errors of the
+harness or the environment are a category of their own, reported apart and left out of the scores
+(docs/measurement.md defines correct %, fast_p and the geometric mean).
+
+`evaluate` is the Python entry point (an evaluation script calls it without the CLI);
+pkb_mcp/eval_report.py summarizes and writes the report formats.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from pkb_mcp import config, conventions, service
+from pkb_mcp.errors import UserError
+from pkb_mcp.eval_store import EvalStore
+from pkb_mcp.models import BenchResult, CheckResult
+
+Outcome = Literal["pass", "wrong", "error", "timeout", "build", "refused", "skipped", "env"]
+# what the candidate did wrong; "skipped" (not run) and "env" (the harness or the environment failed)
+# say nothing about the candidate
+CANDIDATE_FAILURES = ("wrong", "error", "timeout", "build", "refused")
+NOT_ATTEMPTED = ("skipped", "env")
+FILE_NAME = re.compile(r"^(\d{1,3})_([A-Za-z0-9_]*?)(?:_([A-Za-z0-9]+))?\.py$")
+POLL_S = 0.25
+
+Progress = Callable[[int, int, str, str], None]  # (files done, files in all, file, what is happening)
+
+
+class EvalSettings(BaseModel):
+    world_size: int = 4
+    device: str = "cpu"
+    size: str = "pkb"
+    trials: int = 5
+    timeout_s: float = Field(120.0, description="limit of each check job")
+    bench_timeout_s: float = Field(300.0, description="limit of each benchmark job")
+    sandbox: str = "auto"
+    convention: str = "auto"
+    bench: bool = True
+
+
+class FileResult(BaseModel):
+    file: str
+    sha256: str
+    problem_id: int | None = None
+    problem: str | None = None
+    backend: str | None = Field(
+        None, description="the last word of an original-format name (cuda, triton...)"
+    )
+    convention: str | None = Field(None, description="how solution() was called: ours or original")
+    outcome: Outcome
+    correct: bool = False
+    message: str = ""
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    credited: bool = Field(False, description="the speedup counts in fast_p and the geometric mean")
+    candidate_ms: float | None = None
+    reference_ms: float | None = None
+    floor_ms: float | None = Field(None, description="the roofline floor (GPU only)")
+    pct_of_floor: float | None = None
+    floor_speedup: float | None = Field(None, description="reference time / floor: the speedup at the floor")
+    check_job: str | None = None
+    bench_job: str | None = None
+    reused: bool = Field(False, description="taken from an earlier run of the same file and settings")
+
+
+class EvalSummary(BaseModel):
+    files: int
+    attempted: int = Field(description="files run to a verdict: not skipped, no environment error")
+    correct: int
+    correct_pct: float | None
+    fast_p: dict[str, float | None] = Field(description="threshold p -> fraction of attempted files")
+    geomean_speedup: float | None = Field(description="over correct files with a credited speedup")
+    outcomes: dict[str, int]
+
+
+class EvalReport(BaseModel):
+    settings: EvalSettings
+    store: str
+    wall_s: float
+    resumed: int = Field(description="files whose result came from an earlier run")
+    results: list[FileResult]
+    summary: EvalSummary
+    reports: dict[str, str] = Field(default_factory=dict, description="format -> path written")
+    notes: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- files
+
+
+def collect_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Directories (their *.py files), globs (`**` descends) and files, in order, each once."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            matches = sorted(p for p in path.glob("*.py") if not p.name.startswith(("_", ".")))
+        elif path.is_file():
+            matches = [path]
+        else:
+            matches = [Path(m) for m in sorted(glob.glob(str(path), recursive=True)) if Path(m).is_file()]
+            if not matches:
+                raise UserError(f"{raw} is not a file, a directory or a glob that matches files")
+        for m in matches:
+            if m.resolve() not in {f.resolve() for f in found}:
+                found.append(m)
+    if not found:
+        raise UserError("no solution files found; pass files, directories or globs of .py files")
+    return found
+
+
+def name_parts(path: Path) -> tuple[int | None, str | None]:
+    """(problem id, backend) from a file name; (None, None) when the name carries no id."""
+    m = FILE_NAME.match(path.name)
+    if not m:
+        return None, None
+    return int(m.group(1)), m.group(3)
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+def classify(result: CheckResult | BenchResult) -> Outcome:
+    """The category of a candidate's check or benchmark."""
+    if result.verdict in ("pass", "suspect"):
+        return "pass"
+    if "ConventionError" in result.message or all(
+        r.message.startswith("not run: ") for r in result.ranks if r.state != "pass"
+    ):
+        return "refused"  # a stated difference from the original, or a refusal before running
+    if result.verdict == "timeout":
+        return "timeout"
+    if any("failed to build" in n for n in result.notes) or "Error building extension" in result.message:
+        return "build"
+    states = {r.state for r in result.ranks}
+    if "wrong" in states and not states & {"error", "crashed", "exited", "timeout"}:
+        return "wrong"
+    return "error"
+
+
+def _from_check(base: FileResult, r: CheckResult, job: str) -> FileResult:
+    outcome = classify(r)
+    return base.model_copy(
+        update={
+            "problem": r.problem,
+            "convention": conventions.used_in(r.notes),
+            "outcome": outcome,
+            "correct": outcome == "pass",
+            "message": r.message,
+            "check_job": job,
+        }
+    )
+
+
+def _from_bench(checked: FileResult, b: BenchResult, job: str, device: str) -> FileResult:
+    outcome = classify(b)
+    update: dict[str, Any] = {"outcome": outcome, "correct": outcome == "pass", "bench_job": job}
+    update["message"] = b.message
+    if b.candidate is not None and b.speedup is not None:
+        update.update(
+            speedup=b.speedup,
+            speedup_low=b.speedup_low,
+            speedup_high=b.speedup_high,
+            candidate_ms=b.candidate.median_ms,
+            credited=b.verdict == "pass",
+        )
+    if b.reference is not None:
+        update["reference_ms"] = b.reference.median_ms
+    if device == "cuda" and b.roofline is not None:
+        update["floor_ms"] = b.roofline.floor_ms
+        update["pct_of_floor"] = b.roofline.pct_of_floor
+        if b.reference is not None and b.roofline.floor_ms > 0:
+            update["floor_speedup"] = b.reference.median_ms / b.roofline.floor_ms
+    return checked.model_copy(update=update)
+
+
+# ---------------------------------------------------------------- the batch
+
+
+@dataclass
+class _Entry:
+    path: Path
+    key: str
+    base: FileResult
+    stage: str = "done"  # checking, benchmarking, done
+    job: str | None = None
+    result: FileResult | None = None
+    checked: FileResult | None = None  # the check's result while its benchmark runs
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Batch:
+    def __init__(
+        self, settings: EvalSettings, scheduler: Any, store: EvalStore, rerun: bool, progress: Progress
+    ):
+        self.s = settings
+        self.scheduler = scheduler
+        self.store = store
+        self.rerun = rerun
+        self.progress = progress
+
+    def params(self, path: Path, pid: int, kind: str) -> dict[str, Any]:
+        common = {
+            "problem": pid,
+            "path": str(path.resolve()),
+            "world_size": self.s.world_size,
+            "size": self.s.size,
+            "device": self.s.device,
+            "sandbox": self.s.sandbox,
+            "convention": self.s.convention,
+        }
+        if kind == "check":
+            return {**common, "trials": self.s.trials, "timeout_s": self.s.timeout_s}
+        return {**common, "timeout_s": self.s.bench_timeout_s, "jobs": 1}
+
+    def start(self, path: Path) -> _Entry:
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        pid, backend = name_parts(path)
+        base = FileResult(file=str(path), sha256=sha, problem_id=pid, backend=backend, outcome="skipped")
+        key = hashlib.sha256(
+            json.dumps([str(path.resolve()), sha, pid, self.s.model_dump()]).encode()
+        ).hexdigest()
+        entry = _Entry(path, key, base)
+        if pid is None:
+            entry.result = base.model_copy(
+                update={"message": "no problem id in the file name (NNN_slug.py or {id}_{name}_{backend}.py)"}
+            )
+            return entry
+        try:
+            problem, _ = service.preflight(
+                pid, self.s.world_size, self.s.size, self.s.device, self.s.timeout_s
+            )
+        except UserError as exc:
+            entry.result = base.model_copy(update={"message": str(exc)})
+            return entry
+        entry.base = base = base.model_copy(update={"problem": problem.name})
+        row = self.store.get(key)
+        if row is not None and self.rerun:
+            for job in (row["check_job"], row["bench_job"]):
+                record = self.scheduler.store.get(job) if job else None
+                if record is not None and not record.terminal:
+                    self.scheduler.cancel(job, "re-run asked for")
+            row = None
+        if row is not None and row["state"] == "done" and row["result"]:
+            entry.result = FileResult.model_validate({**row["result"], "reused": True})
+            return entry
+        if row is not None and self._adoptable(row["bench_job"]) and row["result"]:
+            entry.stage, entry.job = "benchmarking", row["bench_job"]
+            entry.checked = FileResult.model_validate(row["result"])
+            return entry
+        if row is not None and self._adoptable(row["check_job"]):
+            entry.stage, entry.job = "checking", row["check_job"]
+            return entry
+        entry.stage, entry.job = "checking", self.scheduler.submit("check", self.params(path, pid, "check"))
+        self.store.put(key, str(path), "checking", check_job=entry.job)
+        return entry
+
+    def _adoptable(self, job: str | None) -> bool:
+        """A job of an earlier run that is still queued or running (re-queued on restart), or done."""
+        if not job:
+            return False
+        record = self.scheduler.store.get(job)
+        return record is not None and record.state in ("queued", "running", "done")
+
+    def advance(self, entry: _Entry) -> bool:
+        """Move an entry on when its job has ended; True when it changed."""
+        assert entry.job is not None
+        record = self.scheduler.get(entry.job)
+        if not record.terminal:
+            return False
+        raw = self.scheduler.result(entry.job) if record.state == "done" else None
+        if raw is None:  # the service refused or failed: the environment, not the candidate
+            why = record.error or f"the job ended {record.state}"
+            done = (entry.checked or entry.base).model_copy(
+                update={"outcome": "env", "correct": False, "message": why}
+            )
+            self.finish(entry, done)
+            return True
+        if entry.stage == "checking":
+            checked = _from_check(entry.base, CheckResult.model_validate(raw), entry.job)
+            if checked.outcome != "pass" or not self.s.bench:
+                self.finish(entry, checked)
+                return True
+            entry.checked = checked
+            entry.stage = "benchmarking"
+            entry.job = self.scheduler.submit(
+                "bench", self.params(entry.path, checked.problem_id or 0, "bench")
+            )
+            self.store.put(
+                entry.key,
+                str(entry.path),
+                "benchmarking",
+                check_job=checked.check_job,
+                bench_job=entry.job,
+                result=checked.model_dump(mode="json"),
+            )
+            return True
+        assert entry.checked is not None
+        self.finish(
+            entry, _from_bench(entry.checked, BenchResult.model_validate(raw), entry.job, self.s.device)
+        )
+        return True
+
+    def finish(self, entry: _Entry, result: FileResult) -> None:
+        entry.result, entry.stage, entry.job = result, "done", None
+        self.store.put(
+            entry.key,
+            str(entry.path),
+            "done",
+            check_job=result.check_job,
+            bench_job=result.bench_job,
+            result=result.model_dump(mode="json"),
+        )
+
+    def run(self, files: list[Path]) -> list[FileResult]:
+        total = len(files)
+        entries: list[_Entry] = []
+        for path in files:
+            entries.append(self.start(path))
+            self.progress(self._done(entries), total, path.name, self._what(entries[-1]))
+        said = ""
+        while any(e.stage != "done" for e in entries):
+            changed = False
+            for e in entries:
+                if e.stage != "done" and self.advance(e):
+                    changed = True
+                    self.progress(self._done(entries), total, e.path.name, self._what(e))
+            if not changed:
+                said = self._heartbeat(entries, total, said)
+                time.sleep(POLL_S)
+        return [e.result for e in entries if e.result is not None]
+
+    def _heartbeat(self, entries: list[_Entry], total: int, said: str) -> str:
+        """What the first running job says it is doing, when that changed (its progress message)."""
+        for e in entries:
+            record = self.scheduler.store.get(e.job) if e.stage != "done" and e.job else None
+            if record is not None and record.state == "running" and record.message:
+                line = f"{e.stage}: {record.message}"
+                if line != said:
+                    self.progress(self._done(entries), total, e.path.name, line)
+                return line
+        return said
+
+    @staticmethod
+    def _done(entries: list[_Entry]) -> int:
+        return sum(e.stage == "done" for e in entries)
+
+    @staticmethod
+    def _what(e: _Entry) -> str:
+        if e.stage != "done":
+            return e.stage
+        assert e.result is not None
+        reused = " (from an earlier run)" if e.result.reused else ""
+        speed = f", {e.result.speedup:.3f}x" if e.result.speedup is not None else ""
+        return f"{e.result.outcome}{speed}{reused}"
+
+
+def _quiet(done: int, total: int, file: str, message: str) -> None:
+    return None
+
+
+def _wait_stopped(scheduler: Any, timeout_s: float = 60.0) -> None:
+    """After stop(), the jobs that were running are killed and re-queued by their threads: wait for
+    that (their sandboxes removed) before this process may exit, so none is left behind."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(r.state == "running" for r in scheduler.store.unfinished()):
+            return
+        time.sleep(POLL_S)
+
+
+def evaluate(
+    paths: Iterable[str | Path],
+    *,
+    world_size: int = 4,
+    device: str | None = None,
+    size: str = "pkb",
+    trials: int = 5,
+    timeout_s: float = 120.0,
+    bench_timeout_s: float = 300.0,
+    sandbox: str = "auto",
+    convention: str = "auto",
+    bench: bool = True,
+    rerun: bool = False,
+    store: Path | None = None,
+    out_dir: Path | None = None,
+    progress: Progress = _quiet,
+) -> EvalReport:
+    """Check, and benchmark where correct, every solution file under `paths`; summarize; write the
+    report formats into `out_dir` when given. Resumes from `store` (default $PKB_STATE_DIR/eval.sqlite)."""
+    from pkb_mcp import eval_report
+    from pkb_mcp.scheduler import Scheduler
+    from pkb_mcp.store import JobStore
+    from sandbox import SandboxUnavailable, select_backend
+
+    t0 = time.monotonic()
+    files = collect_files(paths)
+    device = device or service.default_device()
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device {device!r} is not cpu or cuda")
+    if not 1 <= trials <= service.MAX_TRIALS:
+        raise UserError(f"trials must be between 1 and {service.MAX_TRIALS}, not {trials}")
+    if timeout_s <= 0 or bench_timeout_s <= 0:
+        raise UserError("timeouts must be positive; pass --timeout in seconds")
+    try:
+        select_backend(sandbox)
+    except SandboxUnavailable as exc:
+        raise UserError(str(exc)) from exc
+    settings = EvalSettings(
+        world_size=world_size,
+        device=device,
+        size=size,
+        trials=trials,
+        timeout_s=timeout_s,
+        bench_timeout_s=bench_timeout_s,
+        sandbox=sandbox,
+        convention=conventions.requested(convention),
+        bench=bench,
+    )
+    store_path = (store or config.state_dir() / "eval.sqlite").expanduser().resolve()
+    results_store = EvalStore(store_path)
+    results_store.acquire()
+    scheduler = None
+    try:
+        gpus = 0
+        if device == "cuda":
+            import torch
+
+            gpus = torch.cuda.device_count()
+        scheduler = Scheduler(JobStore(store_path), gpus)
+        results = _Batch(settings, scheduler, results_store, rerun, progress).run(files)
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+            _wait_stopped(scheduler)
+        results_store.release()
+    report = EvalReport(
+        settings=settings,
+        store=str(store_path),
+        wall_s=round(time.monotonic() - t0, 3),
+        resumed=sum(r.reused for r in results),
+        results=results,
+        summary=eval_report.summarize(results),
+    )
+    if out_dir is not None:
+        report.reports, notes = eval_report.write_reports(report, out_dir)
+        report.notes += notes
+    return report

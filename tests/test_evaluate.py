@@ -1,0 +1,291 @@
+"""`pkb eval` (pkb_mcp/evaluate.py, pkb_mcp/eval_report.py): files found by name, outcomes classified,
+scores as docs/measurement.md defines them, every report format, and the example directory
+(examples/original) end to end on CPU: right verdicts, a resume that reruns nothing, an interrupted
+run that resumes, and errors of the environment kept apart from the candidates' failures."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pkb_mcp import eval_report
+from pkb_mcp.errors import UserError
+from pkb_mcp.evaluate import (
+    EvalReport,
+    EvalSettings,
+    FileResult,
+    classify,
+    collect_files,
+    evaluate,
+    name_parts,
+)
+from pkb_mcp.models import CheckResult, RankResult, SandboxInfo
+
+from .conftest import ROOT
+
+EXAMPLES = ROOT / "examples" / "original"
+EXPECTED = {
+    "001_allreduce_torch.py": "pass",
+    "007_reducescatter_torch.py": "wrong",
+    "008_alltoall_torch.py": "timeout",
+    "013_gemm_allreduce_cpp.py": "build",
+    "018_tp_rms_norm_torch.py": "pass",
+    "021_clip_grad_norm_no_ep_torch.py": "pass",
+}
+
+
+# ---------------------------------------------------------------- files and outcomes (no sandbox)
+
+
+def test_files_come_from_directories_globs_and_paths_each_once(tmp_path):
+    for name in ("001_a_torch.py", "002_b.py", "_private.py", "notes.txt"):
+        (tmp_path / name).write_text("")
+    found = collect_files([tmp_path, str(tmp_path / "00*.py"), tmp_path / "002_b.py"])
+    assert [p.name for p in found] == ["001_a_torch.py", "002_b.py"]
+    (tmp_path / "model_a").mkdir()
+    (tmp_path / "model_a" / "003_c_cuda.py").write_text("")
+    assert [p.name for p in collect_files([str(tmp_path / "**" / "003_*.py")])] == ["003_c_cuda.py"]
+    with pytest.raises(UserError, match="not a file, a directory or a glob"):
+        collect_files([tmp_path / "missing*.py"])
+
+
+def test_the_problem_id_and_backend_come_from_the_name():
+    assert name_parts(Path("019_blocked_fp8_quantize_triton.py")) == (19, "triton")
+    assert name_parts(Path("1_allreduce_cuda.py")) == (1, "cuda")
+    assert name_parts(Path("001_allreduce.py")) == (1, None)
+    assert name_parts(Path("allreduce.py")) == (None, None)
+
+
+def _check(verdict: str, message: str, states: list[str], notes: list[str] | None = None) -> CheckResult:
+    return CheckResult(
+        problem_id=1,
+        problem="allreduce",
+        world_size=len(states),
+        size="pkb",
+        device="cpu",
+        trials=1,
+        verdict=verdict,  # type: ignore[arg-type]
+        message=message,
+        ranks=[RankResult(rank=i, state=s, message=message) for i, s in enumerate(states)],  # type: ignore[arg-type]
+        wall_s=1.0,
+        sandbox=SandboxInfo(backend="process", isolated=False),
+        notes=notes or [],
+    )
+
+
+def test_outcomes_are_classified_from_the_result():
+    assert classify(_check("pass", "ok", ["pass", "pass"])) == "pass"
+    assert classify(_check("fail", "rank 0: 3 elements differ", ["wrong", "aborted"])) == "wrong"
+    assert classify(_check("timeout", "deadline", ["timeout", "timeout"])) == "timeout"
+    assert classify(_check("fail", "raised ValueError", ["error", "wrong"])) == "error"
+    built = _check("fail", "raised RuntimeError: Error building extension 'x'", ["error", "error"])
+    assert classify(built) == "build"
+    refused = _check("fail", "rank 0: raised ConventionError: problem 12 cannot run", ["error", "error"])
+    assert classify(refused) == "refused"
+    multicast = _check("fail", "uses NVLink multicast", ["error", "error"])
+    for r in multicast.ranks:
+        r.message = "not run: uses NVLink multicast"
+    assert classify(multicast) == "refused"
+
+
+def _result(outcome: str, speedup: float | None = None, credited: bool = True, **extra) -> FileResult:
+    return FileResult(
+        file=f"{outcome}.py",
+        sha256="0",
+        problem_id=1,
+        outcome=outcome,  # type: ignore[arg-type]
+        correct=outcome == "pass",
+        speedup=speedup,
+        speedup_low=None if speedup is None else speedup * 0.9,
+        speedup_high=None if speedup is None else speedup * 1.1,
+        credited=credited,
+        **extra,
+    )
+
+
+BATCH = [
+    _result("pass", 2.5, floor_speedup=4.0),
+    _result("pass", 0.8, floor_speedup=3.0),
+    _result("pass", 9.0, credited=False),  # below the floor: correct, speedup not credited
+    _result("wrong"),
+    _result("timeout"),
+    _result("env"),  # the harness failed: not attempted
+    _result("skipped"),
+]
+
+
+def test_scores_are_over_attempted_files_and_credited_speedups():
+    s = eval_report.summarize(BATCH)
+    assert (s.files, s.attempted, s.correct) == (7, 5, 3)
+    assert s.correct_pct == pytest.approx(60.0)
+    assert s.fast_p["0"] == pytest.approx(3 / 5)
+    assert s.fast_p["0.5"] == pytest.approx(2 / 5) and s.fast_p["1"] == pytest.approx(1 / 5)
+    assert s.fast_p["2"] == pytest.approx(1 / 5)
+    assert s.geomean_speedup == pytest.approx(math.sqrt(2.5 * 0.8))
+    assert s.outcomes == {"pass": 3, "wrong": 1, "timeout": 1, "env": 1, "skipped": 1}
+    checked_only = eval_report.summarize([_result("pass"), _result("wrong")])
+    assert list(checked_only.fast_p) == ["0"] and checked_only.geomean_speedup is None
+
+
+def _report() -> EvalReport:
+    return EvalReport(
+        settings=EvalSettings(world_size=2, device="cuda"),
+        store="/tmp/x.sqlite",
+        wall_s=1.0,
+        resumed=0,
+        results=BATCH,
+        summary=eval_report.summarize(BATCH),
+    )
+
+
+def test_every_report_format_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths, notes = eval_report.write_reports(_report(), tmp_path)
+    assert set(paths) == {"json", "csv", "md", "png"} and notes == []
+    assert Path(paths["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    loaded = EvalReport.model_validate_json(Path(paths["json"]).read_text())
+    assert loaded.summary.correct == 3 and loaded.reports == paths
+    rows = Path(paths["csv"]).read_text().splitlines()
+    assert rows[0].startswith("file,problem_id,problem,backend,convention,outcome") and len(rows) == 8
+    md = Path(paths["md"]).read_text()
+    assert (
+        "| pass.py | 1 |" in md and "| fast_1.5 | 0.200 |" in md and "9.000x (8.10-9.90) not credited" in md
+    )
+
+
+def test_without_matplotlib_the_png_is_skipped_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    paths, notes = eval_report.write_reports(_report(), tmp_path)
+    assert "png" not in paths and notes == [eval_report.NO_MATPLOTLIB]
+    assert not (tmp_path / "report.png").exists() and (tmp_path / "report.md").exists()
+
+
+# ---------------------------------------------------------------- the example directory, end to end
+
+
+@pytest.mark.slow
+def test_eval_of_the_example_directory_gives_the_right_verdicts_and_resumes(tmp_path, isolated_dirs):
+    store, out = tmp_path / "eval.sqlite", tmp_path / "report"
+    kwargs = {"world_size": 2, "device": "cpu", "trials": 1, "timeout_s": 25, "store": store, "out_dir": out}
+    report = evaluate([EXAMPLES], **kwargs)
+    outcomes = {Path(r.file).name: r.outcome for r in report.results}
+    assert outcomes == EXPECTED, [(r.file, r.message) for r in report.results]
+    for r in report.results:
+        assert r.convention == ("original" if r.outcome != "build" else None), r
+        assert (r.speedup is not None) == (r.outcome == "pass")
+    s = report.summary
+    assert (s.attempted, s.correct) == (6, 3) and s.fast_p["0"] == pytest.approx(0.5)
+    assert s.geomean_speedup is not None and s.geomean_speedup > 0
+    assert set(report.reports) == {"json", "csv", "md", "png"} or report.notes == [eval_report.NO_MATPLOTLIB]
+    assert "| 008_alltoall_torch.py | 8 alltoall | original | timeout |" in (out / "report.md").read_text()
+
+    again = evaluate([EXAMPLES], **kwargs)
+    assert again.resumed == 6 and all(r.reused for r in again.results)
+    assert [r.model_dump(exclude={"reused"}) for r in again.results] == [
+        r.model_dump(exclude={"reused"}) for r in report.results
+    ]
+    assert again.wall_s < 30, "nothing ran again"
+    assert list(isolated_dirs.iterdir()) == []
+
+
+def _done_rows(store: Path) -> int:
+    try:
+        with sqlite3.connect(store) as db:
+            return db.execute("SELECT COUNT(*) FROM eval_results WHERE state='done'").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.slow
+def test_an_interrupted_eval_resumes_where_it_stopped(tmp_path, isolated_dirs):
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    for name in ("001_allreduce_torch.py", "007_reducescatter_torch.py", "018_tp_rms_norm_torch.py"):
+        shutil.copy(EXAMPLES / name, batch / name)
+    store = tmp_path / "eval.sqlite"
+    cmd = [sys.executable, "-m", "pkb_mcp.cli", "eval", str(batch), "--world-size", "2", "--device", "cpu"]
+    cmd += ["--trials", "1", "--no-bench", "--store", str(store), "--out", str(tmp_path / "out"), "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    while _done_rows(store) < 1 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.poll() is None, "the batch ended before it could be interrupted"
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 130 and "interrupted" in err
+    done_before = _done_rows(store)
+    assert 1 <= done_before < 3
+
+    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 1, second.stderr  # one candidate is wrong
+    report = EvalReport.model_validate_json(second.stdout)
+    assert report.resumed == done_before
+    assert {Path(r.file).name: r.outcome for r in report.results} == {
+        "001_allreduce_torch.py": "pass",
+        "007_reducescatter_torch.py": "wrong",
+        "018_tp_rms_norm_torch.py": "pass",
+    }
+    with sqlite3.connect(store) as db:
+        checks = db.execute("SELECT COUNT(*) FROM jobs WHERE kind='check' AND state='done'").fetchone()[0]
+    assert checks == 3, "every file was checked once, across both runs"
+    assert list(isolated_dirs.iterdir()) == []
+
+
+def test_environment_errors_are_kept_apart_from_candidate_failures(tmp_path, monkeypatch, isolated_dirs):
+    """A file whose job fails in the harness (here: the reference of its problem, simulated) is an
+    `env` outcome: not attempted, not in the scores; the batch goes on with the other files."""
+    from pkb_mcp import service
+
+    real_check = service.check
+
+    def flaky_check(ref, *args, **kwargs):
+        if int(ref) == 18:
+            raise UserError("the reference of problem 18 failed on rank 0 (simulated)")
+        return real_check(ref, *args, **kwargs)
+
+    monkeypatch.setattr(service, "check", flaky_check)
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    for name in ("001_allreduce_torch.py", "018_tp_rms_norm_torch.py"):
+        shutil.copy(EXAMPLES / name, batch / name)
+    (batch / "999_nothing_torch.py").write_text("def solution(x):\n    return x\n")
+    (batch / "helper.py").write_text("")
+    report = evaluate(
+        [batch], world_size=2, device="cpu", trials=1, bench=False, sandbox="process", store=tmp_path / "s.db"
+    )
+    outcomes = {Path(r.file).name: (r.outcome, r.message) for r in report.results}
+    assert outcomes["001_allreduce_torch.py"][0] == "pass"
+    assert outcomes["018_tp_rms_norm_torch.py"] == (
+        "env",
+        "the reference of problem 18 failed on rank 0 (simulated)",
+    )
+    assert (
+        outcomes["999_nothing_torch.py"][0] == "skipped"
+        and "does not exist" in outcomes["999_nothing_torch.py"][1]
+    )
+    assert outcomes["helper.py"][0] == "skipped" and "no problem id" in outcomes["helper.py"][1]
+    assert (report.summary.attempted, report.summary.correct, report.summary.correct_pct) == (1, 1, 100.0)
+
+
+def test_a_second_batch_on_the_same_store_is_refused(tmp_path):
+    from pkb_mcp.eval_store import EvalStore
+
+    holder = EvalStore(tmp_path / "eval.sqlite")
+    holder.acquire()
+    try:
+        with pytest.raises(UserError, match="another pkb eval is using"):
+            evaluate([EXAMPLES / "001_allreduce_torch.py"], device="cpu", store=tmp_path / "eval.sqlite")
+    finally:
+        holder.release()
