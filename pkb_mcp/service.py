@@ -744,6 +744,12 @@ def bench(
         # every timed call on a fresh input set is judged too: right on the replayed sets is not enough
         timed = int(cand_outcome.timing.get("fresh_timed", 0))
         fresh_keys = [int(k) for k in cand_outcome.timing.get("fresh_judged", []) if int(k) < timed]
+        if not fresh_keys:  # sampling stopped before any fresh call whose outputs are kept was timed
+            run.warnings.append(
+                f"no timed call on a fresh input set had its outputs judged{job_of(job)} ({timed} timed)"
+            )
+            cand_records.append(cand_outcome.timing)
+            continue
         fresh_ranks = _judge(p, world_size, fresh_keys, cand_outcome, ref_outcome, mac_key, fresh=True)
         verdict, why = _verdict(fresh_ranks)
         if verdict != "pass":
