@@ -101,3 +101,19 @@ def traffic(ctx):
         "flops": 8 * elems,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py): this problem
+# takes the original's arguments, so the call is ours.
+ORIGINAL = {
+    "signature": "solution(gate_logits, num_experts, top_k=2, attention_mask=None)",
+    "args": lambda inputs, env: inputs,
+    "differences": (
+        "the loss is returned as float32 [1], not as a 0-dim tensor: the judge names a mismatching "
+        "element by its index, which a 0-dim output lacks (the suite's end-to-end test asks for one). An "
+        'original file computes the same value, and fails only on that shape ("output 0 is float32[], '
+        "expected float32[1]\"). Its inputs are also unlike the original's: each rank's router has its own"
+        " random bias per expert, small on rank 0 and large on rank W-1, so ranks route unevenly, each "
+        "rank's loss differs from the mean by more than 10% and a rank that skips the all-reduce fails."
+    ),
+}

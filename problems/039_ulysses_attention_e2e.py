@@ -132,3 +132,20 @@ def traffic(ctx):
         "flops": 2 * tokens_local * hidden * 4 * hidden + 4 * batch * seq * seq * hidden / w,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py): this problem
+# takes the original's arguments, so the call is ours.
+ORIGINAL = {
+    "signature": "solution(hidden_states, w_qkv, w_o, group=None, num_heads=8, causal=False)",
+    "args": lambda inputs, env: inputs,
+    "differences": (
+        "the original applies its softmax across the heads dimension instead of across the sequence, so a"
+        " head's output never mixes positions (with one head per rank, at world size 8, every weight is 1"
+        " and it returns V). Here the softmax runs over the keys, which is attention and needs the whole "
+        "sequence; a solution file written for the original therefore fails here, on every element, until"
+        " it moves the softmax. The call, the shapes and the weights' layout are the original's. The "
+        "projection weights are random with a temperature per head (q rows scaled by a factor uniform in "
+        "[0.5, 3)), so some heads attend sharply and others broadly."
+    ),
+}

@@ -108,3 +108,15 @@ def traffic(ctx):
         "flops": 2 * s["channels_out"] * c_local * KERNEL**3 * out_voxels + (w - 1) / w * out_elems,
         "rounds": 1,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py): this problem
+# takes the original's arguments, so the call is ours.
+ORIGINAL = {
+    "signature": "solution(input, weight, bias, stride, padding, dilation, groups=1, group=None)",
+    "args": lambda inputs, env: inputs,
+    "differences": (
+        "none in the workload or the call; the inputs are random and differ per rank and per trial, and "
+        "the weights are scaled so the output is O(1)."
+    ),
+}

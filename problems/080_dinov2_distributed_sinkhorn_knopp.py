@@ -114,3 +114,21 @@ def traffic(ctx):
         "flops": 4 * (N_ITERATIONS + 1) * rows * k,
         "rounds": N_ITERATIONS,
     }
+
+
+# How a file written for the original benchmark is called (harness/convention.py): this problem
+# takes the original's arguments, so the call is ours.
+ORIGINAL = {
+    "signature": (
+        "solution(teacher_output, teacher_temp, n_masked_patches_tensor, n_iterations=3, group=None)"
+    ),
+    "args": lambda inputs, env: inputs,
+    "differences": (
+        "the outputs (rows summing to 1 over K = 16384 prototypes, so about 6e-5 on average) are judged "
+        "with a relative tolerance (atol 1e-9) where the original's absolute 1e-2 passed an all-zero "
+        "answer; the output itself is unchanged. The scores have rank-specific prototype offsets, so that"
+        " the all-reduce matters; n_masked_patches_tensor is random rather than n (see above). A solution"
+        " must not all-reduce n_masked_patches_tensor in place (DINOv2's code does): inputs are "
+        "read-only."
+    ),
+}
