@@ -90,6 +90,8 @@ def _matmul_f32(a, b):
     if a.is_cuda and _bmm_out_dtype[0]:
         try:
             return torch.bmm(a, b, out_dtype=torch.float32)
+        except torch.OutOfMemoryError:
+            raise
         except (TypeError, RuntimeError):  # an older torch: the float32 product gives the same result
             _bmm_out_dtype[0] = False
     return torch.bmm(a.float(), b.float())

@@ -98,6 +98,8 @@ def _matmul_f32(a, b):
     if a.is_cuda and _mm_out_dtype[0]:
         try:
             return torch.mm(a, b, out_dtype=torch.float32)
+        except torch.OutOfMemoryError:
+            raise
         except (TypeError, RuntimeError):  # an older torch: the float32 product gives the same result
             _mm_out_dtype[0] = False
     return torch.mm(a.float(), b.float())

@@ -357,6 +357,7 @@ VARIANTS = [
     (54, "054_bf16_probs.py", None),
     (58, "058_float64.py", None),
     (71, "071_float64.py", None),
+    (71, "071_seven_taps.py", None),
     (71, "071_no_halo.py", "elements differ"),
     (80, "080_float64.py", None),
     (80, "080_count_in_place.py", "input 2 was changed"),
