@@ -159,10 +159,10 @@ ORIGINAL = {
         "solution(x: torch.Tensor, steps: int = 5, coefficient_type: str = 'quintic', "
         "partition_dim: int = 1, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor"
     ),
-    "args": None,
+    "args": lambda inputs, env: inputs,
     "differences": (
-        "The original splits the momentum's columns (partition_dim 1) and runs the five-step quintic "
-        "coefficient schedule; here the rows are split and one coefficient triple is used at every step, "
-        "in float32, so the original's call computes another function."
+        "The update is scaled by sqrt(max(rows, cols)) so that it is O(1) and judgeable; the original "
+        "returns the unscaled iterate, which is that factor smaller, so a file written for the original "
+        "runs with this call but its elements differ. The iteration is defined in float32."
     ),
 }
