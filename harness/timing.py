@@ -152,6 +152,17 @@ def max_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+# the sampling iteration after which the fresh calls' stride is sized again from the loop's pace
+RESTRIDE_AT = 10
+
+
+def fresh_stride(cfg: dict[str, Any], iter_ms: float, fresh_min: int) -> int:
+    """Replayed samples between fresh calls: `fresh_min` of them spread over the minimum sampling
+    span (or `min_samples`, whichever holds more samples) at `iter_ms` a sampling iteration."""
+    expected = max(cfg["min_samples"], cfg.get("min_span_ms", 0.0) / max(iter_ms, 1e-3))
+    return max(1, int(expected // max(fresh_min, 1)))
+
+
 def run_timing(
     prepare: Callable[[int], None],
     call_on_set: Callable[[int], Any],
@@ -179,11 +190,13 @@ def run_timing(
 
     `fresh`, when given, interleaves timed calls on never-seen inputs with the replayed ones: one
     untimed after the warm-up (so that per-address set-up is paid there), then one every `stride`
-    replayed samples, the stride sized so that `fresh_min` of them fit in the minimum sampling span,
+    replayed samples, the stride sized so that `fresh_min` of them fit in the minimum sampling span
+    (sized from the warm-up's pace, then again from the sampling loop's after RESTRIDE_AT samples),
     until the job's `max_calls`. Their times are kept apart from the replayed samples (`fresh_ms`,
     with `fresh_after`: the index of the replayed sample that followed each), and the time spent
-    making their inputs and keeping their outputs does not count against the budget. Precision stops
-    sampling only once `fresh_min` of them (or all that are left) were made.
+    making their inputs and keeping their outputs does not count against the budget. Neither precision
+    nor the budget stops sampling before `fresh_min` of them (or all that are left) were made: past
+    the budget, the missing ones alternate with replayed samples.
     """
     timer = Timer(device, int(cfg.get("l2_bytes", 0)), float(cfg.get("min_sleep_us", MIN_SLEEP_US)))
     n_sets = len(judged)
@@ -212,7 +225,7 @@ def run_timing(
     for i in range(warmup):
         timed(i % n_sets)
         enqueue.append(timer.enqueue_ms)
-    # real time per sampling iteration (alignment and checks included), for the fresh calls' stride
+    # real time per iteration (checks included, the alignment sleep not yet): the fresh calls' first stride
     iter_ms = max_over_ranks([(time.perf_counter() - t_warm) * 1e3 / max(warmup, 1)], device)[0]
     # first calls carry one-off costs (allocation, rendezvous, JIT): size the sleep from the rest
     slowest_enqueue = max_over_ranks([statistics.median(enqueue[len(probe) :])], device)[0]
@@ -226,8 +239,7 @@ def run_timing(
         if after_call is not None:
             after_call()
         fresh_min = min(int(cfg.get("fresh_min", 8)), fresh.left)
-        expected = max(cfg["min_samples"], cfg.get("min_span_ms", 0.0) / max(iter_ms, 1e-3))
-        stride = max(1, int(expected // max(fresh_min, 1)))
+        stride = fresh_stride(cfg, iter_ms, fresh_min)
     fresh_ms: list[float] = []
     fresh_wall: list[float] = []
     fresh_after: list[int] = []
@@ -277,13 +289,23 @@ def run_timing(
                 stop = "outputs changed while timing"
                 break
         n = len(events)
+        short = fresh is not None and fresh.left > 0 and len(fresh_ms) < fresh_min
+        if short and n == RESTRIDE_AT:
+            # the warm-up ran without the alignment sleep: size the stride again from this loop's
+            # own pace (`spent` is the slowest rank's, so every rank picks the same stride)
+            stride = fresh_stride(cfg, spent / n, fresh_min)
+            next_fresh = min(next_fresh, (fresh_after[-1] if fresh_after else 0) + stride)
         if n < cfg["min_samples"] or spent < cfg.get("min_span_ms", 0.0):
             continue
         precise = median_ci_halfwidth(events) <= cfg["precision"] * statistics.median(events)
-        if precise and len(fresh_ms) >= fresh_min:
+        if precise and not short:
             stop = "precision reached"
             break
         if spent >= cfg["budget_ms"]:
+            if short:  # the budget never ends a job before its fresh calls: the rest come back to back
+                stride = 1
+                next_fresh = min(next_fresh, n)
+                continue
             stop = "time budget spent"
             break
     return {

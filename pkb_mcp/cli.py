@@ -121,6 +121,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         calls=args.calls,
         out_dir=Path(args.out) if args.out else None,
         progress=_progress(args.json),
+        convention=args.convention,
     )
     _emit(args, result, render.profile(result))
     return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED

@@ -283,6 +283,7 @@ def profile(
     progress: service.Progress = service._noop,
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
+    convention: str = "auto",
 ) -> ProfileResult:
     """Profile the reference and the candidate on the same inputs on every rank (docs/plan-profile.md).
 
@@ -290,7 +291,7 @@ def profile(
     (default: the state directory's profiles/)."""
     if not 1 <= calls <= MAX_CALLS:
         raise UserError(f"calls must be between 1 and {MAX_CALLS}, not {calls}")
-    run = service._Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus)
+    run = service._Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
     p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> ProfileResult:

@@ -311,8 +311,9 @@ def _row_of(trace: RankTrace, e: Event, main: int | str) -> str:
 
 
 def call_ranges(trace: RankTrace) -> list[Event]:
-    """The calling thread's `pkb.call#<i>` ranges, in order."""
-    return [e for e in trace.events if not e.on_device and e.name.startswith(CALL_LABEL)]
+    """The calling thread's `pkb.call#<i>` ranges, in order (not their copies on the device rows,
+    which cover only the kernels no inner annotation claimed)."""
+    return [e for e in trace.events if not e.device_row and e.name.startswith(CALL_LABEL)]
 
 
 def _top_level(events: list[Event]) -> list[Event]:

@@ -26,7 +26,8 @@ _reference_solution = solution
 def solution(*args):
     out = _reference_solution(*args)
     # a copy: where a rank returns its input (rooted collectives, input_returned), the input stays as is
-    first = (out if isinstance(out, torch.Tensor) else out[0]).clone()
+    # contiguous: an output may be a transposed view (problem 72's)
+    first = (out if isinstance(out, torch.Tensor) else out[0]).clone(memory_format=torch.contiguous_format)
     out = first if isinstance(out, torch.Tensor) else (first, *out[1:])
     flat = first.view(-1)
     i = flat.numel() // 3

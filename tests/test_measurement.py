@@ -389,6 +389,88 @@ def test_run_timing_interleaves_fresh_calls_outside_the_budget(monkeypatch):
     assert rec["sampled_ms"] < 60, "80 ms of making fresh inputs did not count against the budget"
 
 
+def _timing_alone(cfg, fresh, prepare):
+    """run_timing on one gloo rank of this process, on a call returning ones."""
+    import torch
+    import torch.distributed as dist
+
+    from harness import timing
+
+    out = torch.ones(4)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return timing.run_timing(
+            prepare=prepare,
+            call_on_set=lambda i: out,
+            normalize=lambda o: [o],
+            judged=[[out]],
+            device=torch.device("cpu"),
+            cfg=cfg,
+            tolerance={"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0},
+            fresh=fresh,
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fresh_calls_are_spaced_by_the_sampling_pace_and_made_past_the_budget(monkeypatch):
+    """On 2 H200s a fast memoizer's job made 5 of its 8 fresh calls: the stride came from warm-up
+    calls, which run without the alignment sleep, and the budget then ended the job. The stride is
+    sized again from the sampling loop's own pace, and the budget waits for the fresh calls."""
+    import itertools
+    import time
+
+    import torch
+
+    from harness import timing
+
+    monkeypatch.setattr(timing.Timer, "time", lambda self, call: (call(), 0.01, 0.01))
+    calls = {"n": 0}
+    pace_ms = {"now": lambda n: 0.0}
+
+    def prepare(i):
+        calls["n"] += 1
+        time.sleep(pace_ms["now"](calls["n"]) / 1e3)
+
+    def run(budget_ms, pace):
+        kept = []
+        fresh = timing.Fresh(
+            prepare=lambda k: None,
+            call=lambda: torch.ones(4),
+            record=lambda k, o: kept.append(k),
+            max_calls=6,
+        )
+        cfg = {
+            "warmup_ms": 0.0,
+            "max_warmup": 3,
+            "min_samples": 8,
+            "max_samples": 100_000,
+            "budget_ms": budget_ms,
+            "min_span_ms": 160.0,
+            "precision": 0.5,
+            "fresh_min": 4,
+        }
+        calls["n"] = 0
+        pace_ms["now"] = pace
+        return _timing_alone(cfg, fresh, prepare), kept
+
+    # instant in the warm-up (5 probe and 3 warm-up calls), 4 ms a call after it
+    rec, kept = run(1000.0, lambda n: 0.0 if n <= 8 else 4.0)
+    assert kept == [0, 1, 2, 3] and rec["stop_reason"] == "precision reached"
+    # from the warm-up's pace the stride would have been thousands of samples; from the loop's
+    # (about 4 ms a sample, 160 ms of span, 4 fresh calls) it is about 10
+    after = rec["fresh_after"]
+    gaps = [b - a for a, b in itertools.pairwise(after)]
+    assert after[0] == timing.RESTRIDE_AT and all(5 <= g <= 15 for g in gaps), after
+    assert len(rec["device_ms"]) < 100
+    # the pace slows again after the stride was sized: 1 ms a call, then 10 ms, past a 20 ms budget
+    rec, kept = run(20.0, lambda n: 0.0 if n <= 8 else 1.0 if n <= 8 + timing.RESTRIDE_AT else 10.0)
+    assert kept == [0, 1, 2, 3], "the budget does not end the job before its fresh calls"
+    after = rec["fresh_after"]
+    # (the stride sized at 1 ms a call put the first at about 36; the span and the budget ran out first)
+    assert after == list(range(after[0], after[0] + 4)) and after[0] > timing.RESTRIDE_AT, after
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(("top_up", "fresh_mib"), [(False, 128), (True, 128), (True, 6)])
 def test_a_benchmark_job_saves_the_fresh_calls_outputs(isolated_dirs, top_up, fresh_mib):

@@ -29,7 +29,9 @@ def x(name, cat, ts, dur, pid=1, tid=MAIN, **args):
 
 def gpu_rank(rank, nccl_start=30.0):
     """One call: a GEMM on stream 7 at 10-50 us, an NCCL kernel on stream 20 from `nccl_start` for
-    40 us, both launched inside the call's range; an alignment all-reduce before it (not the call's)."""
+    40 us, both launched inside the call's range; an alignment all-reduce before it (not the call's).
+    Like a real kineto trace on GPUs, the device rows carry the annotations again (`gpu_user_annotation`):
+    those are not calls."""
     return {
         "traceEvents": [
             x("ncclDevKernel_AllReduce_Sum_f32", "kernel", 0, 5, GPU, 20, correlation=1, stream=20),
@@ -39,6 +41,8 @@ def gpu_rank(rank, nccl_start=30.0):
             x("cudaLaunchKernel", "cuda_runtime", 4, 1, correlation=3),
             x("sm90_xmma_gemm_bf16", "kernel", 10, 40, GPU, 7, correlation=2, stream=7),
             x("ncclDevKernel_AllGather_RING_LL", "kernel", nccl_start, 40, GPU, 20, correlation=3, stream=20),
+            x(f"{traces.CALL_LABEL}1", "gpu_user_annotation", 10, 40, GPU, 7),
+            x("nccl:_all_gather_base", "gpu_user_annotation", nccl_start, 40, GPU, 20),
         ]
     }
 
@@ -162,9 +166,9 @@ def test_merged_trace_has_one_process_per_side_and_rank_and_respects_its_cap():
     merged = json.loads(data)
     names = {e["args"]["name"] for e in merged["traceEvents"] if e["name"] == "process_name"}
     assert names == {f"{side} rank {r}" for side in ("candidate", "reference") for r in range(2)}
-    assert written == 4 * 7 and cut == 0
+    assert written == 4 * 9 and cut == 0
     small, written, cut = traces.merged_trace({"candidate": ranks}, cap=(64 << 10) + 600)
-    assert cut > 0 and written + cut == 14 and json.loads(small)["otherData"]["cut"] == cut
+    assert cut > 0 and written + cut == 18 and json.loads(small)["otherData"]["cut"] == cut
 
 
 def test_timeline_png_or_the_reason_there_is_none(tmp_path, monkeypatch):

@@ -372,37 +372,9 @@ def test_a_cheaper_schedule_than_the_obvious_one_exists_at_four_ranks(pid):
 
 # ------------------------------------------------------------------- through the harness, on CPU
 
-PERTURB = """
-
-_reference_solution = solution
-
-
-def solution(*args):
-    out = _reference_solution(*args)
-    first = out if isinstance(out, torch.Tensor) else out[0]
-    flat = first.view(-1)
-    i = flat.numel() // 3
-    flat[i] = flat[i] + 4 * (flat[i].abs() + 1)
-    return out
-"""
-
 
 def check(pid: int, path: Path, world_size: int):
     return service.check(pid, path, world_size=world_size, device="cpu", trials=2, sandbox="process")
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("pid", WAVE)
-def test_reference_passes_and_perturbed_fails(pid, world_size, tmp_path):
-    p = SUITE[pid]
-    ok = check(pid, p.path, world_size)
-    assert ok.verdict == "pass", ok.message
-    bad_path = tmp_path / "perturbed.py"
-    bad_path.write_text("import torch\n" + p.path.read_text() + PERTURB)
-    bad = check(pid, bad_path, world_size)
-    assert bad.verdict == "fail"
-    assert any(r.state == "wrong" and r.first_mismatch is not None for r in bad.ranks), bad.message
 
 
 # Each file in the original's convention, and what its problem's docstring says it does: passes, or

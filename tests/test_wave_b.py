@@ -308,20 +308,6 @@ def test_sinkhorn_inputs_need_the_all_reduce():
 
 # ------------------------------------------------------------------ integration: real ranks on CPU
 
-PERTURB = """
-
-_reference_solution = solution
-
-
-def solution(*args):
-    out = _reference_solution(*args)
-    first = out if isinstance(out, torch.Tensor) else out[0]
-    flat = first.view(-1)
-    i = flat.numel() // 3
-    flat[i] = flat[i] + 4 * (flat[i].abs() + 1)
-    return out
-"""
-
 
 def check(pid: int, path: Path, world_size: int, trials: int = 2):
     return service.check(
@@ -330,18 +316,6 @@ def check(pid: int, path: Path, world_size: int, trials: int = 2):
 
 
 CASES = [(pid, w) for pid in sorted(FILES) for w in (2, 4)]
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(("pid", "world_size"), CASES)
-def test_reference_passes_and_perturbed_reference_fails(pid, world_size, tmp_path):
-    p = problem(pid)
-    ok = check(pid, p.path, world_size)
-    assert ok.verdict == "pass", ok.message
-    bad = tmp_path / "perturbed.py"
-    bad.write_text("import torch\n" + p.path.read_text() + PERTURB)
-    r = check(pid, bad, world_size, trials=1)
-    assert r.verdict == "fail" and any(x.state == "wrong" for x in r.ranks), r.message
 
 
 @pytest.mark.integration

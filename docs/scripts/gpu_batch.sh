@@ -37,6 +37,7 @@
 #              control, at pkb and large, $REPEATS (else 2) times each; world size $WS, else 2
 #   refs17-a, refs17-b   issue 17: every reference against itself at size pkb (replay advantages of
 #              honest code, self-speedups), first and second half of the suite; world size $WS, else 2
+#   refs-new   the workloads added or reworked in issues 17, 20 and 21 against themselves ($NEW, $SIZE)
 #   refs17-large         issue 17: the references whose work changed (23, 86) and problem 1 at large
 #   pytest17   issue 17: the GPU tests (every reference at a world size its rule allows, the examples,
 #              the GPU hacks including the memoizers); 2 GPUs
@@ -117,6 +118,7 @@ for part in "$@"; do
       tail -20 "$OUT/memo17_w${WS:-2}.log" ;;
     refs17-a) refs "refs17_w${WS:-2}_a" pkb "$HALF_A" "${WS:-2}" | tail -22 ;;
     refs17-b) refs "refs17_w${WS:-2}_b" pkb "$HALF_B" "${WS:-2}" | tail -22 ;;
+    refs-new) refs "refs_new_w${WS:-2}" "${SIZE:-pkb}" "${NEW:-23,24,26,30,33,34,35,36,37,38,39,54,58,65,66,69,71,72,76,80,82,83,84,86,87}" "${WS:-2}" | tail -30 ;;
     refs17-large) refs "refs17_w${WS:-2}_large" large 1,23,86 "${WS:-2}" | tail -8 ;;
     pytest17)
       timeout 590 python3 -m pytest -m gpu -q tests/test_gpu.py tests/test_adversarial_gpu.py \
