@@ -334,12 +334,14 @@ def fresh_calls(
     save: Callable[[int, list, str, dict], None],
     max_calls: int,
     judged: set[int],
+    aliasing: Callable[[list, list, int], list[int]],
 ) -> Any:
     """Timed calls on input sets never seen before (harness.timing.Fresh): fresh call k's inputs are
     made from the seed labelled k and copied into one set of fresh buffers, made once, so that their
     addresses stay the same from call to call (an honest solution that sets something up per address
     pays once, in the untimed warm-up call); the outputs of the calls in `judged` are saved for the
-    host to judge, with the aliasing and mutation checks of a judged call. `make(label)` builds the
+    host to judge, with the aliasing and mutation checks of a judged call (`aliasing(outputs, inputs,
+    returned)`: the indices of returned outputs that break the contract). `make(label)` builds the
     inputs of a label."""
     import torch
 
@@ -367,7 +369,7 @@ def fresh_calls(
         if mutates:  # the in-place result is part of the output
             outs = outs + [t for t in inputs if isinstance(t, torch.Tensor)]
         pristine = state["pristine"]
-        meta: dict[str, Any] = {"aliased_outputs": aliased_inputs(outs[:returned], inputs)}
+        meta: dict[str, Any] = {"aliased_outputs": aliasing(outs, inputs, returned)}
         meta["mutated_inputs"] = [] if mutates or pristine is None else mutated_inputs(inputs, list(pristine))
         save(k, [o.detach().clone() for o in outs], structure, meta)
 
@@ -499,6 +501,15 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             inputs = problem.make_inputs(ctx)
             return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
+        def aliasing(outs: list, inputs: list, returned: int) -> list[int]:
+            """The returned outputs whose memory overlaps an input's, less those the contract allows."""
+            aliased = aliased_inputs(outs[:returned], inputs)
+            return convention.aliasing_faults(problem, rank, world_size, outs, inputs, aliased)
+
+        def in_place(outs: list, inputs: tuple) -> list:
+            """The outputs judged: the returned ones, then the inputs a mutating workload updated."""
+            return outs + [t for t in inputs if isinstance(t, torch.Tensor)] if mutates else outs
+
         def judge_call(inputs: tuple) -> tuple[str, list, dict[str, Any]]:
             """One checked call: the outputs as they were at return (private copies), plus what the
             host must know (aliasing, mutation)."""
@@ -508,17 +519,13 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             watch.check("during a call")
             structure, outs = normalize_output(result)
             returned = len(outs)
-            if mutates:
-                # the in-place result is part of the output
-                outs = outs + [t for t in inputs if isinstance(t, torch.Tensor)]
+            outs = in_place(outs, inputs)
             at_return = _copy_at_return(outs, caller)
             if caller is not None:
                 torch.cuda.set_stream(caller)  # whatever stream the solution left current
                 torch.cuda.synchronize()
             dist.barrier()  # every rank's work has ended before inputs are compared
-            aliased = aliased_inputs(outs[:returned], list(inputs))
-            aliased = convention.aliasing_faults(problem, rank, world_size, outs, list(inputs), aliased)
-            meta: dict[str, Any] = {"aliased_outputs": aliased}
+            meta: dict[str, Any] = {"aliased_outputs": aliasing(outs, list(inputs), returned)}
             meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), list(snaps))
             return structure, at_return, meta
 
@@ -589,7 +596,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 def save_fresh(k: int, outs: list, structure: str, meta: dict) -> None:
                     tensorfile.save(out_dir / f"f{k}_r{rank}.pkbt", outs, structure, meta, key=mac_key)
 
-                fresh = fresh_calls(make_fresh, solution, mutates, save_fresh, n_fresh, set(fresh_judged))
+                fresh = fresh_calls(
+                    make_fresh, solution, mutates, save_fresh, n_fresh, set(fresh_judged), aliasing
+                )
             rotate = _input_rotation(sets)
             holds = list(range(n_sets))
 
@@ -605,10 +614,14 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 working[i] = _snapshot(sets[i]) if mutates else sets[i]
 
             def call_on_set(i: int):
+                timed_set[0] = i
                 return solution(*working[i])
 
+            timed_set: list[int] = [0]
+
             def normalize(out: Any) -> list:
-                return normalize_output(out)[1]
+                # compared with the judged outputs of the set just called: its in-place results too
+                return in_place(normalize_output(out)[1], working[timed_set[0]])
 
             stage = stages.enter("benchmark timing")
 

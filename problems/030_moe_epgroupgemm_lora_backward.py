@@ -8,25 +8,21 @@ backward pass their gradients must be summed over the group. Every rank holds it
   grad_fc1_2_lora_A  bf16 [lora_rank, hidden]
   grad_fc2_lora_B    bf16 [hidden, lora_rank]
 
-and must return the three sums over all ranks, in that order, with the same shapes and dtype. The
-reference packs the three into one buffer, all-reduces it once (three small all-reduces would pay
-the latency three times) and returns the three parts of that buffer.
+and must sum them over all ranks in place, as the original does, and return the three (the updated
+inputs, or new tensors holding the same sums). Both the returned tensors and the inputs after the
+call are judged (`MUTATES_INPUTS`). The reference packs the three into one buffer, all-reduces it
+once (three small all-reduces would pay the latency three times) and copies the sums back.
 
 Source: VeOmni's EP group-GEMM LoRA backward (ParallelKernelBench problem 30). The signature and the
 call (grad_fc1_1, grad_fc1_2, grad_fc2, None) are the original's; group None is the default (world)
 group. The gradients are random, different per rank and trial, and scaled by 1/sqrt(W) so the sums
 are O(1) at every world size.
 
-Differences from the original: the original all-reduces its three inputs in place and returns them.
-Called again and again on the same buffers, as its harness times it, every rank holds the same sums
-after the first call, so each later call multiplies them by W (at W = 8 they overflow bf16 after
-about 43 calls), and later calls time a different workload. Here the inputs are left untouched and
-the sums are returned as new tensors, so every timed call does the same work on the same values.
-(The issue's remedy, fresh inputs per call with the in-place results judged as outputs, needs two
-things the present harness lacks: a problem that mutates its inputs cannot be benchmarked, because
-the timed calls' returned outputs are compared with judged outputs that also hold the in-place
-inputs; and an output that is an input is refused as aliasing.) An original file fails on the
-second: "output 0 shares memory with an input; return new tensors".
+Differences from the original: none in the workload. Its harness timed the in-place all-reduce
+again and again on the same buffers, so after the first call every rank held the same sums and each
+later call multiplied them by W (at W = 8, bf16 overflows after about 43 calls): later calls timed
+other values. Here every call, timed or judged, gets a fresh copy of its input set, made outside the
+timed region.
 """
 
 import torch
@@ -51,6 +47,7 @@ SIZES = {
 # W = 2, 4, 8) forward, reversed and pairwise bf16 orders and a float32 sum rounded once differ by
 # at most 0.047 and by a relative norm of up to 0.0051 (W = 8), so both bounds leave about 2x.
 TOLERANCE = {"atol": 0.06, "rtol": 0.02, "rel_norm": 0.01}
+MUTATES_INPUTS = True  # the sums are judged in the inputs too (they follow the returned outputs)
 
 
 def check_world_size(world_size, size):
@@ -72,8 +69,9 @@ def solution(grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B, group=None):
     grads = (grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B)
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    parts = flat.split([g.numel() for g in grads])
-    return tuple(p.view(g.shape) for p, g in zip(parts, grads, strict=True))
+    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        g.copy_(part.view(g.shape))
+    return grads
 
 
 def traffic(ctx):
@@ -82,7 +80,7 @@ def traffic(ctx):
     Minimum over schedules: reduce-scatter then all-gather moves 2(W-1)/W of the buffer through each
     GPU's links; a one-shot all-reduce (every rank sends all of it to every peer) moves (W-1) times
     it, the same at W = 2 and more beyond, but in one round, which the latency term takes. Memory:
-    read the gradients, write the sums.
+    read the gradients, write the sums into them.
     """
     w = ctx.world_size
     elems = 3 * ctx.size["lora_rank"] * ctx.size["hidden"]
@@ -101,15 +99,7 @@ ORIGINAL = {
     "signature": "solution(grad_fc1_1_lora_A, grad_fc1_2_lora_A, grad_fc2_lora_B, group=None)",
     "args": lambda inputs, env: inputs,
     "differences": (
-        "the original all-reduces its three inputs in place and returns them. Called again and again on "
-        "the same buffers, as its harness times it, every rank holds the same sums after the first call, "
-        "so each later call multiplies them by W (at W = 8 they overflow bf16 after about 43 calls), and "
-        "later calls time a different workload. Here the inputs are left untouched and the sums are "
-        "returned as new tensors, so every timed call does the same work on the same values. (The issue's"
-        " remedy, fresh inputs per call with the in-place results judged as outputs, needs two things the"
-        " present harness lacks: a problem that mutates its inputs cannot be benchmarked, because the "
-        "timed calls' returned outputs are compared with judged outputs that also hold the in-place "
-        "inputs; and an output that is an input is refused as aliasing.) An original file fails on the "
-        'second: "output 0 shares memory with an input; return new tensors".'
+        "none in the workload; every call gets a fresh copy of its inputs (the original's harness timed"
+        " the in-place sums again and again on the same buffers, multiplying them by W per call)"
     ),
 }

@@ -382,7 +382,7 @@ def check(pid: int, path: Path, world_size: int):
 ORIGINAL_STYLE = [
     ("024_original_style.py", "output 0 is float32[], expected float32[1]"),
     ("026_original_style.py", None),
-    ("030_original_style.py", "output 0 shares memory with an input"),
+    ("030_original_style.py", None),
     ("033_original_style.py", None),
     ("034_original_style.py", None),
     ("035_original_style.py", None),
@@ -409,7 +409,8 @@ def test_original_style_file_passes_or_fails_as_stated(name, failure, world_size
         ("024_original_style_reshaped.py", None),  # Transformers' bf16 arithmetic is within bounds
         ("024_no_allreduce.py", "elements differ"),
         ("026_original_style_lists.py", "must return a tensor or a tuple of tensors"),
-        ("030_original_style_copies.py", None),  # three all-reduces of copies, another order
+        # the sums in copies, the inputs untouched: the in-place results (outputs 3-5) are wrong
+        ("030_original_style_copies.py", "first at output 3"),
     ],
 )
 def test_variants_pass_or_fail(name, failure):
@@ -418,3 +419,14 @@ def test_variants_pass_or_fail(name, failure):
         assert r.verdict == "pass", r.message
     else:
         assert r.verdict == "fail" and failure in r.message, r.message
+
+
+@pytest.mark.integration
+def test_an_in_place_workload_is_benchmarked_on_fresh_copies():
+    """Problem 30 updates its inputs in place (`MUTATES_INPUTS`): every timed call gets a fresh copy
+    of its set, and the timed calls' outputs, the in-place inputs included, are compared with the
+    judged ones (before, every such benchmark stopped with "outputs changed while timing")."""
+    path = SUITE[30].path
+    r = service.bench(30, path, world_size=2, device="cpu", sandbox="process")
+    assert r.verdict == "pass", r.message
+    assert r.candidate is not None and r.candidate.samples >= 10

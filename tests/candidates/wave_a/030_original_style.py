@@ -1,7 +1,6 @@
 """Problem 30 in the original benchmark's convention, the way VeOmni synchronizes the LoRA gradients:
 all-reduce each of the three in place and return them. Called as
-solution(grad_fc1_1, grad_fc1_2, grad_fc2, None). It fails for the stated difference: its outputs
-are its inputs ("output 0 shares memory with an input")."""
+solution(grad_fc1_1, grad_fc1_2, grad_fc2, None). It passes unchanged."""
 
 import torch.distributed as dist
 

@@ -1,5 +1,6 @@
 """030_original_style.py with one change: each gradient is all-reduced in a copy, and the copies are
-returned (three all-reduces, no packing). It must pass."""
+returned (three all-reduces, no packing), the inputs left as they were. It must fail: the workload
+sums in place, and the inputs after the call are judged too."""
 
 import torch.distributed as dist
 
