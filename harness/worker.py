@@ -327,6 +327,17 @@ def _copy_into(dst: tuple, src: tuple) -> bool:
     return True
 
 
+def judged_fresh_calls(made: int, sure: int, wanted: int, pick: random.Random) -> list[int]:
+    """Which of `made` fresh calls have their outputs judged: `wanted` of them (all when they fit),
+    half at least among the first `sure`, which are always timed, so that a benchmark never ends with
+    none judged; the rest over all of them, so that no stretch of fresh calls goes unwatched."""
+    wanted = min(made, wanted)
+    first = min(made, sure)
+    early = pick.sample(range(first), min(first, max(1, (wanted + 1) // 2)))
+    later = [k for k in range(made) if k not in early]
+    return sorted(early + pick.sample(later, wanted - len(early)))
+
+
 def fresh_calls(
     make: Callable[[Any], tuple],
     solution: Callable[..., Any],
@@ -588,7 +599,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
                 label = str(tcfg.get("fresh_label", ""))
                 n_fresh = min(fresh_cap, max(int(tcfg.get("fresh_min", 2)), by_bytes, 2))
                 pick = random.Random(derive_seed(base, "fresh judged", label))
-                fresh_judged = sorted(pick.sample(range(n_fresh), min(n_fresh, max(2, by_bytes))))
+                # the first placement always times this many (harness.timing: the budget waits for them)
+                sure = max(int(tcfg.get("fresh_min", 2)) // max(1, int(tcfg.get("placements", 1))), 2)
+                fresh_judged = judged_fresh_calls(n_fresh, sure, max(2, by_bytes), pick)
 
                 def make_fresh(k: Any) -> tuple:
                     return make(derive_seed(base, "fresh", label, k))

@@ -389,6 +389,25 @@ def test_run_timing_interleaves_fresh_calls_outside_the_budget(monkeypatch):
     assert rec["sampled_ms"] < 60, "80 ms of making fresh inputs did not count against the budget"
 
 
+def test_judged_fresh_calls_always_include_calls_that_are_timed():
+    """On 2 H200s, a benchmark at `large` once made 24 fresh calls, judged 2 drawn among all 24, and
+    timed too few of them to reach either: nothing on fresh inputs was judged. Half of the judged
+    ones at least are now drawn among the first `sure`, which timing always makes."""
+    import random
+
+    from harness.worker import judged_fresh_calls
+
+    for seed in range(200):
+        pick = random.Random(seed)
+        got = judged_fresh_calls(24, 8, 2, pick)
+        assert len(got) == 2 == len(set(got)) and got == sorted(got)
+        assert min(got) < 8, got
+    # over many draws the later calls are watched as well, and everything fits when few are made
+    later = {k for seed in range(200) for k in judged_fresh_calls(24, 8, 4, random.Random(seed)) if k >= 8}
+    assert len(later) > 8
+    assert judged_fresh_calls(3, 8, 5, random.Random(0)) == [0, 1, 2]
+
+
 def _timing_alone(cfg, fresh, prepare):
     """run_timing on one gloo rank of this process, on a call returning ones."""
     import torch
