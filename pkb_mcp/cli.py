@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pkb_mcp import log, render, service
+from pkb_mcp import benchmark, log, render, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.problems import ProblemFormatError
 
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=1,
-        help=service.JOBS_HELP.replace("%", "%%"),  # argparse formats help with %
+        help=benchmark.JOBS_HELP.replace("%", "%%"),  # argparse formats help with %
     )
     common(p, run=True)
     p.set_defaults(func=cmd_bench, default_timeout=300.0)

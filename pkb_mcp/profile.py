@@ -21,10 +21,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pkb_mcp import config, service, timeline, traces
+from pkb_mcp import config, timeline, traces
+from pkb_mcp.benchmark import timing_config
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, run_job
 from pkb_mcp.models import RankResult, Result, SandboxInfo, StaticReport
+from pkb_mcp.runs import Progress, Run, fate_result, no_progress, reference_failed, refused_ranks
+from pkb_mcp.verdicts import decide
 
 MAX_CALLS = 20
 KEEP_PROFILES = 20  # artifact folders kept in the state directory, newest first
@@ -263,7 +266,7 @@ def write_artifacts(
 
 def profile_config(device: str, calls: int) -> dict[str, Any]:
     """The warm-up of a benchmark, the L2 size to flush, and how many calls to profile."""
-    tcfg = service.timing_config(device)
+    tcfg = timing_config(device)
     keys = ("warmup_ms", "max_warmup", "l2_bytes")
     return {**{k: tcfg[k] for k in keys if k in tcfg}, "calls": calls}
 
@@ -280,7 +283,7 @@ def profile(
     calls: int = 3,
     out_dir: Path | None = None,
     profiles_dir: Path | None = None,
-    progress: service.Progress = service._noop,
+    progress: Progress = no_progress,
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
     convention: str = "auto",
@@ -291,7 +294,7 @@ def profile(
     (default: the state directory's profiles/)."""
     if not 1 <= calls <= MAX_CALLS:
         raise UserError(f"calls must be between 1 and {MAX_CALLS}, not {calls}")
-    run = service._Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
+    run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
     p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> ProfileResult:
@@ -315,7 +318,7 @@ def profile(
         ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
         return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
     if run.refusal:
-        return result("fail", run.refusal, ranks=service._refused_ranks(run))
+        return result("fail", run.refusal, ranks=refused_ranks(run))
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]  # both sides profile the same inputs
     cfg = profile_config(run.device, calls)
@@ -331,15 +334,15 @@ def profile(
     progress(0, 3, f"profiling the reference: {calls} calls on {world_size} ranks ({run.device})")
     ref_outcome = job(p.path)
     if not ref_outcome.ok:
-        raise service._reference_failed(p, ref_outcome)
+        raise reference_failed(p, ref_outcome)
     progress(1, 3, "profiling the candidate")
     cand_outcome = job(run.solution)
-    failed = [service._fate_result(f) for f in cand_outcome.ranks if f.state != "ok"]
+    failed = [fate_result(f) for f in cand_outcome.ranks if f.state != "ok"]
     progress(2, 3, "analysing the traces")
     sides = {"candidate": cand_outcome.collected or [], "reference": ref_outcome.collected or []}
     figures = {side: traces.analyze(t) for side, t in sides.items()}
     if failed:
-        verdict, why = service._verdict(failed)
+        verdict, why = decide(failed)
         return result(verdict, why, ranks=failed, reference=side_profile(figures["reference"]))
     ref_side, cand_side = (side_profile(figures[s]) for s in ("reference", "candidate"))
     trace, png, no_png = write_artifacts(artifact_dir(out_dir, profiles_dir), sides, figures)

@@ -21,7 +21,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from mcp_types import Tool as PublishedTool
 from pydantic import BaseModel, Field
 
-from pkb_mcp import render, service
+from pkb_mcp import benchmark, render, service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
 from pkb_mcp.models import (
@@ -421,8 +421,8 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             int,
             Arg(
                 ge=1,
-                le=service.MAX_JOBS,
-                description=service.JOBS_HELP,
+                le=benchmark.MAX_JOBS,
+                description=benchmark.JOBS_HELP,
             ),
         ] = 1,
         convention: Convention = "auto",

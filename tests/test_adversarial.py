@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import render, roofline, service, stats
+from pkb_mcp import benchmark, render, roofline, service, stats, verdicts
 from pkb_mcp.models import BenchResult, SandboxInfo
 
 from .conftest import CANDIDATES, CEIL, docker_client, job_processes
@@ -107,7 +107,7 @@ def test_outputs_memoized_by_input_values_are_not_credited(isolated_dirs):
         and "faster on input sets it has seen" in r.message
     )
     assert r.seen_inputs_advantage > 3 and r.candidate.replay_advantage_p < stats.REPLAY_P
-    assert r.candidate.fresh_calls >= service.CPU_TIMING["fresh_min"]
+    assert r.candidate.fresh_calls >= benchmark.CPU_TIMING["fresh_min"]
     assert r.speedup > 3 and r.fresh_speedup < r.speedup, "its figures are shown, fresh ones far lower"
     assert "SUSPECT: not credited" in render.bench(r)
     assert any("_cache" in s for s in r.static_report.suspicious)
@@ -131,7 +131,7 @@ def test_honest_state_kept_across_calls_is_not_flagged(candidate, isolated_dirs)
     path = service.problems.resolve(1).path if candidate == "reference" else CANDIDATES / candidate
     r = bench(path)
     assert r.verdict == "pass" and not r.faster_on_seen_inputs, r.message
-    assert r.candidate.fresh_calls >= service.CPU_TIMING["fresh_min"] and r.fresh_speedup is not None
+    assert r.candidate.fresh_calls >= benchmark.CPU_TIMING["fresh_min"] and r.fresh_speedup is not None
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -398,11 +398,11 @@ def test_speed_of_light_guard_flags_times_below_the_physical_floor():
     # 400 MB over NVLink at 400 GB/s: 1 ms; two rounds of assumed latency (0.01 ms) are not physics
     traffic = {"nvlink_bytes": 400e6, "hbm_bytes": 4e6, "flops": 1e6, "rounds": 2}
     roof = roofline.floor(1, "x", 4, "pkb", traffic, "bfloat16", limits=CEIL)
-    assert service.physical_floor_ms(roof) == pytest.approx(1.0)
-    assert service.below_floor(0.79, roof)
-    assert not service.below_floor(0.81, roof), "within the slack: a traffic model may round up"
-    assert not service.below_floor(1.005, roof), "under floor_ms (1.01) but above the physics"
-    message = service.floor_message(0.5, roof, 3.0)
+    assert verdicts.physical_floor_ms(roof) == pytest.approx(1.0)
+    assert verdicts.below_floor(0.79, roof)
+    assert not verdicts.below_floor(0.81, roof), "within the slack: a traffic model may round up"
+    assert not verdicts.below_floor(1.005, roof), "under floor_ms (1.01) but above the physics"
+    message = verdicts.floor_message(0.5, roof, 3.0)
     assert message.startswith("not credited") and "below the physical floor 1 ms" in message
     assert "NVLink" in message
 
@@ -417,7 +417,7 @@ def test_a_suspect_benchmark_renders_as_not_credited():
         size="pkb",
         device="cuda",
         verdict="suspect",
-        message=service.floor_message(0.5, roof, 3.0),
+        message=verdicts.floor_message(0.5, roof, 3.0),
         speedup=3.0,
         speedup_low=2.9,
         speedup_high=3.1,

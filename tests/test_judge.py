@@ -72,7 +72,7 @@ def test_aliasing_and_mutation_flags_fail_whatever_the_values():
 
 def test_the_verdict_leads_with_the_root_cause_not_the_rank_that_lost_its_peer():
     from pkb_mcp.models import RankResult
-    from pkb_mcp.service import _verdict
+    from pkb_mcp.verdicts import decide as _verdict
 
     collateral = RankResult(
         rank=0,

@@ -168,7 +168,7 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
 
 def test_a_job_s_placements_share_one_budget_and_pool_into_one_record():
     from harness.timing import placement_config, pool_placements
-    from pkb_mcp.service import GPU_TIMING as cfg
+    from pkb_mcp.benchmark import GPU_TIMING as cfg
 
     assert placement_config(cfg, 1) == cfg
     four = placement_config(cfg, 4)

@@ -138,11 +138,11 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
     a sandbox that finished warming up, started before the timing began."""
     from structlog.testing import capture_logs
 
-    from pkb_mcp import log, problems, service
+    from pkb_mcp import log, problems, runs, service
 
     log.configure("info")  # warm.take is an info event
     pool = enable_warm_pool(backend)
-    monkeypatch.setattr(service, "select_backend", lambda name: backend)
+    monkeypatch.setattr(runs, "select_backend", lambda name: backend)
     steps: list = []
     try:
         with capture_logs() as logs:

@@ -1,0 +1,314 @@
+"""The benchmark: both sides timed the same way on the same inputs in sandboxed jobs, every timed
+output re-checked, the speedup credited only where the guards allow (docs/measurement.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+from harness import tensorfile, timing
+from pkb_mcp import conventions, roofline, stats
+from pkb_mcp.errors import UserError
+from pkb_mcp.jobs import JobOutcome, prestart, run_job, warm_pool
+from pkb_mcp.models import BenchResult, RankResult, TimingStats
+from pkb_mcp.runs import Progress, Run, no_progress, reference_failed, refused_ranks
+from pkb_mcp.verdicts import (
+    below_floor,
+    decide,
+    floor_message,
+    judge_ranks,
+    refused_timing,
+    seen_inputs_message,
+)
+
+MAX_PLACEMENTS = 16
+MAX_JOBS = 8
+# what `jobs` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
+JOBS_HELP = "separate jobs per side, alternating: more resolve smaller differences (docs/measurement.md)"
+
+
+# How each side of a benchmark is sampled (harness/timing.py). On GPUs the L2 is also flushed before
+# every timed call (its size is read from the device), so a handful of distinct input sets is enough
+# (each one is judged on the host).
+GPU_TIMING: dict[str, Any] = {
+    "warmup_ms": 200.0,
+    "max_warmup": 2000,
+    "min_samples": 30,
+    "max_samples": 3000,
+    "budget_ms": 2000.0,
+    "min_span_ms": 500.0,
+    "precision": 0.005,
+    "max_sets": 8,
+    "rotation_bytes": 8 << 30,
+    # timed calls on fresh input sets (docs/measurement.md): at least fresh_min before precision may
+    # stop a job, at most fresh_max, and no more than fit in fresh_bytes of outputs per rank
+    "fresh_min": 8,
+    "fresh_max": 24,
+    "fresh_bytes": 1 << 30,
+}
+CPU_TIMING: dict[str, Any] = {
+    "warmup_ms": 20.0,
+    "max_warmup": 50,
+    "min_samples": 10,
+    "max_samples": 200,
+    "budget_ms": 500.0,
+    "min_span_ms": 0.0,
+    "precision": 0.01,
+    "l2_bytes": 32 << 20,
+    "max_sets": 4,
+    "rotation_bytes": 1 << 30,
+    "fresh_min": 8,
+    "fresh_max": 16,
+    "fresh_bytes": 128 << 20,
+}
+
+
+def timing_config(device: str) -> dict[str, Any]:
+    """How long and how much to sample on this device (a fresh copy)."""
+    if device == "cuda":
+        import torch
+
+        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
+        return {**GPU_TIMING, "l2_bytes": l2}
+    return dict(CPU_TIMING)
+
+
+def bench(
+    ref: int | str,
+    solution: Path,
+    *,
+    world_size: int = 4,
+    device: str | None = None,
+    size: str = "pkb",
+    timeout_s: float = 300.0,
+    sandbox: str = "auto",
+    progress: Progress = no_progress,
+    cancel: threading.Event | None = None,
+    gpus: list[int] | None = None,
+    placements: int = 1,
+    jobs: int = 1,
+    convention: str = "auto",
+) -> BenchResult:
+    """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
+
+    `placements` > 1 times each side in that many memory placements within its job, sharing the
+    same sampling budget (docs/plan-fidelity.md). `jobs` > 1 times each side in that many separate
+    jobs, reference and candidate alternating, which share the budget too: identical code spreads
+    more between jobs than within one, and the median of several jobs' medians spreads less. The
+    defaults (one of each) are the measured method of docs/gpu-results.md."""
+    if not 1 <= placements <= MAX_PLACEMENTS:
+        raise UserError(f"placements must be between 1 and {MAX_PLACEMENTS}, not {placements}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise UserError(f"jobs must be between 1 and {MAX_JOBS}, not {jobs}")
+    run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
+    p = run.problem
+
+    def result(verdict: str, message: str, **fields: Any) -> BenchResult:
+        return BenchResult(
+            problem_id=p.id,
+            problem=p.name,
+            world_size=world_size,
+            size=size,
+            device=run.device,
+            verdict=verdict,
+            message=message,
+            wall_s=run.elapsed(),  # type: ignore[arg-type]
+            sandbox=run.sandbox,
+            warnings=run.warnings,
+            notes=run.notes,
+            static_report=run.static_report,
+            **fields,
+        )
+
+    if run.syntax_error:
+        ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
+        return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
+    if run.refusal:
+        return result("fail", run.refusal, ranks=refused_ranks(run))
+    run.prepare_extensions(progress, cancel)
+    seeds = [secrets.randbits(62)]
+    # a side's jobs share its sampling budget the way a job's placements do
+    tcfg = {**timing.placement_config(timing_config(run.device), jobs), "placements": placements}
+    ran, ref_records = _time_sides(run, seeds, tcfg, jobs, progress, cancel)
+    run.notes += conventions.notes(ran[0][1])
+    ref_stats, ref_warnings = stats.summarize(stats.pool_jobs(ref_records))
+    run.warnings.extend(f"reference: {w}" for w in ref_warnings)
+    fields: dict[str, Any] = {"reference": ref_stats}
+    refused, cand_records = _judge_jobs(run, ran, ref_records, jobs, tensorfile.result_key(seeds), fields)
+    if refused is not None:
+        return result(*refused, **fields)
+    cand_stats, warnings = stats.summarize(stats.pool_jobs(cand_records))
+    run.warnings.extend(warnings)
+    verdict, message, speed = _credit(run, ref_stats, cand_stats, placements, jobs, fields)
+    steps = 2 * jobs + 1
+    progress(steps, steps, f"speedup {speed:.3f}x")
+    return result(verdict, message, candidate=cand_stats, **fields)
+
+
+def _job_of(job: int, jobs: int) -> str:
+    return f" (job {job + 1} of {jobs})" if jobs > 1 else ""
+
+
+def _time_sides(
+    run: Run,
+    seeds: list[int],
+    tcfg: dict[str, Any],
+    jobs: int,
+    progress: Progress,
+    cancel: threading.Event | None,
+) -> tuple[list[tuple[JobOutcome, JobOutcome]], list[dict[str, Any]]]:
+    """Each job's reference, then its candidate, until a candidate job fails: the (reference,
+    candidate) outcomes in order, and the reference's timing records."""
+    p = run.problem
+    steps = 2 * jobs + 1
+    pool = warm_pool(run.backend)
+    ran: list[tuple[JobOutcome, JobOutcome]] = []
+    ref_records: list[dict[str, Any]] = []
+
+    def job_timing(job: int, reference: bool) -> dict[str, Any]:
+        # each job's fresh input sets are its own; the reference's job makes outputs for all of them
+        return {**tcfg, "fresh_label": f"job{job}", "fresh_top_up": reference}
+
+    ref_request = run.request("benchmark", p.path, seeds, job_timing(0, True))
+    # every job gets a sandbox started ahead: none may start while the other side is timed
+    ahead = (
+        f"starting a sandbox for each of the {2 * jobs} jobs, then " if pool is not None and jobs > 1 else ""
+    )
+    progress(0, steps, f"{ahead}timing the reference{_job_of(0, jobs)}")
+    prestart(ref_request, run.backend, 2 * jobs)
+    # no sandbox warms up on the GPUs while any of them is timed (this waits for those starting)
+    with pool.quiet() if pool is not None else contextlib.nullcontext():
+        for job in range(jobs):
+            if job:
+                progress(2 * job, steps, f"timing the reference{_job_of(job, jobs)}")
+            ref_outcome = run_job(
+                run.request("benchmark", p.path, seeds, job_timing(job, True)), run.backend, cancel
+            )
+            if not ref_outcome.ok or ref_outcome.timing is None:
+                raise reference_failed(p, ref_outcome)
+            ref_records.append(ref_outcome.timing)
+            so_far = stats.summarize(stats.pool_jobs(ref_records))[0].median_ms
+            progress(
+                2 * job + 1, steps, f"reference: {so_far:.4g} ms; timing the candidate{_job_of(job, jobs)}"
+            )
+            cand_request = run.request("benchmark", run.solution, seeds, job_timing(job, False))
+            cand_outcome = run_job(cand_request, run.backend, cancel)
+            ran.append((ref_outcome, cand_outcome))
+            if not cand_outcome.ok:
+                break  # judged next: the first failure decides
+    return ran, ref_records
+
+
+def _judge_jobs(
+    run: Run,
+    ran: list[tuple[JobOutcome, JobOutcome]],
+    ref_records: list[dict[str, Any]],
+    jobs: int,
+    mac_key: bytes,
+    fields: dict[str, Any],
+) -> tuple[tuple[str, str] | None, list[dict[str, Any]]]:
+    """Every candidate job's outputs judged (the replayed sets, then the timed fresh calls), its
+    timing record checked: (verdict, message) of the first that fails, or None and the candidate's
+    records. Sets `fields["ranks"]`."""
+    p, world_size = run.problem, run.world_size
+    cand_records: list[dict[str, Any]] = []
+    for job, (ref_outcome, cand_outcome) in enumerate(ran):
+        sets = int(ref_records[job]["input_sets"])
+        fields["ranks"] = judge_ranks(p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key)
+        refused = refused_timing(fields["ranks"], cand_outcome, mac_key)
+        if refused is not None:
+            return (refused[0], refused[1] + _job_of(job, jobs)), cand_records
+        assert cand_outcome.timing is not None
+        # every timed call on a fresh input set is judged too: right on the replayed sets is not enough
+        timed = int(cand_outcome.timing.get("fresh_timed", 0))
+        fresh_keys = [int(k) for k in cand_outcome.timing.get("fresh_judged", []) if int(k) < timed]
+        if not fresh_keys:  # sampling stopped before any fresh call whose outputs are kept was timed
+            judged = f"no timed call on a fresh input set had its outputs judged{_job_of(job, jobs)}"
+            run.warnings.append(f"{judged} ({timed} timed)")
+            cand_records.append(cand_outcome.timing)
+            continue
+        fresh_ranks = judge_ranks(p, world_size, fresh_keys, cand_outcome, ref_outcome, mac_key, fresh=True)
+        verdict, why = decide(fresh_ranks)
+        if verdict != "pass":
+            fields["ranks"] = fresh_ranks
+            return (
+                verdict,
+                f"wrong on a fresh input set (a timed call on inputs never seen before; the trial number "
+                f"is the fresh call's){_job_of(job, jobs)}: {why}",
+            ), cand_records
+        cand_records.append(cand_outcome.timing)
+    return None, cand_records
+
+
+def _credit(
+    run: Run,
+    ref_stats: TimingStats,
+    cand_stats: TimingStats,
+    placements: int,
+    jobs: int,
+    fields: dict[str, Any],
+) -> tuple[str, str, float]:
+    """The verdict, the message and the speedup of timings that passed judging: the speedup with its
+    range, the roofline, and the guards (the physical floor, memoized outputs). Sets the result's
+    remaining fields in `fields`."""
+    p = run.problem
+    speed, low, high = stats.speedup(ref_stats, cand_stats)
+    fields.update(speedup=speed, speedup_low=low, speedup_high=high)
+    time_ms = cand_stats.median_ms if run.device == "cuda" else None
+    roof = roofline.floor(
+        p.id, p.name, run.world_size, run.size, p.traffic(run.world_size, run.size), p.dtype, time_ms
+    )
+    verdict = "pass"
+    message = (
+        f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
+        f"reference {ref_stats.median_ms:.4g} ms"
+    )
+    if placements > 1:
+        spreads = [s.placement_spread or 0.0 for s in (cand_stats, ref_stats)]
+        message += (
+            f"; {placements} memory placements per side, their medians spread "
+            f"{spreads[0]:.1%} (candidate) and {spreads[1]:.1%} (reference)"
+        )
+    if jobs > 1:
+        spreads = [s.job_spread or 0.0 for s in (cand_stats, ref_stats)]
+        message += (
+            f"; {jobs} jobs per side, their medians spread {spreads[0]:.1%} (candidate) and "
+            f"{spreads[1]:.1%} (reference)"
+        )
+    if cand_stats.fresh_median_ms and ref_stats.fresh_median_ms:
+        fields["fresh_speedup"] = ref_stats.fresh_median_ms / cand_stats.fresh_median_ms
+    fields["seen_inputs_advantage"] = stats.seen_inputs_advantage(ref_stats, cand_stats)
+    limit = stats.REPLAY_ADVANTAGE_LIMIT.get(run.device, stats.REPLAY_ADVANTAGE_LIMIT["cpu"])
+    if (ref_stats.replay_advantage or 0.0) > limit:
+        run.warnings.append(
+            f"the reference itself is {ref_stats.replay_advantage:.2f}x faster on replayed input sets "
+            "than on fresh ones: the check for memoized outputs is weaker on this problem here"
+        )
+    if run.device != "cuda":
+        roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
+    else:
+        fields["within_noise"] = stats.within_noise(speed)
+        if below_floor(cand_stats.median_ms, roof):
+            verdict = "suspect"
+            fields["below_floor"] = True
+            message = floor_message(cand_stats.median_ms, roof, speed)
+        else:
+            if fields["within_noise"]:
+                message += (
+                    f"; identical code lands up to {stats.RUN_TO_RUN_SPREAD:.0%} either way between "
+                    "runs, so this is no evidence of a difference"
+                )
+            if roof.note:
+                run.warnings.append(
+                    f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
+                    f"{roof.floor_ms:.4g} ms: the measurement is suspect"
+                )
+    if stats.faster_on_seen_inputs(ref_stats, cand_stats, run.device):
+        verdict = "suspect"
+        fields["faster_on_seen_inputs"] = True
+        message = seen_inputs_message(ref_stats, cand_stats, speed, fields.get("fresh_speedup"))
+    fields["roofline"] = roof.placement()
+    return verdict, message, speed

@@ -1,0 +1,211 @@
+"""A run: the set-up that check, bench and profile share (the problem, the device and GPUs, the
+solution read as text, its static report, the sandbox backend, its extensions built), and what a
+failed rank or a failed reference says to the user."""
+
+from __future__ import annotations
+
+import ast
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pkb_mcp import conventions, problems, static_report
+from pkb_mcp.errors import UserError
+from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, ToolJobs
+from pkb_mcp.models import RankResult, SandboxInfo, StaticReport
+from sandbox import SandboxUnavailable, select_backend
+from sandbox.base import Backend
+
+Progress = Callable[[float, float | None, str], None]
+MAX_SOLUTION_BYTES = 1 << 20
+BUILD_TIMEOUT_S = 600.0  # discovering and building a solution's extensions before its jobs
+
+
+def no_progress(progress: float, total: float | None, message: str) -> None:
+    return None
+
+
+def check_world_size(p: problems.Problem, world_size: int, size: str) -> None:
+    if world_size < 1:
+        raise UserError(f"world size {world_size} is not positive; pass --world-size 2 or more")
+    reason = p.world_size_error(world_size, size)
+    if reason:
+        raise UserError(
+            f"problem {p.id} ({p.name}) cannot run at world size {world_size} with size {size!r}: "
+            f"{reason} (rule: {p.world_sizes})"
+        )
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gpus_for(device: str, world_size: int) -> list[int]:
+    if device == "cpu":
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA GPU is visible on this machine; pass --device cpu")
+    count = torch.cuda.device_count()
+    if world_size > count:
+        raise UserError(
+            f"world size {world_size} needs {world_size} GPUs and this node has {count}; "
+            f"pass --world-size {count} or fewer"
+        )
+    return list(range(world_size))
+
+
+def read_solution(path: Path) -> str | None:
+    """Validates the solution file; returns a syntax-error message (a candidate failure) or None."""
+    if not path.is_file():
+        raise UserError(
+            f"solution file {path} does not exist; pass the path of a .py file defining solution()"
+        )
+    size = path.stat().st_size
+    if size == 0:
+        raise UserError(
+            f"solution file {path} is empty; it must define solution() with the reference's signature"
+        )
+    if size > MAX_SOLUTION_BYTES:
+        raise UserError(f"solution file {path} is {size} bytes, over the {MAX_SOLUTION_BYTES}-byte limit")
+    try:
+        ast.parse(path.read_bytes(), filename=path.name)
+    except SyntaxError as exc:
+        return f"{path.name}:{exc.lineno}: {exc.msg}"
+    except ValueError as exc:
+        return f"{path.name}: {exc}"
+    return None
+
+
+def preflight(
+    ref: int | str, world_size: int, size: str, device: str | None, timeout_s: float = 60.0
+) -> tuple[problems.Problem, str]:
+    """Everything about a run request that can be refused before any work starts."""
+    problem = problems.resolve(ref)
+    check_world_size(problem, world_size, size)
+    if timeout_s <= 0:
+        raise UserError(f"timeout {timeout_s} s is not positive; pass a time limit in seconds")
+    device = device or default_device()
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device {device!r} is not cpu or cuda")
+    gpus_for(device, world_size)
+    return problem, device
+
+
+class Run:
+    """Common set-up of check and bench: problem, sizes, device, backend."""
+
+    def __init__(
+        self,
+        ref: int | str,
+        solution: Path,
+        world_size: int,
+        device: str | None,
+        size: str,
+        timeout_s: float,
+        sandbox: str,
+        gpus: list[int] | None = None,
+        convention: str = "auto",
+    ):
+        self.t0 = time.monotonic()
+        self.convention = conventions.requested(convention)
+        self.problem, self.device = preflight(ref, world_size, size, device, timeout_s)
+        self.gpus = gpus if gpus is not None and self.device == "cuda" else gpus_for(self.device, world_size)
+        self.world_size = world_size
+        self.size = size
+        self.timeout_s = timeout_s
+        self.solution = solution.resolve()
+        self.syntax_error = read_solution(self.solution)
+        # what the source still calls, read without running it; multicast refuses it outright
+        self.static_report: StaticReport | None = None
+        self.refusal: str | None = None
+        if self.syntax_error is None:
+            try:
+                self.static_report = static_report.analyze(self.solution.read_bytes(), self.solution.name)
+                self.refusal = static_report.refusal(self.static_report)
+            except (SyntaxError, ValueError, RecursionError):
+                self.static_report = None
+        try:
+            self.backend: Backend = select_backend(sandbox)
+        except SandboxUnavailable as exc:
+            raise UserError(str(exc)) from exc
+        self.sandbox = SandboxInfo(
+            backend=self.backend.name, isolated=self.backend.isolated, note=self.backend.note
+        )
+        self.warnings = [] if self.backend.isolated else [self.backend.note]
+        self.notes: list[str] = []
+
+    def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
+        """Build the solution's load_inline extensions into the node's cache before its jobs run
+        (pkb_mcp/extensions.py); a solution without any costs nothing here."""
+        from pkb_mcp import extensions
+
+        text = self.solution.read_text(encoding="utf-8", errors="replace")
+        if not extensions.may_build(text):
+            return
+        progress(0, 3, "finding and building the solution's extensions")
+        prepared = extensions.prepare(text, ToolJobs(self.backend, cancel), BUILD_TIMEOUT_S)
+        self.notes += prepared.notes()
+
+    def request(self, mode: str, solution: Path, seeds: list[int], timing: dict | None = None) -> JobRequest:
+        import os
+
+        threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)
+        return JobRequest(
+            mode=mode,
+            problem_path=self.problem.path,
+            solution_path=solution,
+            world_size=self.world_size,
+            device=self.device,
+            gpus=self.gpus,
+            size=self.problem.size(self.size),
+            dtype=self.problem.dtype,
+            seeds=seeds,
+            tolerance=self.problem.bounds,
+            timeout_s=self.timeout_s,
+            timing=timing,
+            threads_per_rank=threads,
+            convention=self.convention,
+        )
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+
+def refused_ranks(run: Run) -> list[RankResult]:
+    return [
+        RankResult(rank=r, state="error", message="not run: " + (run.refusal or ""))
+        for r in range(run.world_size)
+    ]
+
+
+def fate_result(fate: RankFate) -> RankResult:
+    error = fate.error.strip().splitlines()[0][:300] if fate.error.strip() else ""
+    messages = {
+        "error": f"raised {error}" + (f" during {fate.stage}" if fate.stage else ""),
+        "crashed": f"crashed ({fate.signal or error or 'no status'})",
+        "timeout": "still running at the deadline (deadlock or too slow); killed",
+        "aborted": "killed after another rank failed (it was likely waiting in a collective)",
+        "exited": "exited with status 0 before finishing the job",
+    }
+    return RankResult(
+        rank=fate.rank,
+        state=fate.state,
+        message=messages.get(fate.state, fate.state),  # type: ignore[arg-type]
+        traceback=fate.traceback or None,
+        log_tail=fate.log_tail[-2000:] or None,
+        ended_s=fate.ended_s or None,
+    )
+
+
+def reference_failed(p: problems.Problem, outcome: JobOutcome) -> UserError:
+    bad = next(r for r in outcome.ranks if r.state != "ok")
+    detail = bad.error or bad.state
+    return UserError(
+        f"the reference of problem {p.id} failed on rank {bad.rank} ({detail}); the environment "
+        f"cannot run this problem here: check the device and world size. Log: {bad.log_tail[-400:]}"
+    )
