@@ -188,15 +188,8 @@ def run_timing(
     holds, whose judged output the next outputs are compared with. `after_call()` runs as soon as each
     call's clock has stopped (the worker checks there that the solution replaced nothing).
 
-    `fresh`, when given, interleaves timed calls on never-seen inputs with the replayed ones: one
-    untimed after the warm-up (so that per-address set-up is paid there), then one every `stride`
-    replayed samples, the stride sized so that `fresh_min` of them fit in the minimum sampling span
-    (sized from the warm-up's pace, then again from the sampling loop's after RESTRIDE_AT samples),
-    until the job's `max_calls`. Their times are kept apart from the replayed samples (`fresh_ms`,
-    with `fresh_after`: the index of the replayed sample that followed each), and the time spent
-    making their inputs and keeping their outputs does not count against the budget. Neither precision
-    nor the budget stops sampling before `fresh_min` of them (or all that are left) were made: past
-    the budget, the missing ones alternate with replayed samples.
+    `fresh`, when given, interleaves timed calls on never-seen inputs with the replayed ones
+    (`_FreshSchedule`).
     """
     timer = Timer(device, int(cfg.get("l2_bytes", 0)), float(cfg.get("min_sleep_us", MIN_SLEEP_US)))
     n_sets = len(judged)
@@ -212,7 +205,75 @@ def run_timing(
             after_call()
         return result
 
-    # Warm-up: enough calls to cover warmup_ms, sized from the slowest rank's first calls.
+    warm_calls, iter_ms = _warm_up(timed, timer, n_sets, cfg, device)
+    sched = _FreshSchedule(fresh, cfg, iter_ms, timer, after_call, device)
+    events: list[float] = []
+    walls: list[float] = []
+    mismatches: list[int] = []
+    stop = "sample cap"
+    spent = 0.0
+    # the budget is real time, alignment and checks included (the slowest rank's, so that every
+    # rank stops at the same call): a host-synchronous solution's device interval says little of it
+    t_sampling = time.perf_counter()
+    while len(events) < cfg["max_samples"]:
+        if sched.due(len(events)):
+            sched.call(len(events))
+            continue
+        i = len(events)
+        s = i % n_sets
+        out, ev, wall = timed(s)
+        bad = 0.0 if outputs_match(normalize(out), judged[holds[s]], tolerance) else 1.0
+        del out
+        elapsed = (time.perf_counter() - t_sampling - sched.overhead_s) * 1e3
+        ev, wall, bad, spent = max_over_ranks([ev, wall, bad, elapsed], device)
+        events.append(ev)
+        walls.append(wall)
+        if bad:
+            mismatches.append(i)
+            if len(mismatches) >= 3:
+                stop = "outputs changed while timing"
+                break
+        n = len(events)
+        if n == RESTRIDE_AT:
+            sched.restride(spent / n)
+        if n < cfg["min_samples"] or spent < cfg.get("min_span_ms", 0.0):
+            continue
+        precise = median_ci_halfwidth(events) <= cfg["precision"] * statistics.median(events)
+        if precise and not sched.short:
+            stop = "precision reached"
+            break
+        if spent >= cfg["budget_ms"]:
+            if sched.short:  # the budget never ends a job before its fresh calls
+                sched.catch_up(n)
+                continue
+            stop = "time budget spent"
+            break
+    return {
+        "device_ms": events,
+        "wall_ms": walls,
+        "warmup_calls": warm_calls,
+        "stop_reason": stop,
+        "sampled_ms": spent,
+        "timed_output_mismatches": mismatches,
+        "input_sets": n_sets,
+        "clock": "cuda events" if device.type == "cuda" else "host perf_counter",
+        "alignment_sleep_us": timer.sleep_us if device.type == "cuda" else 0.0,
+        "rotated_inputs": rotate is not None,
+        "fresh_ms": sched.ms,
+        "fresh_wall_ms": sched.walls,
+        "fresh_after": sched.after,
+    }
+
+
+def _warm_up(
+    timed: Callable[[int], tuple[Any, float, float]],
+    timer: Timer,
+    n_sets: int,
+    cfg: dict[str, Any],
+    device: torch.device,
+) -> tuple[int, float]:
+    """Enough calls to cover warmup_ms, sized from the slowest rank's first calls; then the
+    alignment sleep sized from the host's enqueue times. Returns (calls made, real ms per call)."""
     probe: list[float] = []
     enqueue: list[float] = []
     for i in range(5):
@@ -230,99 +291,92 @@ def run_timing(
     # first calls carry one-off costs (allocation, rendezvous, JIT): size the sleep from the rest
     slowest_enqueue = max_over_ranks([statistics.median(enqueue[len(probe) :])], device)[0]
     timer.sleep_us = min(max(2e3 * slowest_enqueue + MIN_SLEEP_US, timer.min_sleep_us), MAX_SLEEP_US)
+    return warmup + len(probe), iter_ms
 
-    fresh_min = 0
-    stride = 0
-    if fresh is not None and fresh.left:
-        fresh.prepare(-1)  # the fresh buffers' first use is warm-up: neither timed nor judged
-        timer.time(fresh.call)
-        if after_call is not None:
-            after_call()
-        fresh_min = min(int(cfg.get("fresh_min", 8)), fresh.left)
-        stride = fresh_stride(cfg, iter_ms, fresh_min)
-    fresh_ms: list[float] = []
-    fresh_wall: list[float] = []
-    fresh_after: list[int] = []
-    fresh_overhead_s = 0.0
-    next_fresh = stride
 
-    events: list[float] = []
-    walls: list[float] = []
-    mismatches: list[int] = []
-    stop = "sample cap"
-    spent = 0.0
-    # the budget is real time, alignment and checks included (the slowest rank's, so that every
-    # rank stops at the same call): a host-synchronous solution's device interval says little of it
-    t_sampling = time.perf_counter()
-    while len(events) < cfg["max_samples"]:
-        if fresh is not None and stride and fresh.left and len(events) >= next_fresh:
-            k = fresh.next
-            fresh.next += 1
-            t0 = time.perf_counter()
-            fresh.prepare(k)
-            t1 = time.perf_counter()
-            out, ev, wall = timer.time(fresh.call)
+class _FreshSchedule:
+    """When the fresh calls of a sampling loop come, and what they measured. Every decision uses
+    figures agreed across ranks, so all ranks call together.
+
+    Fresh calls interleave timed calls on never-seen inputs with the replayed ones: one
+    untimed after the warm-up (so that per-address set-up is paid there), then one every `stride`
+    replayed samples, the stride sized so that `fresh_min` of them fit in the minimum sampling span
+    (sized from the warm-up's pace, then again from the sampling loop's after RESTRIDE_AT samples),
+    until the job's `max_calls`. Their times are kept apart from the replayed samples (`fresh_ms`,
+    with `fresh_after`: the index of the replayed sample that followed each), and the time spent
+    making their inputs and keeping their outputs does not count against the budget. Neither precision
+    nor the budget stops sampling before `fresh_min` of them (or all that are left) were made: past
+    the budget, the missing ones alternate with replayed samples.
+    """
+
+    def __init__(
+        self,
+        fresh: Fresh | None,
+        cfg: dict[str, Any],
+        iter_ms: float,
+        timer: Timer,
+        after_call: Callable[[], None] | None,
+        device: torch.device,
+    ) -> None:
+        self.fresh, self.cfg, self.timer, self.after_call, self.device = fresh, cfg, timer, after_call, device
+        self.least = 0
+        self.stride = 0
+        if fresh is not None and fresh.left:
+            fresh.prepare(-1)  # the fresh buffers' first use is warm-up: neither timed nor judged
+            timer.time(fresh.call)
             if after_call is not None:
                 after_call()
-            t2 = time.perf_counter()
-            fresh.record(k, out)
-            del out
-            fresh_overhead_s += (t1 - t0) + (time.perf_counter() - t2)
-            ev, wall = max_over_ranks([ev, wall], device)
-            fresh_ms.append(ev)
-            fresh_wall.append(wall)
-            fresh_after.append(len(events))
-            next_fresh = len(events) + stride
-            continue
-        i = len(events)
-        s = i % n_sets
-        out, ev, wall = timed(s)
-        bad = 0.0 if outputs_match(normalize(out), judged[holds[s]], tolerance) else 1.0
+            self.least = min(int(cfg.get("fresh_min", 8)), fresh.left)
+            self.stride = fresh_stride(cfg, iter_ms, self.least)
+        self.next_at = self.stride
+        self.ms: list[float] = []
+        self.walls: list[float] = []
+        self.after: list[int] = []
+        self.overhead_s = 0.0  # making their inputs and keeping their outputs: not the budget's
+
+    @property
+    def short(self) -> bool:
+        """Fewer fresh calls made than the job must make (and some left to make)."""
+        return self.fresh is not None and self.fresh.left > 0 and len(self.ms) < self.least
+
+    def due(self, samples: int) -> bool:
+        return (
+            self.fresh is not None and bool(self.stride) and self.fresh.left > 0 and samples >= self.next_at
+        )
+
+    def call(self, samples: int) -> None:
+        """One timed fresh call, after `samples` replayed samples."""
+        fresh = self.fresh
+        assert fresh is not None
+        k = fresh.next
+        fresh.next += 1
+        t0 = time.perf_counter()
+        fresh.prepare(k)
+        t1 = time.perf_counter()
+        out, ev, wall = self.timer.time(fresh.call)
+        if self.after_call is not None:
+            self.after_call()
+        t2 = time.perf_counter()
+        fresh.record(k, out)
         del out
-        elapsed = (time.perf_counter() - t_sampling - fresh_overhead_s) * 1e3
-        ev, wall, bad, spent = max_over_ranks([ev, wall, bad, elapsed], device)
-        events.append(ev)
-        walls.append(wall)
-        if bad:
-            mismatches.append(i)
-            if len(mismatches) >= 3:
-                stop = "outputs changed while timing"
-                break
-        n = len(events)
-        short = fresh is not None and fresh.left > 0 and len(fresh_ms) < fresh_min
-        if short and n == RESTRIDE_AT:
-            # the warm-up ran without the alignment sleep: size the stride again from this loop's
-            # own pace (`spent` is the slowest rank's, so every rank picks the same stride)
-            stride = fresh_stride(cfg, spent / n, fresh_min)
-            next_fresh = min(next_fresh, (fresh_after[-1] if fresh_after else 0) + stride)
-        if n < cfg["min_samples"] or spent < cfg.get("min_span_ms", 0.0):
-            continue
-        precise = median_ci_halfwidth(events) <= cfg["precision"] * statistics.median(events)
-        if precise and not short:
-            stop = "precision reached"
-            break
-        if spent >= cfg["budget_ms"]:
-            if short:  # the budget never ends a job before its fresh calls: the rest come back to back
-                stride = 1
-                next_fresh = min(next_fresh, n)
-                continue
-            stop = "time budget spent"
-            break
-    return {
-        "device_ms": events,
-        "wall_ms": walls,
-        "warmup_calls": warmup + len(probe),
-        "stop_reason": stop,
-        "sampled_ms": spent,
-        "timed_output_mismatches": mismatches,
-        "input_sets": n_sets,
-        "clock": "cuda events" if device.type == "cuda" else "host perf_counter",
-        "alignment_sleep_us": timer.sleep_us if device.type == "cuda" else 0.0,
-        "rotated_inputs": rotate is not None,
-        "fresh_ms": fresh_ms,
-        "fresh_wall_ms": fresh_wall,
-        "fresh_after": fresh_after,
-    }
+        self.overhead_s += (t1 - t0) + (time.perf_counter() - t2)
+        ev, wall = max_over_ranks([ev, wall], self.device)
+        self.ms.append(ev)
+        self.walls.append(wall)
+        self.after.append(samples)
+        self.next_at = samples + self.stride
+
+    def restride(self, iter_ms: float) -> None:
+        """The warm-up ran without the alignment sleep: size the stride again from the sampling
+        loop's own pace (the slowest rank's, so that every rank picks the same stride)."""
+        if self.short:
+            self.stride = fresh_stride(self.cfg, iter_ms, self.least)
+            self.next_at = min(self.next_at, (self.after[-1] if self.after else 0) + self.stride)
+
+    def catch_up(self, samples: int) -> None:
+        """Past the budget: the missing fresh calls alternate with replayed samples."""
+        self.stride = 1
+        self.next_at = min(self.next_at, samples)
 
 
 # The parts of a timing configuration that a job's placements share out between them.

@@ -255,31 +255,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_catalogue(sub)
+    _add_runs(sub)
+    _add_eval(sub)
+    _add_node(sub)
+    return parser
 
-    def common(p: argparse.ArgumentParser, run: bool = False) -> None:
-        p.add_argument("--json", action="store_true", help="print the result as JSON")
-        p.add_argument("--world-size", type=int, default=4, help="number of ranks (default 4)")
-        p.add_argument("--size", default="pkb", help="size preset: pkb (the original's) or large")
-        if run:
-            p.add_argument(
-                "--device", choices=["cpu", "cuda"], default=None, help="cuda when a GPU is present, else cpu"
-            )
-            p.add_argument(
-                "--timeout", type=float, default=None, help="wall-clock limit of each job, seconds"
-            )
-            p.add_argument(
-                "--sandbox",
-                choices=["auto", "docker", "process"],
-                default="auto",
-                help="isolation: docker, process (no isolation), auto (docker when an engine answers)",
-            )
-            p.add_argument(
-                "--convention",
-                choices=["auto", "ours", "original"],
-                default="auto",
-                help="how solution() is called: ours, the original benchmark's, or auto (from its signature)",
-            )
 
+def _common(p: argparse.ArgumentParser, run: bool = False) -> None:
+    """The options every problem command takes; `run`: those of commands that run jobs."""
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--world-size", type=int, default=4, help="number of ranks (default 4)")
+    p.add_argument("--size", default="pkb", help="size preset: pkb (the original's) or large")
+    if run:
+        p.add_argument(
+            "--device", choices=["cpu", "cuda"], default=None, help="cuda when a GPU is present, else cpu"
+        )
+        p.add_argument("--timeout", type=float, default=None, help="wall-clock limit of each job, seconds")
+        p.add_argument(
+            "--sandbox",
+            choices=["auto", "docker", "process"],
+            default="auto",
+            help="isolation: docker, process (no isolation), auto (docker when an engine answers)",
+        )
+        p.add_argument(
+            "--convention",
+            choices=["auto", "ours", "original"],
+            default="auto",
+            help="how solution() is called: ours, the original benchmark's, or auto (from its signature)",
+        )
+
+
+def _add_catalogue(sub: Any) -> None:
+    """problems, show: the suite, read without running anything."""
     p = sub.add_parser("problems", help="list the problems")
     p.add_argument("--category")
     p.add_argument("--text", help="filter by text in name, summary, source or description")
@@ -289,9 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="a problem's contract, inputs and traffic")
     p.add_argument("problem", help="id or name")
     p.add_argument("--source", action="store_true", help="also print the reference source")
-    common(p)
+    _common(p)
     p.set_defaults(func=cmd_show)
 
+
+def _add_runs(sub: Any) -> None:
+    """compile, check, bench, profile: one solution, in sandboxed jobs."""
     p = sub.add_parser("compile", help="build a .cu file, or a solution's CUDA extensions, for sm_90a")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -307,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("problem", help="id or name")
     p.add_argument("file", help="solution .py defining solution() with the reference's signature")
     p.add_argument("--trials", type=int, default=5)
-    common(p, run=True)
+    _common(p, run=True)
     p.set_defaults(func=cmd_check, default_timeout=120.0)
 
     p = sub.add_parser("bench", help="time candidate and reference the same way; speedup and %% of floor")
@@ -319,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help=benchmark.JOBS_HELP.replace("%", "%%"),  # argparse formats help with %
     )
-    common(p, run=True)
+    _common(p, run=True)
     p.set_defaults(func=cmd_bench, default_timeout=300.0)
 
     p = sub.add_parser(
@@ -331,9 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", default=None, help="folder for trace.json and timeline.png (default: under the state dir)"
     )
-    common(p, run=True)
+    _common(p, run=True)
     p.set_defaults(func=cmd_profile, default_timeout=300.0)
 
+
+def _add_eval(sub: Any) -> None:
+    """eval: a batch of solution files."""
     p = sub.add_parser(
         "eval",
         help="check and benchmark a batch of solution files (directories, globs); report and scores",
@@ -350,13 +364,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun", action="store_true", help="run every file again, even those already done")
     p.add_argument("--store", default=None, help="the SQLite store (default $PKB_STATE_DIR/eval.sqlite)")
     p.add_argument("--out", default="pkb-eval", help="directory for the reports (default ./pkb-eval)")
-    common(p, run=True)
+    _common(p, run=True)
     p.set_defaults(func=cmd_eval, default_timeout=120.0)
 
+
+def _add_node(sub: Any) -> None:
+    """roofline, calibrate, serve: the node's floor and ceilings, and the MCP server."""
     p = sub.add_parser("roofline", help="the problem's floor from its traffic and the node's ceilings")
     p.add_argument("problem", help="id or name")
     p.add_argument("--time-ms", type=float, default=None, help="a measured time to place against the floor")
-    common(p)
+    _common(p)
     p.set_defaults(func=cmd_roofline)
 
     p = sub.add_parser("calibrate", help="measure this node's ceilings for the roofline and save them")
@@ -381,7 +398,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="start every sandbox on demand instead of keeping a few started ahead of need",
     )
     p.set_defaults(func=cmd_serve)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -346,22 +346,7 @@ def profile(
         return result(verdict, why, ranks=failed, reference=side_profile(figures["reference"]))
     ref_side, cand_side = (side_profile(figures[s]) for s in ("reference", "candidate"))
     trace, png, no_png = write_artifacts(artifact_dir(out_dir, profiles_dir), sides, figures)
-    warnings = [
-        f"{side}: {m}" for side, s in (("reference", ref_side), ("candidate", cand_side)) for m in s.missing
-    ]
-    if no_png:
-        warnings.append(no_png)
-    if run.device == "cuda":
-        warnings += [
-            f"{side}: no device activity was recorded (CUPTI): the figures are host ranges only"
-            for side, f in figures.items()
-            if f.calls and not f.on_gpu
-        ]
-    if trace.cut_events:
-        warnings.append(
-            f"the trace was cut at {traces.MERGED_CAP >> 20} MiB: {trace.cut_events} events left out"
-        )
-    run.warnings.extend(warnings)
+    run.warnings.extend(_warnings(ref_side, cand_side, figures, trace, no_png, run.device))
     counters = figures["candidate"].counters
     message = (
         f"candidate call {cand_side.call_ms:.4g} ms, reference {ref_side.call_ms:.4g} ms (median window of "
@@ -378,3 +363,30 @@ def profile(
         trace=trace,
         timeline=png,
     )
+
+
+def _warnings(
+    ref_side: SideProfile,
+    cand_side: SideProfile,
+    figures: dict[str, traces.SideFigures],
+    trace: Artifact,
+    no_png: str | None,
+    device: str,
+) -> list[str]:
+    """What a profile's reader must know about its figures: what is missing from them."""
+    warnings = [
+        f"{side}: {m}" for side, s in (("reference", ref_side), ("candidate", cand_side)) for m in s.missing
+    ]
+    if no_png:
+        warnings.append(no_png)
+    if device == "cuda":
+        warnings += [
+            f"{side}: no device activity was recorded (CUPTI): the figures are host ranges only"
+            for side, f in figures.items()
+            if f.calls and not f.on_gpu
+        ]
+    if trace.cut_events:
+        warnings.append(
+            f"the trace was cut at {traces.MERGED_CAP >> 20} MiB: {trace.cut_events} events left out"
+        )
+    return warnings

@@ -353,7 +353,7 @@ def test_multicast_is_refused_before_anything_runs(isolated_dirs):
 def test_input_rotation_moves_data_not_addresses():
     import torch
 
-    from harness.worker import _input_rotation
+    from harness.benchmark import input_rotation as _input_rotation
 
     sets = [(torch.full((4,), float(i)), torch.tensor([i]), 7) for i in range(3)]
     addresses = [[t.data_ptr() for t in s[:2]] for s in sets]

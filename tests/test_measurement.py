@@ -246,11 +246,10 @@ def test_a_side_timed_in_several_jobs_is_the_median_of_their_medians():
         stats.summarize({**pooled, "job_samples": [3, 4]})
 
 
-@pytest.mark.parametrize(("move_memory", "new_comm"), [(False, False), (True, False), (True, True)])
-def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, move_memory, new_comm):
+@pytest.mark.parametrize("move_memory", [False, True])
+def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, move_memory):
     """One median per placement, every placement's timed outputs checked against the judged ones
-    (moved inputs keep their data), also with a new communicator for each placement (the noise
-    study's switch); the noise study's spread arithmetic."""
+    (moved inputs keep their data); the noise study's spread arithmetic."""
     import math
     import statistics
     import sys
@@ -265,9 +264,7 @@ def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, mov
     tcfg = {
         **service.timing_config("cpu"),
         "placements": 3,
-        "round_gap_ms": 10.0,
         "move_memory": move_memory,
-        "new_comm": new_comm,
     }
     outcome = run_job(cpu_job("benchmark", timing=tcfg, timeout_s=120), ProcessBackend())
     assert outcome.ok
@@ -395,7 +392,7 @@ def test_judged_fresh_calls_always_include_calls_that_are_timed():
     ones at least are now drawn among the first `sure`, which timing always makes."""
     import random
 
-    from harness.worker import judged_fresh_calls
+    from harness.benchmark import judged_fresh_calls
 
     for seed in range(200):
         pick = random.Random(seed)

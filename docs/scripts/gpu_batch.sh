@@ -32,7 +32,7 @@
 #              the noise study on $BISECT (else 45,43,52) with ranks pinned to their own cores, not
 #              pinned, with a new communicator every round, and with a 2 ms alignment sleep;
 #              world size $WS, else 4 (each variant about 2 minutes, at most $BISECT_LIMIT s, else
-#              140); $VARIANTS picks some of pinned,unpinned,comm,sleep
+#              140); $VARIANTS picks some of pinned,unpinned,sleep
 #   memo17     issue 17: the memoizers of problem 1 (plain, burning GPU time on a hit) and the honest
 #              control, at pkb and large, $REPEATS (else 2) times each; world size $WS, else 2
 #   refs17-a, refs17-b   issue 17: every reference against itself at size pkb (replay advantages of
@@ -101,10 +101,9 @@ for part in "$@"; do
         JOBS=${JOBS:-2} LIMIT=280 refs "jobs_noisy_${i}" pkb "$NOISY_G" "${WS:-4}" | tail -14
       done ;;
     bisect)
-      for variant in "pinned:--pin-cpus" "unpinned:--no-pin-cpus" "comm:--no-pin-cpus --new-comm" \
-          "sleep:--no-pin-cpus --min-sleep-us 2000"; do
+      for variant in "pinned:--pin-cpus" "unpinned:--no-pin-cpus" "sleep:--no-pin-cpus --min-sleep-us 2000"; do
         name=${variant%%:*}
-        [[ ",${VARIANTS:-pinned,unpinned,comm,sleep}," == *",$name,"* ]] || continue
+        [[ ",${VARIANTS:-pinned,unpinned,sleep}," == *",$name,"* ]] || continue
         # shellcheck disable=SC2086  # the flags are words
         timeout "${BISECT_LIMIT:-140}" python3 docs/scripts/noise.py --out "$OUT/bisect_$name.jsonl" --world-size "${WS:-4}" \
           --problems "${BISECT:-45,43,52}" --processes 4 --rounds 2 --move-memory --device "${DEVICE:-cuda}" \

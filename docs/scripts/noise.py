@@ -3,7 +3,7 @@
 A benchmark times the reference and the candidate in separate jobs (separate processes). On 2 H200s
 the medians of identical code then differ by up to 5.1% (docs/gpu-results.md, run F), although the
 samples within each job are tight. This script runs each problem's reference in PROCESSES separate
-jobs, and within each job times it ROUNDS times with a pause between rounds, each round with the
+jobs, and within each job times it ROUNDS times, each round with the
 whole budget of a benchmark's side (the job's placements, in the harness's terms, without sharing
 one budget). Then, per problem (log scale, so the figures are relative):
 
@@ -24,8 +24,6 @@ The other things a process keeps, each with a switch:
   --pin-cpus / --no-pin-cpus   each rank on CPU cores of its own, the same in every job, or wherever
                                the kernel puts it (PKB_PIN_CPUS; the default pins GPU jobs). If jobs
                                stop spreading when pinned, the cores were what they kept.
-  --new-comm                   a new NCCL communicator (buffers, proxy threads) for every round: if
-                               `within` then grows to `between`, the communicator was.
   --min-sleep-us US            a longer alignment sleep before each timed call (harness/timing.py):
                                if jobs then agree, host launch work was leaking into device time.
 
@@ -99,10 +97,8 @@ def main() -> None:
     ap.add_argument("--size", default="pkb")
     ap.add_argument("--processes", type=int, default=4, help="separate jobs per problem")
     ap.add_argument("--rounds", type=int, default=4, help="timed rounds inside each job")
-    ap.add_argument("--gap-ms", type=float, default=300.0, help="pause between rounds")
     ap.add_argument("--move-memory", action="store_true", help="new device addresses every round")
     ap.add_argument("--pin-cpus", action=argparse.BooleanOptionalAction, default=None, help="see above")
-    ap.add_argument("--new-comm", action="store_true", help="a new communicator every round")
     ap.add_argument("--min-sleep-us", type=float, default=None, help="alignment sleep at least this")
     ap.add_argument("--seed", type=int, default=None, help="one input seed for every job (else each its own)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -123,9 +119,7 @@ def main() -> None:
             for k in ("warmup_ms", "max_warmup", "budget_ms", "min_span_ms", "max_samples")
         },
         "placements": args.rounds,
-        "round_gap_ms": args.gap_ms,
         "move_memory": args.move_memory,
-        "new_comm": args.new_comm,
     }
     if args.min_sleep_us is not None:
         tcfg["min_sleep_us"] = args.min_sleep_us
