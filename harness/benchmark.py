@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.calls import Calls, mutated_inputs, normalize_output, snapshot
+from harness.contracts import TimingConfig, TimingRecord
 
 
 def input_rotation(sets: list[tuple]) -> Callable[[], list[int]] | None:
@@ -127,9 +128,9 @@ def fresh_calls(calls: Calls, label: str, base: int, max_calls: int, judged: set
     return timing.Fresh(prepare, call, record, max_calls)
 
 
-def run(calls: Calls, enter: Callable[[str], str]) -> dict[str, Any]:
+def run(calls: Calls, enter: Callable[[str], str]) -> TimingRecord:
     """The benchmark mode; `enter(stage)` names each stage for the rank's status."""
-    tcfg, base = calls.cfg["timing"], calls.cfg["seeds"][0]
+    tcfg, base = calls.timing, calls.cfg["seeds"][0]
     enter("benchmark inputs")
     sets, nbytes = _input_sets(calls, tcfg, base)
     enter("benchmark first calls")
@@ -161,7 +162,7 @@ def run(calls: Calls, enter: Callable[[str], str]) -> dict[str, Any]:
     return record
 
 
-def _input_sets(calls: Calls, tcfg: dict[str, Any], base: int) -> tuple[list[tuple], int]:
+def _input_sets(calls: Calls, tcfg: TimingConfig, base: int) -> tuple[list[tuple], int]:
     """The replayed input sets: enough to cover twice the L2 (within max_sets and rotation_bytes),
     at least 2; and one set's bytes (the largest over ranks)."""
     import torch
@@ -178,7 +179,7 @@ def _input_sets(calls: Calls, tcfg: dict[str, Any], base: int) -> tuple[list[tup
     return [first] + [calls.make(derive_seed(base, "set", i)) for i in range(1, n_sets)], nbytes
 
 
-def _fresh(calls: Calls, tcfg: dict[str, Any], base: int, outputs: list) -> tuple[Any, list[int]]:
+def _fresh(calls: Calls, tcfg: TimingConfig, base: int, outputs: list) -> tuple[Any, list[int]]:
     """Fresh input sets, interleaved with the replayed ones (docs/measurement.md, "Replay
     advantage"): fresh_min to fresh_max of them; the outputs of as many as fresh_bytes holds (at
     least 2, all when they fit, else a subset drawn from the secret seed that the solution cannot
@@ -204,7 +205,7 @@ def _fresh(calls: Calls, tcfg: dict[str, Any], base: int, outputs: list) -> tupl
 
 def _timed_placements(
     calls: Calls, sets: list[tuple], judged: list[list], fresh: Any
-) -> tuple[dict[str, Any], list[tuple], list[int]]:
+) -> tuple[TimingRecord, list[tuple], list[int]]:
     """The timed calls, in `placements` memory placements: (the pooled record, the sets as they end,
     which set's data each buffer holds). Placements after the first find the inputs, the solution's
     own buffers and the allocator's free blocks at other device addresses: a process's times depend
@@ -216,7 +217,7 @@ def _timed_placements(
 
     from harness import timing
 
-    tcfg, device, n_sets = calls.cfg["timing"], calls.device, len(sets)
+    tcfg, device, n_sets = calls.timing, calls.device, len(sets)
     rotate = input_rotation(sets)
     holds = list(range(n_sets))
     working: dict[int, tuple] = {}
@@ -242,7 +243,7 @@ def _timed_placements(
     placements = max(1, int(tcfg.get("placements", 1)))
     round_cfg = timing.placement_config(tcfg, placements)
 
-    def timed_round() -> dict[str, Any]:
+    def timed_round() -> TimingRecord:
         return timing.run_timing(
             prepare,
             call_on_set,

@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness.contracts import RankJob, TimingConfig
+
 
 class SolutionError(Exception):
     """The solution returned something outside the contract."""
@@ -82,7 +84,7 @@ class Calls:
         self,
         problem: ModuleType,
         solution: Callable[..., Any],
-        cfg: dict[str, Any],
+        cfg: RankJob,
         device: Any,
         out_dir: Path,
         check: Callable[[str], None],
@@ -101,6 +103,14 @@ class Calls:
         self.out_dir = out_dir
         self.mac_key = tensorfile.result_key(cfg["seeds"])  # the host checks every result file with it
         self.check = check  # fails the rank if the solution replaced what the harness relies on
+
+    @property
+    def timing(self) -> TimingConfig:
+        """The job's timing configuration (benchmark and profile jobs carry one)."""
+        timing = self.cfg["timing"]
+        if timing is None:
+            raise ValueError(f"a {self.cfg['mode']} job needs a timing configuration")
+        return timing
 
     def make(self, seed: Any) -> tuple:
         """The problem's inputs on this rank for a seed."""

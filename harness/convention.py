@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from harness.contracts import RankJob
+
 CONVENTIONS = ("auto", "ours", "original")
 RECORD = "convention.json"  # rank 0's record of what it chose (informational: the host's notes)
 
@@ -197,7 +199,7 @@ def _label(convention: str) -> str:
 
 
 def bind(
-    candidate: Callable[..., Any], problem: ModuleType, cfg: dict[str, Any], device: torch.device
+    candidate: Callable[..., Any], problem: ModuleType, cfg: RankJob, device: torch.device
 ) -> Callable[..., Any]:
     """The callable the worker judges and times for this candidate (called once per job, on every
     rank, with the process group up). Rank 0 records the choice in the job directory."""

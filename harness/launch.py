@@ -27,8 +27,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from harness.contracts import LaunchRecord, RankRecord
 
 PEER_GRACE_S = 5.0
 POLL_S = 0.02
@@ -117,7 +120,7 @@ def wait_for_job(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]
     return None
 
 
-def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = None) -> dict[str, Any]:
+def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = None) -> LaunchRecord:
     """Run the job `cfg` on `procs` (warm workers already set up) or on workers started now."""
     job_dir = Path(cfg["job_dir"])
     world_size = int(cfg["world_size"])
@@ -159,10 +162,10 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
             break
         time.sleep(POLL_S)
 
-    ranks = []
+    ranks: list[RankRecord] = []
     for rank, proc in enumerate(procs):
         status = _read_status(job_dir, rank) or {}
-        entry: dict[str, Any] = {
+        entry: RankRecord = {
             "rank": rank,
             "exit_code": proc.returncode,
             "signal": None,
@@ -174,14 +177,12 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
         if status.get("state") == "ok" and rc == 0:
             entry["state"] = "ok"
         elif status.get("state") == "error":
-            entry.update(
-                state="error",
-                error=status.get("error"),
-                stage=status.get("stage"),
-                traceback=status.get("traceback"),
-            )
+            entry["state"] = "error"
+            entry["error"] = str(status.get("error"))
+            entry["stage"] = str(status.get("stage"))
+            entry["traceback"] = str(status.get("traceback") or "")
         elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
-            entry.update(state="crashed", signal=signal.Signals(-rc).name)
+            entry["state"], entry["signal"] = "crashed", signal.Signals(-rc).name
         elif rc == -signal.SIGKILL:
             entry["state"] = (
                 "timeout" if timed_out else ("aborted" if first_failure is not None else "crashed")
@@ -190,7 +191,7 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
         elif rc == 0:
             entry["state"] = "exited"  # returned without finishing the job
         else:
-            entry.update(state="crashed", error=f"exit status {rc}")
+            entry["state"], entry["error"] = "crashed", f"exit status {rc}"
         ranks.append(entry)
     return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
 
@@ -257,7 +258,7 @@ def main(argv: list[str]) -> None:
             return
         if int(cfg["world_size"]) != len(procs) or cfg["device"] != setup["device"]:
             sys.exit("harness.launch: the job does not fit this warm sandbox")
-        result = launch(cfg, procs)
+        result: Mapping[str, Any] = launch(cfg, procs)
     elif "--config-file" in args:
         cfg = read_config(Path(args["--config-file"]))
         result = run_tool(cfg) if cfg.get("mode") in TOOL_MODES else launch(cfg)

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.contracts import TimingConfig
+
 CALL_LABEL = "pkb.call#"
 PROFILE_DIR = "profile"
 PROBE_CALLS = 5
@@ -67,7 +69,7 @@ def run(
     solution: Callable[..., Any],
     next_inputs: Callable[[], tuple],
     device: Any,
-    cfg: dict[str, Any],
+    cfg: TimingConfig,
     job_dir: Path,
     rank: int,
     after_call: Callable[[], None],

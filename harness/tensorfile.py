@@ -24,6 +24,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +100,14 @@ def verify(key: bytes, structure: str, tensors: list[torch.Tensor], meta: dict) 
     return isinstance(mac, str) and hmac.compare_digest(mac, _digest(key, structure, tensors, meta))
 
 
-def mac_record(key: bytes, record: dict[str, Any]) -> dict[str, Any]:
+def mac_record(key: bytes, record: Mapping[str, Any]) -> dict[str, Any]:
     """The record with record["mac"]: a keyed digest of its JSON form."""
     body = {k: v for k, v in record.items() if k != "mac"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return {**body, "mac": hmac.new(key, text, hashlib.sha256).hexdigest()}
 
 
-def verify_record(key: bytes, record: dict[str, Any]) -> bool:
+def verify_record(key: bytes, record: Mapping[str, Any]) -> bool:
     """Whether a record read back (JSON) still carries the digest `mac_record` gave it."""
     mac = record.get("mac") if isinstance(record, dict) else None
     return isinstance(mac, str) and hmac.compare_digest(mac, mac_record(key, record)["mac"])

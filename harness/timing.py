@@ -28,10 +28,12 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+
+from harness.contracts import TimingConfig, TimingRecord
 
 # The device sleep before each timed call must outlast the host's work of queueing the call, or
 # host overhead leaks into the device time. It is sized from the slowest rank's measured enqueue
@@ -156,7 +158,7 @@ def max_over_ranks(values: list[float], device: torch.device) -> list[float]:
 RESTRIDE_AT = 10
 
 
-def fresh_stride(cfg: dict[str, Any], iter_ms: float, fresh_min: int) -> int:
+def fresh_stride(cfg: TimingConfig, iter_ms: float, fresh_min: int) -> int:
     """Replayed samples between fresh calls: `fresh_min` of them spread over the minimum sampling
     span (or `min_samples`, whichever holds more samples) at `iter_ms` a sampling iteration."""
     expected = max(cfg["min_samples"], cfg.get("min_span_ms", 0.0) / max(iter_ms, 1e-3))
@@ -169,13 +171,13 @@ def run_timing(
     normalize: Callable[[Any], list[torch.Tensor]],
     judged: list[list[torch.Tensor]],
     device: torch.device,
-    cfg: dict[str, Any],
+    cfg: TimingConfig,
     tolerance: dict[str, Any],
     *,
     rotate: Callable[[], list[int]] | None = None,
     after_call: Callable[[], None] | None = None,
     fresh: Fresh | None = None,
-) -> dict[str, Any]:
+) -> TimingRecord:
     """Warm up, then sample until precision, budget or cap; every rank returns the same record.
 
     Precision is judged only once `min_span_ms` of real time has been sampled, so that the median
@@ -269,7 +271,7 @@ def _warm_up(
     timed: Callable[[int], tuple[Any, float, float]],
     timer: Timer,
     n_sets: int,
-    cfg: dict[str, Any],
+    cfg: TimingConfig,
     device: torch.device,
 ) -> tuple[int, float]:
     """Enough calls to cover warmup_ms, sized from the slowest rank's first calls; then the
@@ -312,7 +314,7 @@ class _FreshSchedule:
     def __init__(
         self,
         fresh: Fresh | None,
-        cfg: dict[str, Any],
+        cfg: TimingConfig,
         iter_ms: float,
         timer: Timer,
         after_call: Callable[[], None] | None,
@@ -383,29 +385,31 @@ class _FreshSchedule:
 _SHARED_MS = ("warmup_ms", "budget_ms", "min_span_ms")
 
 
-def placement_config(cfg: dict[str, Any], placements: int) -> dict[str, Any]:
+def placement_config(cfg: TimingConfig, placements: int) -> TimingConfig:
     """The configuration of one of `placements` rounds: its share of the warm-up, budget, minimum
     span, sample cap (never fewer samples than `min_samples`) and fresh calls it must make before
     precision may stop it (never fewer than 2)."""
     if placements <= 1:
-        return dict(cfg)
-    share = {k: float(cfg[k]) / placements for k in _SHARED_MS if k in cfg}
+        return cast(TimingConfig, dict(cfg))
+    raw: dict[str, Any] = dict(cfg)
+    share = {k: float(raw[k]) / placements for k in _SHARED_MS if k in raw}
     cap = max(int(cfg["max_samples"]) // placements, int(cfg["min_samples"]))
     fresh = {"fresh_min": max(int(cfg["fresh_min"]) // placements, 2)} if "fresh_min" in cfg else {}
-    return {
+    shared = {
         **cfg,
         **share,
         **fresh,
         "max_samples": cap,
         "max_warmup": max(int(cfg["max_warmup"]) // placements, 3),
     }
+    return cast(TimingConfig, shared)
 
 
-def pool_placements(records: list[dict[str, Any]]) -> dict[str, Any]:
+def pool_placements(records: list[TimingRecord]) -> TimingRecord:
     """One record from the records of a job's placements: samples concatenated in order (timed-call
     indices continue across placements), the per-placement medians and sample counts kept. A record
     that is itself pooled keeps its placements (the host pools a side's jobs this way too)."""
-    pooled = dict(records[-1])
+    pooled = cast(TimingRecord, dict(records[-1]))
     pooled["device_ms"] = [x for r in records for x in r["device_ms"]]
     pooled["wall_ms"] = [x for r in records for x in r["wall_ms"]]
     mismatches: list[int] = []

@@ -26,9 +26,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from harness.calls import Calls, SolutionError, snapshot
+from harness.contracts import RankJob, TimingRecord
 
 HARNESS_DIR = Path(__file__).resolve().parent
 ORIGINAL_PACKAGES = str(HARNESS_DIR / "original")  # harness/original: the original benchmark's `utils`
@@ -278,7 +279,8 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
             os._exit(0)
         t_start = time.monotonic()
         stages = Stages()
-        record = _run_job({**job, "rank": rank, "world_size": world_size}, device, job_dir, stages)
+        cfg = cast(RankJob, {**job, "rank": rank, "world_size": world_size})
+        record = _run_job(cfg, device, job_dir, stages)
         stages.enter("teardown")
         dist.barrier()
         dist.destroy_process_group()
@@ -336,7 +338,7 @@ def _join_group(setup: dict[str, Any], job_dir: Path) -> Any:
     return device
 
 
-def _run_job(cfg: dict[str, Any], device: Any, job_dir: Path, stages: Stages) -> dict[str, Any] | None:
+def _run_job(cfg: RankJob, device: Any, job_dir: Path, stages: Stages) -> TimingRecord | None:
     """Load the problem and the solution, then run the job's mode: "outputs" (the judged trials),
     "profile" or "benchmark". Returns the benchmark's timing record (else None)."""
     stages.enter("setup")
@@ -381,7 +383,7 @@ def _run_job(cfg: dict[str, Any], device: Any, job_dir: Path, stages: Stages) ->
             solution,
             lambda: snapshot(profiled) if calls.mutates else profiled,
             device,
-            cfg["timing"],
+            calls.timing,
             job_dir,
             calls.rank,
             after_call=lambda: watch.check("while being profiled"),

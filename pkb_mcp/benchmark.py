@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import tensorfile, timing
+from harness.contracts import TimingConfig, TimingRecord
 from pkb_mcp import conventions, roofline, stats
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, prestart, run_job, warm_pool
@@ -33,7 +34,7 @@ JOBS_HELP = "separate jobs per side, alternating: more resolve smaller differenc
 # How each side of a benchmark is sampled (harness/timing.py). On GPUs the L2 is also flushed before
 # every timed call (its size is read from the device), so a handful of distinct input sets is enough
 # (each one is judged on the host).
-GPU_TIMING: dict[str, Any] = {
+GPU_TIMING: TimingConfig = {
     "warmup_ms": 200.0,
     "max_warmup": 2000,
     "min_samples": 30,
@@ -49,7 +50,7 @@ GPU_TIMING: dict[str, Any] = {
     "fresh_max": 24,
     "fresh_bytes": 1 << 30,
 }
-CPU_TIMING: dict[str, Any] = {
+CPU_TIMING: TimingConfig = {
     "warmup_ms": 20.0,
     "max_warmup": 50,
     "min_samples": 10,
@@ -66,14 +67,14 @@ CPU_TIMING: dict[str, Any] = {
 }
 
 
-def timing_config(device: str) -> dict[str, Any]:
+def timing_config(device: str) -> TimingConfig:
     """How long and how much to sample on this device (a fresh copy)."""
     if device == "cuda":
         import torch
 
         l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
-        return {**GPU_TIMING, "l2_bytes": l2}
-    return dict(CPU_TIMING)
+        return TimingConfig(**GPU_TIMING, l2_bytes=l2)
+    return CPU_TIMING.copy()
 
 
 def bench(
@@ -131,7 +132,7 @@ def bench(
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]
     # a side's jobs share its sampling budget the way a job's placements do
-    tcfg = {**timing.placement_config(timing_config(run.device), jobs), "placements": placements}
+    tcfg = TimingConfig(**timing.placement_config(timing_config(run.device), jobs), placements=placements)
     ran, ref_records = _time_sides(run, seeds, tcfg, jobs, progress, cancel)
     run.notes += conventions.notes(ran[0][1])
     ref_stats, ref_warnings = stats.summarize(stats.pool_jobs(ref_records))
@@ -155,22 +156,22 @@ def _job_of(job: int, jobs: int) -> str:
 def _time_sides(
     run: Run,
     seeds: list[int],
-    tcfg: dict[str, Any],
+    tcfg: TimingConfig,
     jobs: int,
     progress: Progress,
     cancel: threading.Event | None,
-) -> tuple[list[tuple[JobOutcome, JobOutcome]], list[dict[str, Any]]]:
+) -> tuple[list[tuple[JobOutcome, JobOutcome]], list[TimingRecord]]:
     """Each job's reference, then its candidate, until a candidate job fails: the (reference,
     candidate) outcomes in order, and the reference's timing records."""
     p = run.problem
     steps = 2 * jobs + 1
     pool = warm_pool(run.backend)
     ran: list[tuple[JobOutcome, JobOutcome]] = []
-    ref_records: list[dict[str, Any]] = []
+    ref_records: list[TimingRecord] = []
 
-    def job_timing(job: int, reference: bool) -> dict[str, Any]:
+    def job_timing(job: int, reference: bool) -> TimingConfig:
         # each job's fresh input sets are its own; the reference's job makes outputs for all of them
-        return {**tcfg, "fresh_label": f"job{job}", "fresh_top_up": reference}
+        return TimingConfig(**tcfg, fresh_label=f"job{job}", fresh_top_up=reference)
 
     ref_request = run.request("benchmark", p.path, seeds, job_timing(0, True))
     # every job gets a sandbox started ahead: none may start while the other side is timed
@@ -205,16 +206,16 @@ def _time_sides(
 def _judge_jobs(
     run: Run,
     ran: list[tuple[JobOutcome, JobOutcome]],
-    ref_records: list[dict[str, Any]],
+    ref_records: list[TimingRecord],
     jobs: int,
     mac_key: bytes,
     fields: dict[str, Any],
-) -> tuple[tuple[str, str] | None, list[dict[str, Any]]]:
+) -> tuple[tuple[str, str] | None, list[TimingRecord]]:
     """Every candidate job's outputs judged (the replayed sets, then the timed fresh calls), its
     timing record checked: (verdict, message) of the first that fails, or None and the candidate's
     records. Sets `fields["ranks"]`."""
     p, world_size = run.problem, run.world_size
-    cand_records: list[dict[str, Any]] = []
+    cand_records: list[TimingRecord] = []
     for job, (ref_outcome, cand_outcome) in enumerate(ran):
         sets = int(ref_records[job]["input_sets"])
         fields["ranks"] = judge_ranks(p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key)

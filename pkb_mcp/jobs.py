@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import tensorfile
+from harness.contracts import JobConfig, TimingConfig, TimingRecord
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.judge import Outputs
@@ -60,7 +61,7 @@ class JobOutcome:
     # benchmarks: the outputs of the timed calls on fresh input sets, (fresh call, rank)
     fresh_outputs: dict[tuple[int, int], Outputs] = field(default_factory=dict)
     fresh_output_errors: dict[tuple[int, int], str] = field(default_factory=dict)
-    timing: dict[str, Any] | None = None
+    timing: TimingRecord | None = None
     launcher_log: str = ""
     warm: bool = False  # ran in a sandbox started ahead of need
     collected: Any = None  # what run_job's `collect` read from the job directory before its removal
@@ -84,7 +85,7 @@ class JobRequest:
     seeds: list[int]
     tolerance: dict[str, Any]  # Problem.bounds: default bounds and per-output ones
     timeout_s: float
-    timing: dict[str, Any] | None = None
+    timing: TimingConfig | None = None
     threads_per_rank: int = 1
     convention: str = "auto"  # how the candidate is called: auto, ours, original (harness/convention.py)
 
@@ -164,7 +165,7 @@ def run_job(
         else:
             solution_copy = src / "solution.py"
             shutil.copyfile(request.solution_path, solution_copy)
-        cfg = {
+        cfg: JobConfig = {
             "mode": request.mode,
             "job_dir": str(job_dir),
             "problem_path": str(problem_copy),

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from harness.contracts import TimingConfig
 from pkb_mcp import config, timeline, traces
 from pkb_mcp.benchmark import timing_config
 from pkb_mcp.errors import UserError
@@ -264,11 +265,13 @@ def write_artifacts(
 # ---------------------------------------------------------------- the verb
 
 
-def profile_config(device: str, calls: int) -> dict[str, Any]:
+def profile_config(device: str, calls: int) -> TimingConfig:
     """The warm-up of a benchmark, the L2 size to flush, and how many calls to profile."""
     tcfg = timing_config(device)
-    keys = ("warmup_ms", "max_warmup", "l2_bytes")
-    return {**{k: tcfg[k] for k in keys if k in tcfg}, "calls": calls}
+    cfg = TimingConfig(warmup_ms=tcfg["warmup_ms"], max_warmup=tcfg["max_warmup"], calls=calls)
+    if "l2_bytes" in tcfg:
+        cfg["l2_bytes"] = tcfg["l2_bytes"]
+    return cfg
 
 
 def profile(

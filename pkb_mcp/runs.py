@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.contracts import TimingConfig
 from pkb_mcp import conventions, problems, static_report
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, ToolJobs
@@ -151,7 +152,9 @@ class Run:
         prepared = extensions.prepare(text, ToolJobs(self.backend, cancel), BUILD_TIMEOUT_S)
         self.notes += prepared.notes()
 
-    def request(self, mode: str, solution: Path, seeds: list[int], timing: dict | None = None) -> JobRequest:
+    def request(
+        self, mode: str, solution: Path, seeds: list[int], timing: TimingConfig | None = None
+    ) -> JobRequest:
         import os
 
         threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
+from harness.contracts import TimingRecord
 from harness.timing import pool_placements
 from pkb_mcp.models import TimingStats
 
@@ -99,7 +99,7 @@ def job_median(
     return statistics.median(medians), (statistics.fmean(spreads) if spreads else None), log_spread(medians)
 
 
-def pool_jobs(records: list[dict[str, Any]]) -> dict[str, Any]:
+def pool_jobs(records: list[TimingRecord]) -> TimingRecord:
     """One timing record from the records of a side's jobs, in the order they ran, pooled the way a
     job pools its placements (samples and placements concatenated), each job's sample count kept
     (`job_samples`)."""
@@ -133,7 +133,7 @@ def replay_advantage(
     return statistics.median(ratios), sign_test_p(sum(r > 1 for r in ratios), len(ratios))
 
 
-def summarize(record: dict[str, Any]) -> tuple[TimingStats, list[str]]:
+def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
     """TimingStats from a harness timing record, plus warnings about the measurement itself."""
     events = [float(x) for x in record["device_ms"]]
     walls = [float(x) for x in record["wall_ms"]]

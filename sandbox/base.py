@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +19,7 @@ class SandboxJob:
 
     job_id: str
     job_dir: Path
-    config: dict[str, Any]
+    config: Mapping[str, Any]  # a JobConfig (harness/contracts.py), or a tool job's configuration
     device: str
     gpus: list[int]
     timeout_s: float
@@ -65,7 +66,7 @@ CONFIG_NAME = ".launch-config"
 WARM_IDLE_S = 600.0
 
 
-def write_config(job_dir: Path, config: dict[str, Any], owner: tuple[int, int] | None = None) -> None:
+def write_config(job_dir: Path, config: Mapping[str, Any], owner: tuple[int, int] | None = None) -> None:
     """The job file the launcher reads and deletes before any candidate code exists. It appears
     whole (a rename): a warm launcher polls for it."""
     part = job_dir / (CONFIG_NAME + ".part")
