@@ -105,7 +105,7 @@ class RankRecord(TypedDict, total=False):
 
 
 class LaunchRecord(TypedDict):
-    """launch.json: every rank's fate, the launch's wall time, and whether its deadline passed."""
+    """launch.json: every rank's outcome, the launch's wall time, and whether its deadline passed."""
 
     ranks: list[RankRecord]
     wall_s: float

@@ -1,4 +1,4 @@
-"""Rank launcher: starts one worker process per rank and reports each rank's fate (stdlib only).
+"""Rank launcher: starts one worker process per rank and reports each rank's outcome (stdlib only).
 
 Run as `python -m harness.launch` inside the sandbox with the job configuration as JSON on stdin
 (or in a file named by `--config-file`, deleted as soon as it is read).
@@ -104,7 +104,7 @@ def _send(proc: subprocess.Popen[bytes], message: dict[str, Any] | None, close: 
         if close:
             proc.stdin.close()
     except (BrokenPipeError, OSError):
-        pass  # the worker died already; its fate is read from its exit status
+        pass  # the worker died already; its outcome is read from its exit status
 
 
 def wait_for_job(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any] | None:

@@ -38,7 +38,7 @@ OUTPUT_NAME = re.compile(r"^([tsf])(\d+)_r(\d+)\.pkbt$")
 
 
 @dataclass
-class RankFate:
+class RankOutcome:
     rank: int
     state: str  # ok, error, crashed, timeout, aborted, exited
     error: str = ""
@@ -53,7 +53,7 @@ class RankFate:
 
 @dataclass
 class JobOutcome:
-    ranks: list[RankFate]
+    ranks: list[RankOutcome]
     wall_s: float
     timed_out: bool
     outputs: dict[tuple[int, int], Outputs] = field(default_factory=dict)  # (trial or set, rank)
@@ -241,7 +241,7 @@ def _stage_times(value: Any) -> dict[str, float]:
     return {k: float(v) for k, v in value.items()} if ok else {}
 
 
-def longest_stages(ranks: list[RankFate]) -> dict[str, float]:
+def longest_stages(ranks: list[RankOutcome]) -> dict[str, float]:
     """Each stage's longest time over the ranks: the ranks wait for each other, so the slowest one's
     stage is what the job spent on it."""
     out: dict[str, float] = {}
@@ -263,11 +263,11 @@ def _collect(
         state = "timeout" if killed else "crashed"
         entries = [{"rank": r, "state": state} for r in range(request.world_size)]
         timed_out = killed
-    ranks: list[RankFate] = []
+    ranks: list[RankOutcome] = []
     for e in entries[: request.world_size]:
         rank = int(e.get("rank", len(ranks)))
         ranks.append(
-            RankFate(
+            RankOutcome(
                 rank=rank,
                 state=str(e.get("state", "crashed")),
                 error=str(e.get("error") or ""),

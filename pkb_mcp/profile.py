@@ -27,7 +27,7 @@ from pkb_mcp.benchmark import timing_config
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, run_job
 from pkb_mcp.models import RankResult, Result, SandboxInfo, StaticReport
-from pkb_mcp.runs import Progress, Run, fate_result, no_progress, reference_failed, refused_ranks
+from pkb_mcp.runs import Progress, Run, no_progress, rank_result, reference_failed, refused_ranks
 from pkb_mcp.verdicts import decide
 
 MAX_CALLS = 20
@@ -340,7 +340,7 @@ def profile(
         raise reference_failed(p, ref_outcome)
     progress(1, 3, "profiling the candidate")
     cand_outcome = job(run.solution)
-    failed = [fate_result(f) for f in cand_outcome.ranks if f.state != "ok"]
+    failed = [rank_result(f) for f in cand_outcome.ranks if f.state != "ok"]
     progress(2, 3, "analysing the traces")
     sides = {"candidate": cand_outcome.collected or [], "reference": ref_outcome.collected or []}
     figures = {side: traces.analyze(t) for side, t in sides.items()}

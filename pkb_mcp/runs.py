@@ -13,7 +13,7 @@ from pathlib import Path
 from harness.contracts import TimingConfig
 from pkb_mcp import conventions, problems, static_report
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome, JobRequest, RankFate, ToolJobs
+from pkb_mcp.jobs import JobOutcome, JobRequest, RankOutcome, ToolJobs
 from pkb_mcp.models import RankResult, SandboxInfo, StaticReport
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
@@ -186,22 +186,22 @@ def refused_ranks(run: Run) -> list[RankResult]:
     ]
 
 
-def fate_result(fate: RankFate) -> RankResult:
-    error = fate.error.strip().splitlines()[0][:300] if fate.error.strip() else ""
+def rank_result(rank_outcome: RankOutcome) -> RankResult:
+    error = rank_outcome.error.strip().splitlines()[0][:300] if rank_outcome.error.strip() else ""
     messages = {
-        "error": f"raised {error}" + (f" during {fate.stage}" if fate.stage else ""),
-        "crashed": f"crashed ({fate.signal or error or 'no status'})",
+        "error": f"raised {error}" + (f" during {rank_outcome.stage}" if rank_outcome.stage else ""),
+        "crashed": f"crashed ({rank_outcome.signal or error or 'no status'})",
         "timeout": "still running at the deadline (deadlock or too slow); killed",
         "aborted": "killed after another rank failed (it was likely waiting in a collective)",
         "exited": "exited with status 0 before finishing the job",
     }
     return RankResult(
-        rank=fate.rank,
-        state=fate.state,
-        message=messages.get(fate.state, fate.state),  # type: ignore[arg-type]
-        traceback=fate.traceback or None,
-        log_tail=fate.log_tail[-2000:] or None,
-        ended_s=fate.ended_s or None,
+        rank=rank_outcome.rank,
+        state=rank_outcome.state,
+        message=messages.get(rank_outcome.state, rank_outcome.state),  # type: ignore[arg-type]
+        traceback=rank_outcome.traceback or None,
+        log_tail=rank_outcome.log_tail[-2000:] or None,
+        ended_s=rank_outcome.ended_s or None,
     )
 
 

@@ -9,7 +9,7 @@ from pkb_mcp import judge, problems, stats
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome
 from pkb_mcp.models import RankResult, RooflineResult, TimingStats
-from pkb_mcp.runs import fate_result
+from pkb_mcp.runs import rank_result
 
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible
@@ -37,9 +37,9 @@ def judge_ranks(
     errors = cand.fresh_output_errors if fresh else cand.output_errors
     results = []
     for rank in range(world_size):
-        fate = cand.ranks[rank]
-        if fate.state != "ok":
-            results.append(fate_result(fate))
+        rank_outcome = cand.ranks[rank]
+        if rank_outcome.state != "ok":
+            results.append(rank_result(rank_outcome))
             continue
         worst: RankResult | None = None
         for key in keys:

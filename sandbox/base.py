@@ -31,7 +31,7 @@ class SandboxJob:
 
 @dataclass
 class SandboxRun:
-    """How the launcher itself ended (each rank's fate is in the job dir's launch.json)."""
+    """How the launcher itself ended (each rank's outcome is in the job dir's launch.json)."""
 
     exit_code: int | None
     wall_s: float

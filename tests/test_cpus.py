@@ -72,7 +72,7 @@ def test_a_forged_cpu_report_is_no_report():
 
 def test_a_forged_stage_report_is_no_report():
     """Seconds per stage come from the same status file: only a short map of names to times counts."""
-    from pkb_mcp.jobs import RankFate, _stage_times, longest_stages
+    from pkb_mcp.jobs import RankOutcome, _stage_times, longest_stages
 
     assert _stage_times({"import": 0.5, "trials": 2}) == {"import": 0.5, "trials": 2.0}
     for forged in (
@@ -87,8 +87,8 @@ def test_a_forged_stage_report_is_no_report():
     ):
         assert _stage_times(forged) == {}
     ranks = [
-        RankFate(0, "ok", stages={"import": 0.5, "trials": 2.0}),
-        RankFate(1, "ok", stages={"import": 0.75}),
+        RankOutcome(0, "ok", stages={"import": 0.5, "trials": 2.0}),
+        RankOutcome(1, "ok", stages={"import": 0.75}),
     ]
     assert longest_stages(ranks) == {"import": 0.75, "trials": 2.0}
 
