@@ -215,8 +215,9 @@ def traffic(ctx):
 # takes the original's arguments, so the call is ours.
 ORIGINAL = {
     "signature": (
-        "solution(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, beta: torch.Tensor, "
-        "a_log: torch.Tensor, dt_bias: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor"
+        "solution(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, "
+        "beta: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, "
+        "group: Optional[dist.ProcessGroup] = None) -> torch.Tensor"
     ),
     "args": lambda inputs, env: inputs,
     "differences": (

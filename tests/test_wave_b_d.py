@@ -135,7 +135,9 @@ def test_kda_chunked_reference_matches_the_recurrence():
     q, k, v, g, beta, a_log, dt_bias = inputs_on_cpu(74, 4, 0, seed=3, seq_local=200, heads=4, key_dim=32)
     got = problem(74).module.kda_heads(q, k, v, g, beta, a_log, dt_bias)
     h, kd = 4, 32
-    decay = torch.exp(-5 * torch.sigmoid(a_log.double().exp()[:, None] * (g.double() + dt_bias.double().view(h, kd))))
+    decay = torch.exp(
+        -5 * torch.sigmoid(a_log.double().exp()[:, None] * (g.double() + dt_bias.double().view(h, kd)))
+    )
     qf = F.normalize(q.double(), dim=-1) * kd**-0.5
     want = _recurrence64(
         *(_heads_first(x) for x in (qf, F.normalize(k.double(), dim=-1), v.double(), decay)),
@@ -146,7 +148,9 @@ def test_kda_chunked_reference_matches_the_recurrence():
 
 
 def test_gated_deltanet_chunked_reference_matches_the_recurrence():
-    q, k, v, gate, beta, *_ = inputs_on_cpu(75, 2, 0, seed=4, seq_local=150, heads=3, key_dim=32, value_dim=48)
+    q, k, v, gate, beta, *_ = inputs_on_cpu(
+        75, 2, 0, seed=4, seq_local=150, heads=3, key_dim=32, value_dim=48
+    )
     a_log, dt_bias = torch.rand(4) * 0.2, torch.rand(4) * 0.2 - 0.1
     got = problem(75).module.gated_delta_heads(q, k, v, gate, beta, a_log, dt_bias)
     decay = torch.exp(-a_log.double().exp() * F.softplus(gate.double() + dt_bias.double()))
@@ -180,7 +184,7 @@ def test_the_state_carries_earlier_ranks_tokens(pid):
 
 
 def test_cso_inputs_are_reduced_on_cpu_and_windows_end_at_their_range():
-    query, key_value, k_ranges, r, c, _ = inputs_on_cpu(77, 2, 1, seed=5)
+    query, key_value, k_ranges, _, c, _ = inputs_on_cpu(77, 2, 1, seed=5)
     n = problem(77).size("pkb")["cpu_tokens_per_range"]
     assert query.shape == (4 * n, 48, 128) and key_value.shape == (4 * n, 8, 256) and c == 2 * n
     assert k_ranges[:, 1].tolist() == [c * (i + 1) for i in range(4)]

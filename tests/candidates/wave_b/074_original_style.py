@@ -6,8 +6,6 @@ Five all-gathers over the CP group, the recurrence of the whole sequence step by
 bf16 all-reduce over the TP group, and the rank's block of the result. It must pass unchanged.
 """
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -29,15 +27,17 @@ def solution(
     beta: torch.Tensor,
     a_log: torch.Tensor,
     dt_bias: torch.Tensor,
-    cp_group: Optional[dist.ProcessGroup] = None,
-    tp_group: Optional[dist.ProcessGroup] = None,
+    cp_group: dist.ProcessGroup | None = None,
+    tp_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     cp_group = cp_group or dist.group.WORLD
     qa, ka, va, ga, ba = (_gather(t, cp_group) for t in (q, k, v, g, beta))
     b, s, h, kd = qa.shape
     qf = F.normalize(qa.float(), dim=-1) * kd**-0.5
     kf = F.normalize(ka.float(), dim=-1)
-    decay = torch.exp(-5.0 * torch.sigmoid(a_log.float().exp()[:, None] * (ga.float() + dt_bias.float().view(h, kd))))
+    decay = torch.exp(
+        -5.0 * torch.sigmoid(a_log.float().exp()[:, None] * (ga.float() + dt_bias.float().view(h, kd)))
+    )
     bs = ba.float().sigmoid()
     state = torch.zeros(b, h, kd, va.shape[-1])
     out = torch.empty(b, s, h, va.shape[-1])

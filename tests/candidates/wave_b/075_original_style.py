@@ -6,8 +6,6 @@ Five all-to-alls (q, k, v, gate, beta) from a token split to a head split, the g
 step over the whole sequence in float32, and an all-to-all back. It must pass unchanged.
 """
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -41,7 +39,7 @@ def solution(
     beta: torch.Tensor,
     a_log: torch.Tensor,
     dt_bias: torch.Tensor,
-    group: Optional[dist.ProcessGroup] = None,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     group = group or dist.group.WORLD
     qh, kh, vh = (_to_heads(t, group) for t in (q, k, v))

@@ -7,8 +7,6 @@ next range's queries is in flight while the current range's attention runs, and 
 goes back asynchronously; keys clipped to clip_token_nums per range. It must pass unchanged.
 """
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -26,8 +24,8 @@ def solution(
     key_value: torch.Tensor,
     k_ranges: torch.Tensor,
     cp_shuffle_num: int,
-    clip_token_nums: Optional[int] = None,
-    group: Optional[dist.ProcessGroup] = None,
+    clip_token_nums: int | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     group = group or dist.group.WORLD
     w = dist.get_world_size(group)
@@ -54,7 +52,9 @@ def solution(
         start, end = int(k_ranges[i, 0]), int(k_ranges[i, 1])
         keys = kv[start:end].repeat_interleave(hl // hkv, dim=1)
         o = F.scaled_dot_product_attention(
-            q_local.transpose(0, 1)[None], keys[..., :d].transpose(0, 1)[None], keys[..., d:].transpose(0, 1)[None]
+            q_local.transpose(0, 1)[None],
+            keys[..., :d].transpose(0, 1)[None],
+            keys[..., d:].transpose(0, 1)[None],
         )
         sent.append(_a2a(o[0].transpose(0, 1), group, async_op=True))
     outs = []
