@@ -62,12 +62,13 @@ SIZES = {
     # until measured); all-to-alls of 2 x 67 MB per rank, ~0.3 ms
     "large": {"batch": 1, "seq_local": 4096, "heads": 16, "key_dim": 256, "value_dim": 512},
 }
-# Outputs are bf16 of RMS ~0.02-0.05 (q is scaled by K**-0.5). A float64 step-by-step recurrence and
-# the float32 chunked reference differ by the output's rounding: measured on CPU (W = 2, 4; 2 trials)
-# at most one bf16 unit (tests/test_wave_b_d.py checks the chunked form against the recurrence to 1e-5).
-# A solution that drops the state carried from earlier ranks' tokens moves the last rank's outputs by
-# ~30% in norm.
-TOLERANCE = {"atol": 2e-3, "rtol": 0.02, "rel_norm": 0.01}
+# Outputs are bf16 of RMS ~0.015, max ~0.08 (q is scaled by K**-0.5). The float32 chunked reference
+# and a file in the original's convention (five all-to-alls, the recurrence step by step in float32,
+# tests/candidates/wave_b/075_original_style.py) differ by at most 1.2e-4, relative norm 4.2e-5
+# (CPU, W = 2, 2 trials); atol leaves room for bf16 products in the chunk (as flash-linear-attention's
+# kernels use), unmeasured. Computing each rank's tokens from a zero state (no exchange;
+# 075_no_state.py) is off by ~80% in norm on the last rank.
+TOLERANCE = {"atol": 1e-3, "rtol": 0.02, "rel_norm": 0.01}
 CHUNK = 64
 
 _all_to_all = dist.all_to_all_single
