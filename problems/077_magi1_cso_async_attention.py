@@ -25,9 +25,11 @@ k_ranges[i] = [s_i, (i + 1) C) with s_i uniform in 0 .. i C (MAGI-1's chunk-caus
 random window): every range sees at least its own tokens.
 
 Size: `pkb` is the original's per-rank shape at W = 8 (query [4 * 2700, 48, 128], key_value
-[10800, 8, 256]), kept at every W. On CPU (the tests' machine: 2 cores) the harness would need
-seconds of float32 attention per call, so on a CPU device make_inputs uses cpu_tokens_per_range
-tokens per range (32 at `pkb`) instead: the same layout and heads.
+[10800, 8, 256]), kept at every W. Memory is small on GPUs: at `large` a rank holds ~2 GB at most
+(inputs, send buffers, one range's repeated keys), so two ranks and the harness's input sets fit on
+one H200. On CPU (the tests' machine: 2 cores, 24 GiB) one call at `pkb` would take minutes (~2.5
+TFLOP of attention per rank), so on a CPU device make_inputs uses cpu_tokens_per_range tokens per
+range (32 at `pkb`, 64 at `large`) instead: the same layout and heads.
 
 Source: MAGI-1's context-shuffle overlap (CSO) attention (ParallelKernelBench problem 77). The
 signature and the call (query, key_value, k_ranges, cp_shuffle_num, clip_token_nums, None) are the
