@@ -43,11 +43,6 @@ MIN_SLEEP_US = 50.0
 MAX_SLEEP_US = 20_000.0
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def median_ci_halfwidth(samples: Sequence[float]) -> float:
     """Half the width of a ~95% distribution-free confidence interval of the median."""
     n = len(samples)
