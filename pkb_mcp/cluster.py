@@ -15,6 +15,8 @@ import contextlib
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -114,6 +116,10 @@ class RayJobTable:
         rows = self._do("SELECT attempts FROM ray_jobs WHERE job_id=?", (job_id,))
         return int(rows[0][0]) if rows else 1
 
+    def losses(self, job_id: str) -> int:
+        rows = self._do("SELECT attempts FROM ray_jobs WHERE job_id=?", (job_id,))
+        return int(rows[0][0]) if rows else 0
+
     def placed(self, job_id: str, node: str, gpus: list[int]) -> None:
         self._do("UPDATE ray_jobs SET node=?, gpus=? WHERE job_id=?", (node, json.dumps(gpus), job_id))
 
@@ -136,6 +142,12 @@ class _Driver:
         self.end: dict[str, Any] | None = None
         self.node = ray.get_runtime_context().get_node_id()
         self.gpus = [int(g) for g in ray.get_gpu_ids()]
+        # outlives this process: if the node's Ray kills it, its sandboxes are killed too
+        self.reaper = subprocess.Popen(
+            [sys.executable, "-m", "pkb_mcp.cluster", "reap", str(os.getpid())],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
         threading.Thread(
             target=self._run, args=(kind, dict(params), source, source_name), daemon=True
         ).start()
@@ -336,3 +348,56 @@ def _read_source(path: Path) -> str | None:
             return f.read(MAX_SOURCE_BYTES + 1).decode("utf-8", "replace")
     except OSError:
         return None
+
+
+# ---------------------------------------------------------------- the reaper beside each actor
+
+
+def _children_sessions(owner: int) -> dict[int, str]:
+    """The owner's children that lead a session of their own (the process backend's launchers), with
+    the job marker each carries."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            pid, ppid, session = int(entry.name), int(fields[1]), int(fields[3])
+            if ppid != owner or session != pid:
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+            marker = next((v.decode() for v in env if v.startswith(b"PKB_JOB=")), "")
+            found[pid] = marker
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def reap(owner: int, poll_s: float = 0.5) -> None:
+    """Wait for the actor process `owner` to end; then kill what its launches left: the process
+    backend's sessions (by session and job marker) and the Docker containers whose owner is gone."""
+    seen: dict[int, str] = {}
+    while True:
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            pass
+        seen.update(_children_sessions(owner))
+        time.sleep(poll_s)
+    from sandbox.process import kill_job
+
+    for session, marker in seen.items():
+        kill_job(session, marker or f"PKB_SESSION={session}")
+    with contextlib.suppress(Exception):  # no engine or no SDK here: no containers either
+        import docker
+
+        from sandbox.docker import sweep
+
+        sweep(docker.from_env(timeout=10))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["reap"]:
+    reap(int(sys.argv[2]))

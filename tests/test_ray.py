@@ -1,0 +1,182 @@
+"""Jobs on a Ray cluster (pkb_mcp/cluster.py, docs/scale-out.md): a local cluster of two worker nodes
+with 4 logical GPUs each runs CPU jobs (process backend, gloo ranks). Checks and a `pkb eval` of the
+examples spread over both nodes and never span two; a node lost mid-job re-queues it; cancellation
+reaches the remote job; a restarted server collects a job that ran on. One cluster for the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pkb_mcp import scheduler as sched
+from pkb_mcp.errors import UserError
+from pkb_mcp.store import JobStore
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "original"
+CANDIDATES = ROOT / "tests" / "candidates"
+GPUS_PER_NODE = 4
+
+# ---------------------------------------------------------------- a real local cluster
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from pkb_mcp.cluster import RayCluster, actor_name  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    for _ in range(2):
+        c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace="pkb", log_to_driver=False, logging_level="warning")
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def server(cluster, tmp_path):
+    """A scheduler on the cluster, as `pkb serve --ray` makes it; stopped at the end."""
+    made: list[sched.Scheduler] = []
+
+    def make() -> sched.Scheduler:
+        s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), 0, cluster=RayCluster(cluster.address))
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+
+
+def check_params(path: Path, world_size: int = 2, trials: int = 1, timeout_s: float = 60) -> dict:
+    return {
+        "problem": 1,
+        "path": str(path),
+        "world_size": world_size,
+        "device": "cpu",
+        "size": "pkb",
+        "timeout_s": timeout_s,
+        "sandbox": "process",
+        "trials": trials,
+    }
+
+
+def wait_for(predicate, timeout_s: float = 120, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def processes_under(folder: Path) -> list[int]:
+    """Processes whose working directory is under `folder` (a job directory of this test)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(Path(os.readlink(entry / "cwd"))).startswith(str(folder)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def alive_nodes() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")}
+
+
+@pytest.mark.integration
+def test_checks_spread_over_the_nodes_and_never_span_two(server):
+    s = server()
+    example = EXAMPLES / "001_allreduce_torch.py"
+    # world size 3 of nodes of 4: two such jobs cannot share a node, and neither can span two
+    jobs = [s.submit("check", check_params(example, world_size=3)) for _ in range(2)]
+    with pytest.raises(UserError, match=r"largest node of the Ray cluster .* has 4"):
+        s.submit("check", check_params(example, world_size=GPUS_PER_NODE + 1))
+    wait_for(lambda: all(s.get(j).terminal for j in jobs), what="both checks")
+    for j in jobs:
+        assert s.get(j).state == "done", s.get(j)
+        assert s.result(j)["verdict"] == "pass"  # type: ignore[index]
+    placed = [s.ray_table.where(j) for j in jobs]  # type: ignore[union-attr]
+    assert {node for node, _ in placed} == alive_nodes(), placed
+    for _, gpus in placed:
+        assert len(gpus) == 3 and all(0 <= g < GPUS_PER_NODE for g in gpus)
+
+
+@pytest.mark.integration
+def test_cancellation_reaches_the_remote_job(server, isolated_dirs):
+    s = server()
+    job = s.submit("check", check_params(CANDIDATES / "hangs.py", timeout_s=120))
+    wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
+    wait_for(lambda: processes_under(isolated_dirs), 60, "the job's ranks to start")
+    t0 = time.monotonic()
+    s.cancel(job)
+    wait_for(lambda: s.get(job).terminal, 60, "the cancellation")
+    assert s.get(job).state == "cancelled" and time.monotonic() - t0 < 30
+    wait_for(lambda: not processes_under(isolated_dirs), 20, "the job's processes to end")
+
+
+@pytest.mark.integration
+def test_a_restarted_server_collects_the_job_that_ran_on(server, cluster, tmp_path):
+    first = server()
+    job = first.submit("check", check_params(EXAMPLES / "001_allreduce_torch.py", trials=3))
+    wait_for(lambda: first.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
+    first.stop()
+    wait_for(lambda: first.get(job).state == "queued", 30, "the stopping server to leave the job")
+    assert ray.get_actor(actor_name(job), namespace="pkb") is not None, "the job runs on"
+
+    second = server()
+    wait_for(lambda: second.get(job).terminal, what="the restarted server to collect the job")
+    assert second.get(job).state == "done" and second.result(job)["verdict"] == "pass"  # type: ignore[index]
+    from ray.util.state import list_actors
+
+    started = list_actors(filters=[("name", "=", actor_name(job))], detail=False)
+    assert len(started) == 1, "collected, not run again"
+
+
+@pytest.mark.integration
+def test_a_node_lost_mid_job_requeues_it_without_losing_the_result(server, cluster, isolated_dirs):
+    s = server()
+    job = s.submit(
+        "check", check_params(EXAMPLES / "001_allreduce_torch.py", world_size=GPUS_PER_NODE, trials=3)
+    )
+    wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
+    node_id, _ = s.ray_table.where(job)  # type: ignore[union-attr]
+    victim = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+    cluster.remove_node(victim, allow_graceful=False)
+    cluster.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)  # the cluster stays two nodes
+    wait_for(lambda: s.get(job).terminal, 240, "the re-queued job")
+    assert s.get(job).state == "done" and s.result(job)["verdict"] == "pass"  # type: ignore[index]
+    assert s.ray_table.losses(job) == 1  # type: ignore[union-attr]
+    assert s.ray_table.where(job)[0] != node_id  # type: ignore[union-attr]
+    wait_for(lambda: not processes_under(isolated_dirs), 30, "the lost node's sandboxes to be killed")
+
+
+@pytest.mark.integration
+def test_pkb_eval_of_the_examples_spreads_over_both_nodes(cluster, tmp_path):
+    store = tmp_path / "eval.sqlite"
+    cmd = [sys.executable, "-m", "pkb_mcp.cli", "eval", str(EXAMPLES), "--ray", cluster.address]
+    cmd += ["--world-size", "2", "--device", "cpu", "--trials", "1", "--timeout", "25"]
+    cmd += ["--sandbox", "process", "--store", str(store), "--out", str(tmp_path / "out"), "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    report = json.loads(done.stdout)
+    from tests.test_evaluate import EXPECTED
+
+    outcomes = {Path(r["file"]).name: r["outcome"] for r in report["results"]}
+    assert outcomes == EXPECTED, done.stderr[-3000:]
+    assert all((r["speedup"] is not None) == (r["outcome"] == "pass") for r in report["results"])
+    with sqlite3.connect(store) as db:
+        nodes = [n for (n,) in db.execute("SELECT node FROM ray_jobs")]
+    assert len(nodes) == 9 and set(nodes) == alive_nodes(), nodes  # 6 checks, 3 benchmarks
