@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS ray_jobs (
     actor TEXT NOT NULL,
     placement TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,  -- how many times its node was lost
+    starts INTEGER NOT NULL DEFAULT 1,  -- actors started for it (an attached one is not started)
     node TEXT,
     gpus TEXT
 )
@@ -106,7 +107,7 @@ class RayJobTable:
         """Record the job's Ray names (a new attempt clears where the last one ran)."""
         self._do(
             "INSERT INTO ray_jobs (job_id, actor, placement) VALUES (?, ?, ?) "
-            "ON CONFLICT(job_id) DO UPDATE SET node = NULL, gpus = NULL",
+            "ON CONFLICT(job_id) DO UPDATE SET node = NULL, gpus = NULL, starts = starts + 1",
             (job_id, actor_name(job_id), placement_name(job_id)),
         )
 
@@ -118,6 +119,10 @@ class RayJobTable:
 
     def losses(self, job_id: str) -> int:
         rows = self._do("SELECT attempts FROM ray_jobs WHERE job_id=?", (job_id,))
+        return int(rows[0][0]) if rows else 0
+
+    def starts(self, job_id: str) -> int:
+        rows = self._do("SELECT starts FROM ray_jobs WHERE job_id=?", (job_id,))
         return int(rows[0][0]) if rows else 0
 
     def placed(self, job_id: str, node: str, gpus: list[int]) -> None:

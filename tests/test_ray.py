@@ -139,10 +139,7 @@ def test_a_restarted_server_collects_the_job_that_ran_on(server, cluster, tmp_pa
     second = server()
     wait_for(lambda: second.get(job).terminal, what="the restarted server to collect the job")
     assert second.get(job).state == "done" and second.result(job)["verdict"] == "pass"  # type: ignore[index]
-    from ray.util.state import list_actors
-
-    started = list_actors(filters=[("name", "=", actor_name(job))], detail=False)
-    assert len(started) == 1, "collected, not run again"
+    assert second.ray_table.starts(job) == 1, "collected, not run again"  # type: ignore[union-attr]
 
 
 @pytest.mark.integration
@@ -158,7 +155,7 @@ def test_a_node_lost_mid_job_requeues_it_without_losing_the_result(server, clust
     cluster.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)  # the cluster stays two nodes
     wait_for(lambda: s.get(job).terminal, 240, "the re-queued job")
     assert s.get(job).state == "done" and s.result(job)["verdict"] == "pass"  # type: ignore[index]
-    assert s.ray_table.losses(job) == 1  # type: ignore[union-attr]
+    assert s.ray_table.losses(job) == 1 and s.ray_table.starts(job) == 2  # type: ignore[union-attr]
     assert s.ray_table.where(job)[0] != node_id  # type: ignore[union-attr]
     wait_for(lambda: not processes_under(isolated_dirs), 30, "the lost node's sandboxes to be killed")
 
