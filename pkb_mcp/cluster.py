@@ -294,9 +294,11 @@ class RayCluster:
         cancel: threading.Event,
         stopping: Callable[[], bool],
         progress: Callable[[float, float | None, str], None],
+        placed_at: Callable[[], None] = lambda: None,
     ) -> RemoteEnd:
-        """Attach to the job's actor (a previous server's) or start one, and follow it to its end.
-        Raises NodeLost when the actor or its node dies first."""
+        """Attach to the job's actor (a previous server's) or start one, and follow it to its end;
+        `placed_at()` once it holds its node (a deadline counts from there, not from the wait for
+        room). Raises NodeLost when the actor or its node dies first."""
         ray = _ray()
         actor = self._find(job_id)
         if actor is not None:
@@ -326,6 +328,7 @@ class RayCluster:
             if not placed:
                 table.placed(job_id, state["node"], state["gpus"])
                 placed = True
+                placed_at()
             progress(*state["progress"])
             end = state["end"]
             if end is not None:

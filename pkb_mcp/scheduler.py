@@ -308,9 +308,9 @@ class Scheduler:
             self.store.progress(record.id, done, total, message)
 
         deadline_s = DEADLINE_FACTOR * float(record.params.get("timeout_s", 300.0)) + DEADLINE_SLACK_S
+        # from when the job holds its node: on a busy cluster the wait for room can be long
         watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
         watchdog.daemon = True
-        watchdog.start()
         requeue = False
         try:
             end = self.cluster.run(
@@ -321,6 +321,7 @@ class Scheduler:
                 live.cancel,
                 lambda: self._stopped and not live.reason,
                 progress,
+                watchdog.start,
             )
             if end.state == "detached":
                 self.store.requeue(record.id)  # it runs on; the next server collects it
@@ -353,7 +354,7 @@ class Scheduler:
             log.exception("job.crashed", job=record.id)
             self.store.finish(record.id, "failed", error=f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            watchdog.cancel()
+            watchdog.cancel()  # also when it never started
             if requeue and not self._stopped:
                 self._enqueue(record.id)
             log.info("job.finished", job=record.id, state=self.get(record.id).state)

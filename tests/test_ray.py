@@ -39,10 +39,10 @@ def cluster():
     # machine reaches through others' processes; the kernel's OOM killer still applies
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    c.connect(namespace="pkb")  # before the workers exist: the driver stays on the head, never removed
     for _ in range(2):
         c.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)
     c.wait_for_nodes()
-    ray.init(address=c.address, namespace="pkb", log_to_driver=False, logging_level="warning")
     yield c
     ray.shutdown()
     c.shutdown()
