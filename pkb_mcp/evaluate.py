@@ -420,6 +420,7 @@ def evaluate(
         from pkb_mcp.cluster import RayCluster
 
         cluster = RayCluster(ray)
+        cluster.admit("check", {"world_size": world_size})  # no node large enough: say so before any work
         device = device or ("cuda" if max(cluster.node_gpus(), default=0) else "cpu")
     device = device or service.default_device()
     if device not in ("cpu", "cuda"):

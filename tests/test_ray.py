@@ -164,6 +164,15 @@ def test_a_node_lost_mid_job_requeues_it_without_losing_the_result(server, clust
     wait_for(lambda: not processes_under(isolated_dirs), 30, "the lost node's sandboxes to be killed")
 
 
+@pytest.mark.integration
+def test_an_eval_too_wide_for_every_node_is_refused_before_any_work(cluster, tmp_path):
+    from pkb_mcp.evaluate import evaluate
+
+    with pytest.raises(UserError, match=r"world size 8 needs 8 GPUs on one node .* has 4"):
+        evaluate([EXAMPLES], ray=cluster.address, world_size=8, device="cpu", store=tmp_path / "e.sqlite")
+    assert not (tmp_path / "e.sqlite").exists()
+
+
 # the example directory less 008 (a deliberate 25 s hang) and 013 (a C++ build that takes minutes on
 # 2 shared cores with other jobs beside it): the same verdicts as on one node (tests/test_evaluate.py)
 EVAL_FILES = {
