@@ -177,7 +177,7 @@ class _LosingCluster:
     def admit(self, kind: str, params: dict) -> None:
         pass
 
-    def run(self, job_id, kind, params, table, cancel, stopping, progress) -> RemoteEnd:
+    def run(self, job_id, kind, params, table, cancel, stopping, progress, placed_at) -> RemoteEnd:
         self.runs += 1
         table.started(job_id)
         raise NodeLost("ActorDiedError: the node died")
