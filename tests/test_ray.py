@@ -147,21 +147,59 @@ def test_a_restarted_server_collects_the_job_that_ran_on(server, cluster, tmp_pa
 
 
 @pytest.mark.integration
-def test_a_node_lost_mid_job_requeues_it_without_losing_the_result(server, cluster, isolated_dirs):
+def test_a_node_lost_mid_batch_loses_no_result(server, cluster, isolated_dirs):
     s = server()
-    job = s.submit(
-        "check", check_params(EXAMPLES / "001_allreduce_torch.py", world_size=GPUS_PER_NODE, trials=3)
-    )
+    example = EXAMPLES / "001_allreduce_torch.py"
+    job = s.submit("check", check_params(example, world_size=GPUS_PER_NODE, trials=3))
+    others = [s.submit("check", check_params(example)) for _ in range(2)]
     wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
     node_id, _ = s.ray_table.where(job)  # type: ignore[union-attr]
     victim = next(n for n in cluster.worker_nodes if n.node_id == node_id)
     cluster.remove_node(victim, allow_graceful=False)
     cluster.add_node(num_cpus=GPUS_PER_NODE, num_gpus=GPUS_PER_NODE)  # the cluster stays two nodes
-    wait_for(lambda: s.get(job).terminal, 240, "the re-queued job")
-    assert s.get(job).state == "done" and s.result(job)["verdict"] == "pass"  # type: ignore[index]
+    wait_for(lambda: all(s.get(j).terminal for j in [job, *others]), 240, "the batch")
+    for j in [job, *others]:
+        assert s.get(j).state == "done" and s.result(j)["verdict"] == "pass", s.get(j)  # type: ignore[index]
     assert s.ray_table.losses(job) == 1 and s.ray_table.starts(job) == 2  # type: ignore[union-attr]
     assert s.ray_table.where(job)[0] != node_id  # type: ignore[union-attr]
     wait_for(lambda: not processes_under(isolated_dirs), 30, "the lost node's sandboxes to be killed")
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("small_docker_limits")
+def test_a_killed_actor_leaves_no_container(server):
+    from sandbox.docker import LABEL, OWNER_LABEL
+
+    from .conftest import docker_client
+
+    client = docker_client()
+    if client is None:
+        pytest.skip("no Docker engine answers")
+    s = server()
+    params = {**check_params(CANDIDATES / "hangs.py", timeout_s=120), "sandbox": "docker"}
+    job = s.submit("check", params)
+
+    def containers() -> list:
+        return [
+            c
+            for c in client.containers.list(all=True, filters={"label": LABEL})
+            if c.labels.get("pkb.job", "") and _owner_pid(c.labels.get(OWNER_LABEL, "")) in actor_pids
+        ]
+
+    actor_pids: set[int] = set()
+    wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
+    actor = ray.get_actor(actor_name(job), namespace="pkb")
+    actor_pids.add(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))
+    wait_for(lambda: any(c.status == "running" for c in containers()), 120, "the job's containers")
+    os.kill(next(iter(actor_pids)), 9)  # as Ray kills a worker (or the OOM killer does)
+    wait_for(lambda: not containers(), 60, "the reaper to remove the containers")
+    s.cancel(job)  # it was re-queued once; end the second run
+    wait_for(lambda: s.get(job).terminal, 60, "the cancellation")
+
+
+def _owner_pid(owner: str) -> int:
+    pid = owner.rpartition(":")[2]
+    return int(pid) if pid.isdigit() else -1
 
 
 @pytest.mark.integration
