@@ -37,6 +37,7 @@ REMOTE_KINDS = ("check", "bench")
 WHOLE_NODE_KINDS = ("bench", "profile")  # timed: the node's GPUs to themselves, as on one node
 MAX_SOURCE_BYTES = 1 << 20  # service.MAX_SOLUTION_BYTES; a larger file is refused by the service anyway
 PLACEMENT_WAIT_S = 5.0
+PRIVATE_SETTINGS = ("PKB_TOKEN",)  # the server's secrets: never into a runtime env the cluster shows
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS ray_jobs (
@@ -209,7 +210,7 @@ class RayCluster:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
         # the nodes import the same pkb; the server's checkout first on the path (a local cluster, CI)
         root = str(Path(__file__).resolve().parent.parent)
-        passed = {k: v for k, v in os.environ.items() if k.startswith("PKB_")}
+        passed = {k: v for k, v in os.environ.items() if k.startswith("PKB_") and k not in PRIVATE_SETTINGS}
         self.env = {**passed, "PYTHONPATH": root, **(env or {})}
         self._driver_class = ray.remote(max_restarts=0, max_concurrency=4)(_Driver)
 
@@ -333,7 +334,9 @@ class RayCluster:
             end = state["end"]
             if end is not None:
                 self._release(job_id, actor)
-                return RemoteEnd(end["state"], end.get("result"), end.get("error") or "")
+                if end["state"] == "done":
+                    return _validated(kind, end.get("result"))
+                return RemoteEnd(end["state"], None, str(end.get("error") or "")[:4000])
             time.sleep(POLL_S)
 
     def _release(self, job_id: str, actor: Any) -> None:
@@ -346,6 +349,19 @@ class RayCluster:
 
         with contextlib.suppress(Exception):  # none of that name: nothing to free
             remove_placement_group(get_placement_group(placement_name(job_id)))
+
+
+def _validated(kind: str, result: Any) -> RemoteEnd:
+    """A node's result, re-read through the server's own model of it: anything else is a failure."""
+    from pydantic import ValidationError
+
+    from pkb_mcp.models import BenchResult, CheckResult
+
+    model: type[CheckResult] | type[BenchResult] = CheckResult if kind == "check" else BenchResult
+    try:
+        return RemoteEnd("done", model.model_validate(result).model_dump(mode="json"))
+    except ValidationError as exc:
+        return RemoteEnd("failed", error=f"the cluster node returned no valid {kind} result: {exc}"[:4000])
 
 
 def _read_source(path: Path) -> str | None:

@@ -196,3 +196,10 @@ def test_a_job_whose_node_is_lost_twice_is_reported_not_dropped(tmp_path):
         assert cluster.runs == 2, "re-queued once, then reported"
     finally:
         s.stop()
+
+
+def test_a_node_result_is_read_through_the_servers_model():
+    from pkb_mcp.cluster import _validated
+
+    bad = _validated("check", {"verdict": "pass"})
+    assert bad.state == "failed" and "no valid check result" in bad.error and bad.result is None
