@@ -244,3 +244,40 @@ def test_pkb_eval_of_the_examples_spreads_over_both_nodes(cluster, tmp_path):
         rows = db.execute("SELECT j.kind, r.node FROM ray_jobs r JOIN jobs j ON j.id = r.job_id").fetchall()
     assert sorted(kind for kind, _ in rows) == ["bench"] * 3 + ["check"] * 4
     assert {node for _, node in rows} == alive_nodes(), rows
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.integration
+@pytest.mark.anyio
+async def test_pkb_serve_on_the_cluster_answers_a_check_run_on_a_node(cluster, tmp_path):
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    (tmp_path / "jobs").mkdir(exist_ok=True)
+    env = {**os.environ, "PKB_STATE_DIR": str(tmp_path / "state"), "PKB_JOBS_DIR": str(tmp_path / "jobs")}
+    env["PYTHONPATH"] = str(ROOT)
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "pkb_mcp.cli", "serve", "--ray", cluster.address],
+        env=env,
+        cwd=str(ROOT),
+    )
+    async with Client(params) as client:
+        r = await client.call_tool(
+            "run_correctness",
+            {
+                "problem": "1",
+                "path": str(EXAMPLES / "001_allreduce_torch.py"),
+                "world_size": 2,
+                "trials": 1,
+                "device": "cpu",
+            },
+        )
+        assert r.structured_content["result"]["verdict"] == "pass", r.content
+    with sqlite3.connect(tmp_path / "state" / "jobs.sqlite") as db:
+        nodes = [n for (n,) in db.execute("SELECT node FROM ray_jobs")]
+    assert len(nodes) == 1 and nodes[0] in alive_nodes()
