@@ -168,6 +168,8 @@ def test_a_node_lost_mid_batch_loses_no_result(server, cluster, isolated_dirs):
 @pytest.mark.integration
 @pytest.mark.usefixtures("small_docker_limits")
 def test_a_killed_actor_leaves_no_container(server):
+    import docker
+
     from sandbox.docker import LABEL, OWNER_LABEL
 
     from .conftest import docker_client
@@ -180,11 +182,15 @@ def test_a_killed_actor_leaves_no_container(server):
     job = s.submit("check", params)
 
     def containers() -> list:
-        return [
-            c
-            for c in client.containers.list(all=True, filters={"label": LABEL})
-            if c.labels.get("pkb.job", "") and _owner_pid(c.labels.get(OWNER_LABEL, "")) in actor_pids
-        ]
+        while True:
+            try:  # a container removed while the list is read is not found: read it again
+                return [
+                    c
+                    for c in client.containers.list(all=True, filters={"label": LABEL})
+                    if c.labels.get("pkb.job", "") and _owner_pid(c.labels.get(OWNER_LABEL, "")) in actor_pids
+                ]
+            except docker.errors.NotFound:
+                continue
 
     actor_pids: set[int] = set()
     wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
