@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pkb_mcp import benchmark, log, render, service
+from pkb_mcp import benchmark, log, render, runs, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.problems import ProblemFormatError
 
@@ -166,6 +166,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         store=Path(args.store) if args.store else None,
         out_dir=Path(args.out),
         progress=_Bar(args.json),
+        ray=args.ray,
     )
     text = eval_report.to_markdown(report)
     text += "".join(f"\n{fmt}: {path}" for fmt, path in report.reports.items())
@@ -217,7 +218,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         gpus = torch.cuda.device_count()
-    scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus)
+    cluster = None
+    if args.ray:
+        from pkb_mcp.cluster import RayCluster
+
+        cluster = RayCluster(args.ray)  # the sandboxes are the nodes': no local warm pool below
+        args.no_warm = True
+        runs.GPUS_ELSEWHERE = True
+    scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus, cluster=cluster)
     server = build_server(scheduler, state / "sources")
     pool = None
     if not args.no_warm:
@@ -364,6 +372,9 @@ def _add_eval(sub: Any) -> None:
     p.add_argument("--rerun", action="store_true", help="run every file again, even those already done")
     p.add_argument("--store", default=None, help="the SQLite store (default $PKB_STATE_DIR/eval.sqlite)")
     p.add_argument("--out", default="pkb-eval", help="directory for the reports (default ./pkb-eval)")
+    p.add_argument(
+        "--ray", default=None, metavar="ADDRESS", help="run the jobs on this Ray cluster (docs/scale-out.md)"
+    )
     _common(p, run=True)
     p.set_defaults(func=cmd_eval, default_timeout=120.0)
 
@@ -396,6 +407,9 @@ def _add_node(sub: Any) -> None:
         "--no-warm",
         action="store_true",
         help="start every sandbox on demand instead of keeping a few started ahead of need",
+    )
+    p.add_argument(
+        "--ray", default=None, metavar="ADDRESS", help="run the jobs on this Ray cluster (docs/scale-out.md)"
     )
     p.set_defaults(func=cmd_serve)
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pkb_mcp import config, conventions, service
+from pkb_mcp import config, conventions, runs, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.eval_store import EvalStore
 from pkb_mcp.models import BenchResult, CheckResult
@@ -403,9 +403,11 @@ def evaluate(
     store: Path | None = None,
     out_dir: Path | None = None,
     progress: Progress = _quiet,
+    ray: str | None = None,
 ) -> EvalReport:
     """Check, and benchmark where correct, every solution file under `paths`; summarize; write the
-    report formats into `out_dir` when given. Resumes from `store` (default $PKB_STATE_DIR/eval.sqlite)."""
+    report formats into `out_dir` when given. Resumes from `store` (default $PKB_STATE_DIR/eval.sqlite).
+    `ray`: the address of a Ray cluster whose nodes run the jobs (docs/scale-out.md)."""
     from pkb_mcp import eval_report
     from pkb_mcp.scheduler import Scheduler
     from pkb_mcp.store import JobStore
@@ -413,6 +415,13 @@ def evaluate(
 
     t0 = time.monotonic()
     files = collect_files(paths)
+    cluster = None
+    if ray is not None:
+        from pkb_mcp.cluster import RayCluster
+
+        cluster = RayCluster(ray)
+        cluster.admit("check", {"world_size": world_size})  # no node large enough: say so before any work
+        device = device or ("cuda" if max(cluster.node_gpus(), default=0) else "cpu")
     device = device or service.default_device()
     if device not in ("cpu", "cuda"):
         raise UserError(f"device {device!r} is not cpu or cuda")
@@ -421,7 +430,8 @@ def evaluate(
     if timeout_s <= 0 or bench_timeout_s <= 0:
         raise UserError("timeouts must be positive; pass --timeout in seconds")
     try:
-        select_backend(sandbox)
+        if cluster is None:  # on a cluster, the nodes' backends run the jobs
+            select_backend(sandbox)
     except SandboxUnavailable as exc:
         raise UserError(str(exc)) from exc
     settings = EvalSettings(
@@ -439,19 +449,21 @@ def evaluate(
     results_store = EvalStore(store_path)
     results_store.acquire()
     scheduler = None
+    elsewhere, runs.GPUS_ELSEWHERE = runs.GPUS_ELSEWHERE, cluster is not None or runs.GPUS_ELSEWHERE
     try:
         gpus = 0
-        if device == "cuda":
+        if device == "cuda" and cluster is None:
             import torch
 
             gpus = torch.cuda.device_count()
-        scheduler = Scheduler(JobStore(store_path), gpus)
+        scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
         results = _Batch(settings, scheduler, results_store, rerun, progress).run(files)
     finally:
         if scheduler is not None:
             scheduler.stop()
             _wait_stopped(scheduler)
         results_store.release()
+        runs.GPUS_ELSEWHERE = elsewhere
     report = EvalReport(
         settings=settings,
         store=str(store_path),

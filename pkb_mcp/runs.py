@@ -82,6 +82,10 @@ def read_solution(path: Path) -> str | None:
     return None
 
 
+# True on a server whose jobs run on a cluster's nodes (pkb_mcp/cluster.py): its own GPUs do not count
+GPUS_ELSEWHERE = False
+
+
 def preflight(
     ref: int | str, world_size: int, size: str, device: str | None, timeout_s: float = 60.0
 ) -> tuple[problems.Problem, str]:
@@ -93,7 +97,8 @@ def preflight(
     device = device or default_device()
     if device not in ("cpu", "cuda"):
         raise UserError(f"device {device!r} is not cpu or cuda")
-    gpus_for(device, world_size)
+    if not GPUS_ELSEWHERE:
+        gpus_for(device, world_size)
     return problem, device
 
 

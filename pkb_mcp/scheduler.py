@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -23,6 +23,9 @@ from pkb_mcp import service
 from pkb_mcp.errors import Cancelled, UserError
 from pkb_mcp.log import get
 from pkb_mcp.store import JobRecord, JobStore
+
+if TYPE_CHECKING:
+    from pkb_mcp.cluster import RayCluster
 
 log = get(__name__)
 
@@ -102,8 +105,15 @@ class _Live:
 
 
 class Scheduler:
-    def __init__(self, store: JobStore, gpus: int, compile_slots: int = 2):
+    def __init__(self, store: JobStore, gpus: int, compile_slots: int = 2, cluster: RayCluster | None = None):
         self.store = store
+        # with a Ray cluster, check and bench jobs run on its nodes (pkb_mcp/cluster.py); compiles stay
+        self.cluster = cluster
+        self.ray_table = None
+        if cluster is not None:
+            from pkb_mcp.cluster import RayJobTable
+
+            self.ray_table = RayJobTable(store.path)
         self.gpu_count = gpus
         self.free_gpus = list(range(gpus))
         self.cpu_free = True
@@ -124,6 +134,8 @@ class Scheduler:
     def submit(self, kind: str, params: dict[str, Any]) -> str:
         if kind not in RUNNERS:
             raise UserError(f"unknown job kind {kind!r}")
+        if self.cluster is not None and kind != "compile":
+            self.cluster.admit(kind, params)
         job_id = uuid.uuid4().hex[:12]
         self.store.create(job_id, kind, params)
         self._enqueue(job_id)
@@ -174,6 +186,8 @@ class Scheduler:
         nothing else shares its NVLink, HBM or power budget while it is timed."""
         if record.kind == "compile":
             return "compile", 1
+        if self.cluster is not None:
+            return "ray", 0  # the cluster's placement groups wait for room, not this queue
         device = record.params.get("device") or service.default_device()
         if device != "cuda":
             return "cpu", 1
@@ -191,6 +205,8 @@ class Scheduler:
         if kind == "compile" and self.compile_free > 0:
             self.compile_free -= 1
             return []
+        if kind == "ray":
+            return []
         return None
 
     def _give(self, need: tuple[str, int], taken: list[int]) -> None:
@@ -199,7 +215,7 @@ class Scheduler:
                 self.free_gpus = sorted(self.free_gpus + taken)
             elif need[0] == "cpu":
                 self.cpu_free = True
-            else:
+            elif need[0] == "compile":
                 self.compile_free += 1
             self._cond.notify_all()
 
@@ -236,7 +252,10 @@ class Scheduler:
                     self._queue.remove(job_id)
                     self.store.started(job_id)  # here, not in the thread: `started` orders dispatches
                     threading.Thread(
-                        target=self._run, args=(record, need, taken), name=f"pkb-job-{job_id}", daemon=True
+                        target=self._run_remote if need[0] == "ray" else self._run,
+                        args=(record, need, taken),
+                        name=f"pkb-job-{job_id}",
+                        daemon=True,
                     ).start()
                     started = True
                 if not started:
@@ -276,6 +295,68 @@ class Scheduler:
         finally:
             watchdog.cancel()
             self._give(need, taken)
+            log.info("job.finished", job=record.id, state=self.get(record.id).state)
+
+    def _run_remote(self, record: JobRecord, need: tuple[str, int], taken: list[int]) -> None:
+        """A job on the Ray cluster: attach to its actor or start one, follow it, store how it ended."""
+        from pkb_mcp.cluster import MAX_NODE_LOSSES, NodeLost
+
+        assert self.cluster is not None and self.ray_table is not None
+        live = self._live[record.id]
+
+        def progress(done: float, total: float | None, message: str) -> None:
+            self.store.progress(record.id, done, total, message)
+
+        deadline_s = DEADLINE_FACTOR * float(record.params.get("timeout_s", 300.0)) + DEADLINE_SLACK_S
+        # from when the job holds its node: on a busy cluster the wait for room can be long
+        watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
+        watchdog.daemon = True
+        requeue = False
+        try:
+            end = self.cluster.run(
+                record.id,
+                record.kind,
+                dict(record.params),
+                self.ray_table,
+                live.cancel,
+                lambda: self._stopped and not live.reason,
+                progress,
+                watchdog.start,
+            )
+            if end.state == "detached":
+                self.store.requeue(record.id)  # it runs on; the next server collects it
+            elif end.state == "done":
+                self.store.finish(record.id, "done", result=end.result)
+            elif end.state == "cancelled":
+                self.store.finish(record.id, "cancelled", error=f"{live.reason or 'cancelled'}: {end.error}")
+            else:
+                self.store.finish(record.id, "failed", error=end.error)
+        except NodeLost as exc:
+            losses = self.ray_table.lost(record.id)
+            log.warning("job.node_lost", job=record.id, losses=losses, why=str(exc))
+            if live.cancel.is_set():
+                why = f"{live.reason or 'cancelled'}; its node was lost meanwhile"
+                self.store.finish(record.id, "cancelled", error=why)
+            elif losses < MAX_NODE_LOSSES:
+                self.store.requeue(record.id)
+                self.store.progress(record.id, 0, None, "re-queued: the cluster node running it was lost")
+                requeue = True
+            else:
+                self.store.finish(
+                    record.id,
+                    "failed",
+                    error=f"the cluster node running the job was lost {losses} times ({exc}); "
+                    "the job was not re-run again: check the cluster's nodes and submit it again",
+                )
+        except UserError as exc:
+            self.store.finish(record.id, "failed", error=str(exc))
+        except Exception as exc:  # a bug of ours or of the cluster's client: say what happened
+            log.exception("job.crashed", job=record.id)
+            self.store.finish(record.id, "failed", error=f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            watchdog.cancel()  # also when it never started
+            if requeue and not self._stopped:
+                self._enqueue(record.id)
             log.info("job.finished", job=record.id, state=self.get(record.id).state)
 
     def _expire(self, job_id: str, deadline_s: float) -> None:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from pkb_mcp import scheduler as sched
+from pkb_mcp.cluster import NodeLost, RemoteEnd
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.store import JobStore
 
@@ -162,3 +163,43 @@ def test_a_benchmark_s_options_reach_the_service(monkeypatch):
     sched._run_bench(params, lambda *a: None, cancel)
     assert [kw["jobs"] for kw in seen] == [3, 1]
     assert all(kw["world_size"] == 2 and kw["cancel"] is cancel for kw in seen)
+
+
+# ---------------------------------------------------------------- on a cluster (pkb_mcp/cluster.py)
+
+
+class _LosingCluster:
+    """A stand-in cluster whose node is lost under every job."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def admit(self, kind: str, params: dict) -> None:
+        pass
+
+    def run(self, job_id, kind, params, table, cancel, stopping, progress, placed_at) -> RemoteEnd:
+        self.runs += 1
+        table.started(job_id)
+        raise NodeLost("ActorDiedError: the node died")
+
+
+def test_a_job_whose_node_is_lost_twice_is_reported_not_dropped(tmp_path):
+    cluster = _LosingCluster()
+    s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), 0, cluster=cluster)  # type: ignore[arg-type]
+    try:
+        job = s.submit("check", {"world_size": 2, "device": "cpu", "timeout_s": 30})
+        deadline = time.monotonic() + 30
+        while not s.get(job).terminal and time.monotonic() < deadline:
+            time.sleep(0.05)
+        record = s.get(job)
+        assert record.state == "failed" and "lost 2 times" in (record.error or ""), record
+        assert cluster.runs == 2, "re-queued once, then reported"
+    finally:
+        s.stop()
+
+
+def test_a_node_result_is_read_through_the_servers_model():
+    from pkb_mcp.cluster import _validated
+
+    bad = _validated("check", {"verdict": "pass"})
+    assert bad.state == "failed" and "no valid check result" in bad.error and bad.result is None
