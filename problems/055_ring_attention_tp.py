@@ -68,11 +68,12 @@ SIZES = {
     # W = 4 the last CP rank has half of that. An estimate until measured.
     "large": {"batch": 1, "seq": 8192, "hidden": 1024, "heads": 16},
 }
-# y is O(1) at `pkb` (RMS about 1.2) and about 0.4 at `large`. Correct solutions differ in rounding:
-# a float32 TP sum instead of the bf16 all-reduce, ctx kept in float32 for the O projection, bf16
-# probabilities (flash attention) instead of two terms. Measured on CPU (W = 2, 4; 2 trials): a
-# float64 solution differs from the reference by a relative norm <= 0.004 and at most 0.03 on
-# elements near 4 (tests/candidates/wave_b/055_float64.py); the tolerance leaves a margin.
+# y: RMS about 1.4 at `pkb` (float64, one layer as in problem 56 with q scaled by 2). Correct
+# solutions differ in rounding: a float32 TP sum instead of the bf16 all-reduce, q, k, v or ctx kept
+# in float32, bf16 probabilities (flash attention) instead of two terms. Measured on CPU (W = 2, 4;
+# 2 trials): a float64 solution (tests/candidates/wave_b/055_float64.py) differs from the reference
+# by up to 0.0312 (relative norm <= 0.0047); the tolerance leaves a margin. At long sequences outputs
+# are smaller (RMS about 0.35 at 4096 tokens, float64 estimate) and the relative norm binds.
 TOLERANCE = {"atol": 0.05, "rtol": 0.03, "rel_norm": 0.015}
 Q_SCALE = 2.0
 O_SCALE = 2.0

@@ -29,8 +29,9 @@ The CP and PP process groups are created once per process, on the first call, an
 (dist.new_group is collective: every rank creates every group, in the same order).
 
 Inputs: hidden_states standard normal, different on every rank and trial; each stage's weights are
-drawn once per trial as N(0, 1/hidden), the q rows times 2 (as problem 54 scales q) and w_o times 2,
-so y0 and y1 are O(1) at `pkb`.
+drawn once per trial as N(0, 1/hidden), w_o times 2, so y0 and y1 are O(1) at `pkb`. Unlike problem
+54, q is not scaled up: a sharper softmax in stage 1 would amplify stage 0's roundings past any
+tolerance that still judges (TOLERANCE).
 
 Source: ring-flash-attention's ring attention inside a 2-stage pipeline (ParallelKernelBench problem
 56). The signature and the call (hidden_states, w_qkv, w_o, num_heads, None, True, cp_group,
@@ -64,13 +65,15 @@ SIZES = {
     # at H200's 4.3 TB/s, and stage 1 waits for stage 0: about 6 ms. An estimate until measured.
     "large": {"batch": 1, "seq": 4096, "hidden": 1024, "heads": 16},
 }
-# Both stages' outputs are O(1) at `pkb` (RMS about 1) and smaller at `large`. Correct solutions
-# differ in rounding (bf16 probabilities as in flash attention, ctx kept in float32, y0 in float32);
-# stage 1 compounds stage 0's rounding. Measured on CPU (W = 2, 4; 2 trials): a float64 solution
-# (tests/candidates/wave_b/056_float64.py) differs from the reference by the amounts noted in
-# docs/wave-b.md; the tolerance leaves a margin.
-TOLERANCE = {"atol": 0.05, "rtol": 0.03, "rel_norm": 0.015}
-Q_SCALE = 2.0
+# Outputs: RMS about 1.1 (y0) and 2.4 (y1) at `pkb`, 0.15 and 0.3 at a 4096-token sequence (float64,
+# one stage-pair without CP). Correct solutions differ in rounding (q, k, v and ctx in bf16 or not,
+# bf16 probabilities as in flash attention, y0 sent in float32), and stage 1 amplifies stage 0's
+# rounding through its softmax. Measured on CPU (W = 2, 4; 4 trials): a float64 solution
+# (tests/candidates/wave_b/056_float64.py) differs from the reference by up to 0.0625 on stage 1
+# (relative norm <= 0.0045); with q scaled by 2, as in problem 54, stage 1 differed by up to 0.17,
+# so q is not scaled here. The tolerance leaves a margin; at `large` the relative norm binds.
+TOLERANCE = {"atol": 0.1, "rtol": 0.03, "rel_norm": 0.015}
+Q_SCALE = 1.0
 O_SCALE = 2.0
 
 _GROUPS = {}  # world size -> (CP group, PP group) of this rank
