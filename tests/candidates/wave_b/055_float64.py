@@ -41,8 +41,9 @@ def solution(hidden_states, w_qkv, w_o, num_heads, softmax_scale=None, causal=Fa
     k, v = qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
     scores = q @ k.transpose(-1, -2) * scale  # [B, h, S_l, S]
     if causal:
-        pos_q = torch.arange(c * s_l, (c + 1) * s_l).view(-1, 1)
-        scores = scores.masked_fill(torch.arange(n * s_l).view(1, -1) > pos_q, float("-inf"))
+        pos_q = torch.arange(c * s_l, (c + 1) * s_l, device=q.device).view(-1, 1)
+        later = torch.arange(n * s_l, device=q.device).view(1, -1) > pos_q
+        scores = scores.masked_fill(later, float("-inf"))
     ctx = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s_l, heads * d)
     y = ctx @ w_o.double().T
     dist.all_reduce(y, group=tp)

@@ -37,8 +37,9 @@ def _layer(x, w_qkv, w_o, heads, scale, causal, cp):
     k, v = qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
     scores = q @ k.transpose(-1, -2) * scale
     if causal:
-        pos_q = torch.arange(c * s_l, (c + 1) * s_l).view(-1, 1)
-        scores = scores.masked_fill(torch.arange(n * s_l).view(1, -1) > pos_q, float("-inf"))
+        pos_q = torch.arange(c * s_l, (c + 1) * s_l, device=q.device).view(-1, 1)
+        later = torch.arange(n * s_l, device=q.device).view(1, -1) > pos_q
+        scores = scores.masked_fill(later, float("-inf"))
     ctx = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s_l, heads * d)
     return ctx @ w_o.double().T
 
@@ -51,7 +52,7 @@ def solution(hidden_states, w_qkv, w_o, num_heads, softmax_scale=None, causal=Fa
         y = _layer(hidden_states.double(), w_qkv, w_o, num_heads, softmax_scale, causal, groups["cp"])
         dist.send(y, peer)
     else:
-        x = torch.empty(hidden_states.shape, dtype=torch.float64)
+        x = torch.empty(hidden_states.shape, dtype=torch.float64, device=hidden_states.device)
         dist.recv(x, peer)
         y = _layer(x, w_qkv, w_o, num_heads, softmax_scale, causal, groups["cp"])
     return y.to(hidden_states.dtype)

@@ -42,7 +42,8 @@ def solution(dout, q, k, v, out, softmax_lse, softmax_scale=None, causal=False):
     scores = torch.einsum("bqhd,bkhd->bhqk", qa, ka) * scale
     if causal:
         s = n * s_l
-        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        above = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(above, float("-inf"))
     o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), va)
     o.backward(_gather(dout, cp, n))
     rows = slice(c * s_l, (c + 1) * s_l)
