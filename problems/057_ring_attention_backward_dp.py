@@ -67,9 +67,9 @@ SIZES = {
 # The gradients, averaged over the pair, have an RMS of about 0.25-0.5 at `pkb` and 0.07-0.13 at a
 # 4096-token sequence (float64 autograd on one replica, divided by sqrt 2). Correct solutions differ
 # in rounding: bf16 P and dS in the products (flash attention), bf16 partials or bf16 DP sums.
-# Measured on CPU (W = 2, 4; 2 trials): a float64 autograd solution
+# Measured on CPU (W = 2, 4; 5 trials): a float64 autograd solution
 # (tests/candidates/wave_b/057_float64.py) differs from the reference by one bf16 unit in the last
-# place at most (max abs 0.0156, relative norm <= 0.0025); the tolerance leaves a margin. At `large`
+# place at most (max abs 0.0156, relative norm <= 0.0026); the tolerance leaves a margin. At `large`
 # the relative norm is the binding check.
 TOLERANCE = {"atol": 0.03, "rtol": 0.02, "rel_norm": 0.01}
 Q_SCALE = 2.0
