@@ -66,7 +66,7 @@ SIZES = {
     "pkb": {"batch": 16, "seq": 16, "hidden": 512, "heads": 8},
     # At W = 2 (CP = 1) each rank scores 8192 queries against 8192 keys in its 8 heads: 2 GiB of
     # float32 scores and some 25 GiB of HBM traffic over the passes on them (scores, mask, softmax,
-    # the two bf16 terms), about 6 ms at H200's 4.3 TB/s; the GEMMs (2.6e10 FLOP) are minor. At
+    # the two bf16 terms), about 6 ms at H200's 4.3 TB/s; the GEMMs (3.4e10 FLOP) are minor. At
     # W = 4 the last CP rank has half of that. An estimate until measured.
     "large": {"batch": 1, "seq": 8192, "hidden": 1024, "heads": 16},
 }
