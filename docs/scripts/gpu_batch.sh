@@ -117,7 +117,7 @@ for part in "$@"; do
       tail -20 "$OUT/memo17_w${WS:-2}.log" ;;
     refs17-a) refs "refs17_w${WS:-2}_a" pkb "$HALF_A" "${WS:-2}" | tail -22 ;;
     refs17-b) refs "refs17_w${WS:-2}_b" pkb "$HALF_B" "${WS:-2}" | tail -22 ;;
-    refs-new) refs "refs_new_w${WS:-2}" "${SIZE:-pkb}" "${NEW:-23,24,26,30,33,34,35,36,37,38,39,54,58,65,66,69,71,72,76,80,82,83,84,86,87}" "${WS:-2}" | tail -30 ;;
+    refs-new) refs "refs_new_w${WS:-2}" "${SIZE:-pkb}" "${NEW:-23,24,26,30,33,34,35,36,37,38,39,54,55,56,57,58,65,66,69,71,72,74,75,76,77,80,82,83,84,86,87}" "${WS:-2}" | tail -30 ;;
     refs17-large) refs "refs17_w${WS:-2}_large" large 1,23,86 "${WS:-2}" | tail -8 ;;
     pytest17)
       timeout 590 python3 -m pytest -m gpu -q tests/test_gpu.py tests/test_adversarial_gpu.py \
