@@ -14,8 +14,8 @@ from harness.contracts import TimingConfig, TimingRecord
 from pkb_mcp import conventions, roofline, stats
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, prestart, run_job, warm_pool
-from pkb_mcp.models import BenchResult, RankResult, TimingStats
-from pkb_mcp.runs import Progress, Run, no_progress, reference_failed, refused_ranks
+from pkb_mcp.models import BenchResult, TimingStats
+from pkb_mcp.runs import Progress, Run, no_progress, reference_failed
 from pkb_mcp.verdicts import (
     below_floor,
     decide,
@@ -124,11 +124,8 @@ def bench(
             **fields,
         )
 
-    if run.syntax_error:
-        ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
-        return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
-    if run.refusal:
-        return result("fail", run.refusal, ranks=refused_ranks(run))
+    if (cannot := run.cannot_run()) is not None:
+        return result("fail", cannot[0], ranks=cannot[1])
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]
     # a side's jobs share its sampling budget the way a job's placements do

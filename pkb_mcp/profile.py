@@ -27,7 +27,7 @@ from pkb_mcp.benchmark import timing_config
 from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import JobOutcome, run_job
 from pkb_mcp.models import RankResult, Result, SandboxInfo, StaticReport
-from pkb_mcp.runs import Progress, Run, no_progress, rank_result, reference_failed, refused_ranks
+from pkb_mcp.runs import Progress, Run, no_progress, rank_result, reference_failed
 from pkb_mcp.verdicts import decide
 
 MAX_CALLS = 20
@@ -317,11 +317,8 @@ def profile(
             **fields,
         )
 
-    if run.syntax_error:
-        ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
-        return result("fail", f"the solution does not parse: {run.syntax_error}", ranks=ranks)
-    if run.refusal:
-        return result("fail", run.refusal, ranks=refused_ranks(run))
+    if (cannot := run.cannot_run()) is not None:
+        return result("fail", cannot[0], ranks=cannot[1])
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]  # both sides profile the same inputs
     cfg = profile_config(run.device, calls)

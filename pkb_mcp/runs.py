@@ -183,12 +183,16 @@ class Run:
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)
 
-
-def refused_ranks(run: Run) -> list[RankResult]:
-    return [
-        RankResult(rank=r, state="error", message="not run: " + (run.refusal or ""))
-        for r in range(run.world_size)
-    ]
+    def cannot_run(self) -> tuple[str, list[RankResult]] | None:
+        """Why the solution cannot run at all (it does not parse, or its source is refused) and
+        every rank's result for it; None when it can."""
+        if self.syntax_error:
+            why, each = f"the solution does not parse: {self.syntax_error}", self.syntax_error
+        elif self.refusal:
+            why, each = self.refusal, "not run: " + self.refusal
+        else:
+            return None
+        return why, [RankResult(rank=r, state="error", message=each) for r in range(self.world_size)]
 
 
 def rank_result(rank_outcome: RankOutcome) -> RankResult:

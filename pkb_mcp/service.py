@@ -38,7 +38,6 @@ from pkb_mcp.runs import (
     no_progress,
     preflight,
     reference_failed,
-    refused_ranks,
 )
 from pkb_mcp.verdicts import decide, judge_ranks
 from sandbox import SandboxUnavailable, select_backend
@@ -226,11 +225,8 @@ def check(
             static_report=run.static_report,
         )
 
-    if run.syntax_error:
-        ranks = [RankResult(rank=r, state="error", message=run.syntax_error) for r in range(world_size)]
-        return result("fail", f"the solution does not parse: {run.syntax_error}", ranks)
-    if run.refusal:
-        return result("fail", run.refusal, refused_ranks(run))
+    if (cannot := run.cannot_run()) is not None:
+        return result("fail", *cannot)
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62) for _ in range(trials)]
     progress(0, 3, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})")
