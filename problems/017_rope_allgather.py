@@ -61,7 +61,10 @@ def make_inputs(ctx):
     seq_local = seq // ctx.world_size
     q_local = ctx.randn(batch, seq_local, heads, head_dim)
     k_local = ctx.randn(batch, seq_local, heads, head_dim)
-    angles = ctx.rand(batch, seq_local, head_dim // 2, low=0.0, high=2 * math.pi, dtype=torch.float32)
+    # cos/sin in float64: two makes of one seed once differed here (1 run in several of
+    # test_problems); the likely cause, float32 cos/sin differing by an ulp between a vectorized and
+    # a scalar path, which bf16 rounding can expose, has no room to act in float64
+    angles = ctx.rand(batch, seq_local, head_dim // 2, low=0.0, high=2 * math.pi, dtype=torch.float64)
     angles = torch.cat((angles, angles), dim=-1)
     return q_local, k_local, angles.cos().to(ctx.dtype), angles.sin().to(ctx.dtype)
 
