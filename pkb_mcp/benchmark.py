@@ -105,24 +105,9 @@ def bench(
     if not 1 <= jobs <= MAX_JOBS:
         raise UserError(f"jobs must be between 1 and {MAX_JOBS}, not {jobs}")
     run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
-    p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> BenchResult:
-        return BenchResult(
-            problem_id=p.id,
-            problem=p.name,
-            world_size=world_size,
-            size=size,
-            device=run.device,
-            verdict=verdict,
-            message=message,
-            wall_s=run.elapsed(),  # type: ignore[arg-type]
-            sandbox=run.sandbox,
-            warnings=run.warnings,
-            notes=run.notes,
-            static_report=run.static_report,
-            **fields,
-        )
+        return BenchResult(verdict=verdict, message=message, **run.result_fields(), **fields)
 
     if (cannot := run.cannot_run()) is not None:
         return result("fail", cannot[0], ranks=cannot[1])

@@ -301,21 +301,7 @@ def profile(
     p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> ProfileResult:
-        return ProfileResult(
-            problem_id=p.id,
-            problem=p.name,
-            world_size=world_size,
-            size=size,
-            device=run.device,
-            verdict=verdict,  # type: ignore[arg-type]
-            message=message,
-            wall_s=run.elapsed(),
-            sandbox=run.sandbox,
-            warnings=run.warnings,
-            notes=run.notes,
-            static_report=run.static_report,
-            **fields,
-        )
+        return ProfileResult(verdict=verdict, message=message, **run.result_fields(), **fields)
 
     if (cannot := run.cannot_run()) is not None:
         return result("fail", cannot[0], ranks=cannot[1])

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from harness.contracts import TimingConfig
 from pkb_mcp import conventions, problems, static_report
@@ -182,6 +183,22 @@ class Run:
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)
+
+    def result_fields(self) -> dict[str, Any]:
+        """What every result of a run carries besides its verdict: the problem, the run's shape, its
+        wall time so far, the sandbox, and the warnings and notes gathered."""
+        return {
+            "problem_id": self.problem.id,
+            "problem": self.problem.name,
+            "world_size": self.world_size,
+            "size": self.size,
+            "device": self.device,
+            "wall_s": self.elapsed(),
+            "sandbox": self.sandbox,
+            "warnings": self.warnings,
+            "notes": self.notes,
+            "static_report": self.static_report,
+        }
 
     def cannot_run(self) -> tuple[str, list[RankResult]] | None:
         """Why the solution cannot run at all (it does not parse, or its source is refused) and

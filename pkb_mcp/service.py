@@ -209,20 +209,7 @@ def check(
 
     def result(verdict: str, message: str, ranks: list[RankResult]) -> CheckResult:
         return CheckResult(
-            problem_id=p.id,
-            problem=p.name,
-            world_size=world_size,
-            size=size,
-            device=run.device,
-            trials=trials,
-            verdict=verdict,
-            message=message,
-            ranks=ranks,  # type: ignore[arg-type]
-            wall_s=run.elapsed(),
-            sandbox=run.sandbox,
-            warnings=run.warnings,
-            notes=run.notes,
-            static_report=run.static_report,
+            verdict=verdict, message=message, ranks=ranks, trials=trials, **run.result_fields()
         )
 
     if (cannot := run.cannot_run()) is not None:

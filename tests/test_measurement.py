@@ -341,43 +341,27 @@ def test_run_timing_interleaves_fresh_calls_outside_the_budget(monkeypatch):
     import time
 
     import torch
-    import torch.distributed as dist
 
     from harness import timing
 
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        out = torch.ones(4)
-        monkeypatch.setattr(timing.Timer, "time", lambda self, call: (call(), 0.01, 0.01))
-        made, kept = [], []
-        fresh = timing.Fresh(
-            prepare=lambda k: made.append(k) or time.sleep(0.02),  # 20 ms a fresh input set
-            call=lambda: out,
-            record=lambda k, o: kept.append(k),
-            max_calls=6,
-        )
-        cfg = {
-            "warmup_ms": 0.0,
-            "max_warmup": 3,
-            "min_samples": 8,
-            "max_samples": 100_000,
-            "budget_ms": 100.0,
-            "precision": 0.5,
-            "fresh_min": 4,
-        }
-        rec = timing.run_timing(
-            prepare=lambda i: None,
-            call_on_set=lambda i: out,
-            normalize=lambda o: [o],
-            judged=[[out]],
-            device=torch.device("cpu"),
-            cfg=cfg,
-            tolerance={"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0},
-            fresh=fresh,
-        )
-    finally:
-        dist.destroy_process_group()
+    monkeypatch.setattr(timing.Timer, "time", lambda self, call: (call(), 0.01, 0.01))
+    made, kept = [], []
+    fresh = timing.Fresh(
+        prepare=lambda k: made.append(k) or time.sleep(0.02),  # 20 ms a fresh input set
+        call=lambda: torch.ones(4),
+        record=lambda k, o: kept.append(k),
+        max_calls=6,
+    )
+    cfg = {
+        "warmup_ms": 0.0,
+        "max_warmup": 3,
+        "min_samples": 8,
+        "max_samples": 100_000,
+        "budget_ms": 100.0,
+        "precision": 0.5,
+        "fresh_min": 4,
+    }
+    rec = _timing_alone(cfg, fresh, lambda i: None)
     assert made[0] == -1 and kept[0] == 0, "the first use (k = -1) is neither timed nor kept"
     assert rec["stop_reason"] == "precision reached", "precision waits for 4 fresh calls, not the budget"
     assert len(rec["fresh_ms"]) == 4 == len(kept) and made[1:] == kept == [0, 1, 2, 3]
