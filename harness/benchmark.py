@@ -1,4 +1,4 @@
-"""A benchmark job on this rank: its input sets, their judged first calls, the fresh input sets,
+"""A benchmark launch on this rank: its input sets, their judged first calls, the fresh input sets,
 and the timed calls in one or more memory placements (harness/timing.py); returns the timing
 record rank 0 writes (torch + stdlib only)."""
 
@@ -147,7 +147,7 @@ def run(calls: Calls, enter: Callable[[str], str]) -> TimingRecord:
         record["fresh_timed"] = fresh.next
         record["fresh_judged"] = fresh_judged
         if tcfg.get("fresh_top_up"):
-            # the reference's job: outputs for every judged fresh seed a candidate's job can reach
+            # the reference's launch: outputs for every judged fresh seed a candidate's launch can reach
             for k in (k for k in fresh_judged if k >= fresh.next):
                 fresh.prepare(k)
                 fresh.record(k, fresh.call())
@@ -183,8 +183,8 @@ def _fresh(calls: Calls, tcfg: TimingConfig, base: int, outputs: list) -> tuple[
     """Fresh input sets, interleaved with the replayed ones (docs/measurement.md, "Replay
     advantage"): fresh_min to fresh_max of them; the outputs of as many as fresh_bytes holds (at
     least 2, all when they fit, else a subset drawn from the secret seed that the solution cannot
-    tell apart) are judged on the host. Seeds derive from the job's secret seed and the job's
-    label, so no two jobs share them. (None, []) when the configuration asks for none."""
+    tell apart) are judged on the host. Seeds derive from the launch's secret seed and the launch's
+    label, so no two launches share them. (None, []) when the configuration asks for none."""
     from harness import timing
     from harness.context import derive_seed
 

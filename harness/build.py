@@ -1,14 +1,14 @@
-"""A build job: compiler runs and extension builds, inside the sandbox, with no candidate code.
+"""A build launch: compiler runs and extension builds, inside the sandbox, with no candidate code.
 
 The host plans every compiler command (pkb_mcp/compile.py: flags from an allow-list, sources written
-as text into the job directory) and every extension build (harness/extensions.py requests whose flags
+as text into the launch directory) and every extension build (harness/extensions.py requests whose flags
 passed the same allow-list). This program only runs them, side by side, and writes `build.json`:
 
   {"commands": [{"returncode", "output", "elapsed_s"}],
    "extensions": [{"key", "name", "ok", "log", "elapsed_s"}]}
 
-`returncode` is None for a command killed at the deadline. Paths of the job directory in outputs are
-written as `<build>`, so the host can map them back whatever the sandbox mounted the job at. Built
+`returncode` is None for a command killed at the deadline. Paths of the launch directory in outputs are
+written as `<build>`, so the host can map them back whatever the sandbox mounted the launch at. Built
 extensions are left in `extensions/<key>/` for the host to move into the node's cache; nothing here
 loads them (their initializers are candidate code). Stdlib + torch only.
 """
@@ -64,24 +64,24 @@ def run_command(argv: list[str], cwd: Path, env: dict[str, str], deadline: float
     return {"returncode": returncode, "output": output, "elapsed_s": round(time.monotonic() - start, 3)}
 
 
-def compiler_env(job_dir: Path) -> dict[str, str]:
+def compiler_env(launch_dir: Path) -> dict[str, str]:
     """Compilers need PATH (nvcc finds gcc there); nothing else of the sandbox's environment."""
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(job_dir),
-        "TMPDIR": os.environ.get("TMPDIR", str(job_dir)),
+        "HOME": str(launch_dir),
+        "TMPDIR": os.environ.get("TMPDIR", str(launch_dir)),
         "LC_ALL": "C",
     }
 
 
-def _build_extension(data: dict[str, Any], job_dir: Path) -> dict[str, Any]:
+def _build_extension(data: dict[str, Any], launch_dir: Path) -> dict[str, Any]:
     start = time.monotonic()
     entry: dict[str, Any] = {"key": None, "name": str(data.get("name", "")), "ok": False, "log": ""}
     try:
         request = extensions.Request.from_json(data)
         key = request.key(extensions.toolchain())
         entry["key"] = key
-        directory = job_dir / "extensions" / key
+        directory = launch_dir / "extensions" / key
         # quiet: a failed build raises with the compiler's output, which is all the host needs
         with contextlib.redirect_stdout(io.StringIO()):
             extensions.build(request, directory, verbose=False)
@@ -94,20 +94,20 @@ def _build_extension(data: dict[str, Any], job_dir: Path) -> dict[str, Any]:
 
 
 def main(cfg: dict[str, Any]) -> dict[str, Any]:
-    job_dir = Path(cfg["job_dir"])
+    launch_dir = Path(cfg["launch_dir"])
     deadline = time.monotonic() + float(cfg["timeout_s"])
-    env = compiler_env(job_dir)
+    env = compiler_env(launch_dir)
     commands = cfg.get("commands") or []
     requests = cfg.get("extensions") or []
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         ran = [
-            pool.submit(run_command, list(c["argv"]), Path(c.get("cwd") or job_dir), env, deadline)
+            pool.submit(run_command, list(c["argv"]), Path(c.get("cwd") or launch_dir), env, deadline)
             for c in commands
         ]
-        built = [pool.submit(_build_extension, r, job_dir) for r in requests]
+        built = [pool.submit(_build_extension, r, launch_dir) for r in requests]
         results = [f.result() for f in ran]
         built_results = [f.result() for f in built]
-    prefix = str(job_dir)
+    prefix = str(launch_dir)
     for r in results:
         r["output"] = r["output"].replace(prefix, "<build>")
     for b in built_results:

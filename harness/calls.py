@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness.contracts import RankJob, TimingConfig
+from harness.contracts import RankConfig, TimingConfig
 
 
 class SolutionError(Exception):
@@ -77,14 +77,14 @@ def copy_at_return(outs: list, caller: Any) -> list:
 
 
 class Calls:
-    """What every mode of a job shares on this rank: the problem's inputs for a seed, one judged
-    call of the solution, and its outputs saved for the host with the job's keyed digest."""
+    """What every mode of a launch shares on this rank: the problem's inputs for a seed, one judged
+    call of the solution, and its outputs saved for the host with the launch's keyed digest."""
 
     def __init__(
         self,
         problem: ModuleType,
         solution: Callable[..., Any],
-        cfg: RankJob,
+        cfg: RankConfig,
         device: Any,
         out_dir: Path,
         check: Callable[[str], None],
@@ -106,10 +106,10 @@ class Calls:
 
     @property
     def timing(self) -> TimingConfig:
-        """The job's timing configuration (benchmark and profile jobs carry one)."""
+        """The launch's timing configuration (benchmark and profile launches carry one)."""
         timing = self.cfg["timing"]
         if timing is None:
-            raise ValueError(f"a {self.cfg['mode']} job needs a timing configuration")
+            raise ValueError(f"a {self.cfg['mode']} launch needs a timing configuration")
         return timing
 
     def make(self, seed: Any) -> tuple:
@@ -163,7 +163,7 @@ class Calls:
         return structure, at_return, meta
 
     def save(self, name: str, outs: list, structure: str, meta: dict[str, Any]) -> None:
-        """Outputs for the host: out/{name}_r{rank}.pkbt, with the job's keyed digest."""
+        """Outputs for the host: out/{name}_r{rank}.pkbt, with the launch's keyed digest."""
         from harness import tensorfile
 
         path = self.out_dir / f"{name}_r{self.rank}.pkbt"

@@ -1,7 +1,7 @@
 """The data that crosses the boundary between the host and the sandbox, each defined once (stdlib only).
 
-The host (pkb_mcp/jobs.py) writes a `JobConfig` for the launcher (harness/launch.py), which hands
-each rank its `RankJob`; a benchmark's `TimingConfig` rides in it. Rank 0 writes a `TimingRecord`
+The host (pkb_mcp/launches.py) writes a `LaunchConfig` for the launcher (harness/launch.py), which hands
+each rank its `RankConfig`; a benchmark's `TimingConfig` rides in it. Rank 0 writes a `TimingRecord`
 (timing.json) and the launcher a `LaunchRecord` (launch.json). These are JSON on the wire: the host
 reads them back with size limits and treats every value as untrusted (docs/sandbox.md); the types say
 what each side may rely on when the other is honest, and let mypy check both sides against one
@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 class TimingConfig(TypedDict, total=False):
     """How one side of a benchmark is sampled (pkb_mcp/benchmark.py's GPU_TIMING and CPU_TIMING,
-    docs/measurement.md); the keys after `fresh_bytes` are set per job."""
+    docs/measurement.md); the keys after `fresh_bytes` are set per launch."""
 
     warmup_ms: float
     max_warmup: int
@@ -31,25 +31,25 @@ class TimingConfig(TypedDict, total=False):
     fresh_max: int
     fresh_bytes: int
     min_sleep_us: float
-    placements: int  # memory placements within the job
+    placements: int  # memory placements within the launch
     move_memory: bool  # placements move the memory (default True; False: docs/scripts/noise.py's baseline)
-    fresh_label: str  # the job's label for its fresh seeds
-    fresh_top_up: bool  # the reference's job: outputs for every judged fresh seed
+    fresh_label: str  # the launch's label for its fresh seeds
+    fresh_top_up: bool  # the reference's launch: outputs for every judged fresh seed
     calls: int  # a profile: calls profiled after the warm-up
 
 
-class JobConfig(TypedDict):
+class LaunchConfig(TypedDict):
     """One start of a problem's ranks: what the host writes for the launcher."""
 
     mode: str  # "outputs", "benchmark" or "profile"
-    job_dir: str
+    launch_dir: str
     problem_path: str
     solution_path: str
     world_size: int
     device: str  # "cpu" or "cuda"
     size: dict[str, Any]  # the size preset's values
     dtype: str
-    seeds: list[int]  # secret: only on stdin, never in the job directory
+    seeds: list[int]  # secret: only on stdin, never in the launch directory
     tolerance: dict[str, Any]  # the problem's bounds, per output where it says so
     timeout_s: float
     timing: TimingConfig | None
@@ -58,14 +58,14 @@ class JobConfig(TypedDict):
     rank_cpus: list[list[int]]
 
 
-class RankJob(JobConfig):
-    """What one rank gets: the job, and its rank."""
+class RankConfig(LaunchConfig):
+    """What one rank gets: the launch, and its rank."""
 
     rank: int
 
 
 class TimingRecord(TypedDict, total=False):
-    """A benchmark job's samples and what happened while taking them (timing.json, rank 0)."""
+    """A benchmark launch's samples and what happened while taking them (timing.json, rank 0)."""
 
     device_ms: list[float]
     wall_ms: list[float]
@@ -86,7 +86,7 @@ class TimingRecord(TypedDict, total=False):
     per_set_bytes: int
     placement_medians_ms: list[float]
     placement_samples: list[int]
-    job_samples: list[int]  # pooled on the host: each job's sample count
+    launch_samples: list[int]  # pooled on the host: each launch's sample count
 
 
 class RankRecord(TypedDict, total=False):

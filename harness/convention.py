@@ -8,11 +8,11 @@ mapping its return back to ours and `groups(env)` creating the process groups it
 `differences` between our workload and the original's. `args` is None where the original's call
 cannot produce our outputs (a workload changed to fix a flaw): such a file is refused, naming why.
 
-`bind` is called once per job on every rank, after the candidate is imported: it recognises the
+`bind` is called once per launch on every rank, after the candidate is imported: it recognises the
 convention from the candidate's signature (or is told), creates the groups, and returns the callable
 the worker judges and times in place of the candidate's solution. In our convention that is the
 candidate's own function, unchanged; in the original's, a call that builds the arguments (constant
-time: references, constants, the job's groups), calls the candidate and maps the outputs.
+time: references, constants, the launch's groups), calls the candidate and maps the outputs.
 
 Imports torch and the standard library only: it runs in the sandbox.
 """
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from harness.contracts import RankJob
+from harness.contracts import RankConfig
 
 CONVENTIONS = ("auto", "ours", "original")
 RECORD = "convention.json"  # rank 0's record of what it chose (informational: the host's notes)
@@ -43,7 +43,7 @@ class ConventionError(Exception):
 
 @dataclass
 class Env:
-    """What an `ORIGINAL` declaration's callables see: the job's rank, world size, size preset,
+    """What an `ORIGINAL` declaration's callables see: the launch's rank, world size, size preset,
     device and dtype, the WORLD group and the groups `groups(env)` created."""
 
     rank: int
@@ -199,10 +199,10 @@ def _label(convention: str) -> str:
 
 
 def bind(
-    candidate: Callable[..., Any], problem: ModuleType, cfg: RankJob, device: torch.device
+    candidate: Callable[..., Any], problem: ModuleType, cfg: RankConfig, device: torch.device
 ) -> Callable[..., Any]:
-    """The callable the worker judges and times for this candidate (called once per job, on every
-    rank, with the process group up). Rank 0 records the choice in the job directory."""
+    """The callable the worker judges and times for this candidate (called once per launch, on every
+    rank, with the process group up). Rank 0 records the choice in the launch directory."""
     import torch.distributed as dist
 
     from harness.context import DTYPES
@@ -225,13 +225,13 @@ def bind(
             "--convention ours calls it that way"
         )
     if env.rank == 0:
-        _record(Path(cfg["job_dir"]), {"requested": requested, "used": used, "why": why})
+        _record(Path(cfg["launch_dir"]), {"requested": requested, "used": used, "why": why})
     if used == "ours":
         return candidate
     assert declared is not None
     make_groups = declared.get("groups")
     if make_groups is not None:
-        env.groups = dict(make_groups(env))  # collective: every rank, once per job, in the same order
+        env.groups = dict(make_groups(env))  # collective: every rank, once per launch, in the same order
     build: Callable[[tuple, Env], tuple] = declared["args"]
     back: Callable[[Any, tuple, Env], Any] | None = declared.get("outputs")
 
@@ -243,10 +243,10 @@ def bind(
     return original_call
 
 
-def _record(job_dir: Path, record: dict[str, str]) -> None:
-    part = job_dir / f"{RECORD}.part"
+def _record(launch_dir: Path, record: dict[str, str]) -> None:
+    part = launch_dir / f"{RECORD}.part"
     part.write_text(json.dumps(record))
-    os.replace(part, job_dir / RECORD)
+    os.replace(part, launch_dir / RECORD)
 
 
 def aliasing_faults(
@@ -280,7 +280,7 @@ DECLARATION_KEYS = {"signature", "args", "outputs", "groups", "differences"}
 def declaration_error(problem: ModuleType, size: dict[str, Any], dtype: torch.dtype) -> str | None:
     """What is wrong with a problem's `ORIGINAL` and `input_returned` (None when nothing): the loader
     refuses the file with it. The call is built once from shape-only inputs at the smallest world
-    size the problem allows, so a builder that cannot run fails here and not in a job."""
+    size the problem allows, so a builder that cannot run fails here and not in a launch."""
     returns_input = getattr(problem, "input_returned", None)
     if returns_input is not None and not callable(returns_input):
         return "input_returned must be a function (rank, world_size) -> bool"

@@ -1,4 +1,4 @@
-"""Find the extensions a solution builds, by importing it inside the sandbox (a discovery job).
+"""Find the extensions a solution builds, by importing it inside the sandbox (a discovery launch).
 
 Run as a script: `python -I -B discover.py SOLUTION OUT`. It replaces torch's `load_inline` and `load`
 with recorders, imports the solution (its module-level code runs: this is candidate code, so only ever

@@ -3,14 +3,14 @@
 A `Request` is everything that decides what a `load_inline` call builds (name, source strings, flags)
 plus the toolchain it is built with; its `key` (sha256) names the build. Three places use it:
 
-- inside a candidate's job, `install()` replaces `load_inline`: a build already in the node's extension
-  cache (mounted read-only at PKB_EXTENSIONS) is loaded from there; otherwise the job builds it itself,
+- inside a candidate's launch, `install()` replaces `load_inline`: a build already in the node's extension
+  cache (mounted read-only at PKB_EXTENSIONS) is loaded from there; otherwise the launch builds it itself,
   once for all of its ranks (the first rank to take the lock builds, the others wait and load);
-- in a build job (harness/build.py, no candidate code), `build()` compiles a request into a directory
+- in a build launch (harness/build.py, no candidate code), `build()` compiles a request into a directory
   without loading it (loading runs the extension's initializers, which are candidate code);
 - on the host, pkb_mcp/extensions.py computes the same keys to decide what to build before a run.
 
-Only a build job writes what lands in the cache, so a candidate's job never changes what another job
+Only a build launch writes what lands in the cache, so a candidate's launch never changes what another launch
 loads (docs/sandbox.md). Stdlib + torch only: this runs inside the sandbox.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
-CACHE_ENV = "PKB_EXTENSIONS"  # the node's extension cache, read-only inside a candidate's job
+CACHE_ENV = "PKB_EXTENSIONS"  # the node's extension cache, read-only inside a candidate's launch
 OK_MARK = "ok.json"  # written last by a successful build: the directory is complete
 FAILED_MARK = "failed.json"  # a build that failed, with the compiler's output
 NAME_RE = re.compile(r"[A-Za-z_]\w{0,99}")
@@ -171,7 +171,7 @@ def _file_id(path: str | None) -> str:
 
 def toolchain(env: dict[str, str] | None = None) -> dict[str, str]:
     """What besides the request decides the build: torch, Python, the CUDA and C++ compilers, the GPU
-    architectures. The host (same interpreter and /usr) computes the same from the job's environment."""
+    architectures. The host (same interpreter and /usr) computes the same from the launch's environment."""
     import torch
 
     env = dict(os.environ) if env is None else env
@@ -272,7 +272,7 @@ def write_mark(directory: Path, mark: str, data: dict[str, Any]) -> None:
 
 
 class _Loader:
-    """The `load_inline` a candidate's job sees."""
+    """The `load_inline` a candidate's launch sees."""
 
     # arguments a request records; any other argument given a non-default value (sycl sources, a
     # build directory, include paths, a precompiled header, docstrings in `functions`) makes the call
@@ -323,7 +323,7 @@ class _Loader:
         return self._build_here(request, key, verbose)
 
     def _build_here(self, request: Request, key: str, verbose: bool) -> Any:
-        """Build in this job, once for all ranks: the rank holding the lock builds, the rest wait."""
+        """Build in this launch, once for all ranks: the rank holding the lock builds, the rest wait."""
         directory = self.scratch / key
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / ".lock", "a") as lock:

@@ -1,14 +1,14 @@
 """Rank launcher: starts one worker process per rank and reports each rank's outcome (stdlib only).
 
-Run as `python -m harness.launch` inside the sandbox with the job configuration as JSON on stdin
+Run as `python -m harness.launch` inside the sandbox with the launch configuration as JSON on stdin
 (or in a file named by `--config-file`, deleted as soon as it is read).
 Each worker gets its own configuration (with its rank and the trial seeds) through its stdin pipe,
-so seeds never touch the job directory.
+so seeds never touch the launch directory.
 
 Warm start: `--warm SETUP --config-file PATH` starts the workers at once from SETUP (world size,
 device: nothing secret), lets them import torch and create the process group, and only then waits
-for PATH to appear (the job, written by the host when one is dispatched to this sandbox). A warm
-sandbox serves exactly one job; if none arrives within SETUP's `idle_s` it exits and writes nothing.
+for PATH to appear (the launch, written by the host when one is dispatched to this sandbox). A warm
+sandbox serves exactly one launch; if none arrives within SETUP's `idle_s` it exits and writes nothing.
 
 The launcher watches the workers: when one fails, the others get a short grace period to finish
 (they are usually stuck in a collective) and are then killed; at the deadline everything left is
@@ -46,18 +46,18 @@ def _worker_env(rank: int, cfg: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _read_status(job_dir: Path, rank: int) -> dict[str, Any] | None:
+def _read_status(launch_dir: Path, rank: int) -> dict[str, Any] | None:
     try:
-        data = json.loads((job_dir / f"rank{rank}.status.json").read_text())
+        data = json.loads((launch_dir / f"rank{rank}.status.json").read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
 def setup_of(cfg: dict[str, Any]) -> dict[str, Any]:
-    """What a worker needs before its job: nothing secret."""
+    """What a worker needs before its launch: nothing secret."""
     return {
-        "job_dir": cfg["job_dir"],
+        "launch_dir": cfg["launch_dir"],
         "world_size": int(cfg["world_size"]),
         "device": cfg["device"],
         "threads_per_rank": int(cfg.get("threads_per_rank", 1)),
@@ -73,20 +73,20 @@ def _pin(cpus: list[int]) -> Any:
 
 
 def spawn(setup: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
-    """One worker per rank, each sent its set-up line; their stdin stays open for the job.
+    """One worker per rank, each sent its set-up line; their stdin stays open for the launch.
     Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py)."""
-    job_dir = Path(setup["job_dir"])
+    launch_dir = Path(setup["launch_dir"])
     rank_cpus = setup.get("rank_cpus") or []
     procs: list[subprocess.Popen[bytes]] = []
     for rank in range(int(setup["world_size"])):
-        log = open(job_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
+        log = open(launch_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
             [sys.executable, "-m", "harness.worker"],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=_worker_env(rank, setup),
-            cwd=job_dir,
+            cwd=launch_dir,
             preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
         )
         log.close()
@@ -107,9 +107,9 @@ def _send(proc: subprocess.Popen[bytes], message: dict[str, Any] | None, close: 
         pass  # the worker died already; its outcome is read from its exit status
 
 
-def wait_for_job(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any] | None:
-    """A warm sandbox's job: the file the host writes into the job directory; None at idle_s, or as
-    soon as a worker has died (a sandbox that cannot serve a job must not look ready for one)."""
+def wait_for_launch(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any] | None:
+    """A warm sandbox's launch: the file the host writes into the launch directory; None at idle_s, or as
+    soon as a worker has died (a sandbox that cannot serve a launch must not look ready for one)."""
     give_up = time.monotonic() + idle_s
     while time.monotonic() < give_up and all(p.poll() is None for p in procs):
         if path.exists():
@@ -121,8 +121,8 @@ def wait_for_job(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]
 
 
 def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = None) -> LaunchRecord:
-    """Run the job `cfg` on `procs` (warm workers already set up) or on workers started now."""
-    job_dir = Path(cfg["job_dir"])
+    """Run the launch `cfg` on `procs` (warm workers already set up) or on workers started now."""
+    launch_dir = Path(cfg["launch_dir"])
     world_size = int(cfg["world_size"])
     deadline = time.monotonic() + float(cfg["timeout_s"])
     t0 = time.monotonic()
@@ -139,7 +139,9 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
         for rank, proc in enumerate(procs):
             if rank not in ended and proc.poll() is not None:
                 ended[rank] = now - t0
-                finished = proc.returncode == 0 and (_read_status(job_dir, rank) or {}).get("state") == "ok"
+                finished = (
+                    proc.returncode == 0 and (_read_status(launch_dir, rank) or {}).get("state") == "ok"
+                )
                 if not finished and first_failure is None:
                     first_failure = now
         if len(ended) == world_size:
@@ -164,14 +166,14 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
 
     ranks: list[RankRecord] = []
     for rank, proc in enumerate(procs):
-        status = _read_status(job_dir, rank) or {}
+        status = _read_status(launch_dir, rank) or {}
         entry: RankRecord = {
             "rank": rank,
             "exit_code": proc.returncode,
             "signal": None,
             "elapsed_s": round(ended.get(rank, 0.0), 3),
             "cpus": status.get("cpus"),  # the CPUs the rank could run on, as it saw them at start
-            "stages": status.get("stages"),  # seconds in each stage of the job (harness.worker.Stages)
+            "stages": status.get("stages"),  # seconds in each stage of the launch (harness.worker.Stages)
         }
         rc = proc.returncode
         if status.get("state") == "ok" and rc == 0:
@@ -189,7 +191,7 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
             )
             entry["signal"] = "SIGKILL"
         elif rc == 0:
-            entry["state"] = "exited"  # returned without finishing the job
+            entry["state"] = "exited"  # returned without finishing the launch
         else:
             entry["state"], entry["error"] = "crashed", f"exit status {rc}"
         ranks.append(entry)
@@ -200,21 +202,21 @@ TOOL_MODES = ("discover", "build")
 
 
 def run_tool(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A job that runs one program instead of ranks: `discover` imports the candidate in a child
+    """A launch that runs one program instead of ranks: `discover` imports the candidate in a child
     process (harness/discover.py) to find its extension builds; `build` runs compilers and extension
     builds that the host planned (harness/build.py), with no candidate code."""
-    job_dir = Path(cfg["job_dir"])
+    launch_dir = Path(cfg["launch_dir"])
     t0 = time.monotonic()
     timeout_s = float(cfg["timeout_s"])
     if cfg["mode"] == "discover":
-        out = job_dir / "discovered.json"
+        out = launch_dir / "discovered.json"
         argv = [sys.executable, "-I", "-B", str(Path(__file__).with_name("discover.py"))]
         proc = subprocess.Popen(
             [*argv, cfg["solution_path"], str(out)],
             stdin=subprocess.DEVNULL,
-            stdout=open(job_dir / "discover.log", "wb"),  # noqa: SIM115 - handed to the child
+            stdout=open(launch_dir / "discover.log", "wb"),  # noqa: SIM115 - handed to the child
             stderr=subprocess.STDOUT,
-            cwd=job_dir,
+            cwd=launch_dir,
             start_new_session=True,
         )
         try:
@@ -227,14 +229,14 @@ def run_tool(cfg: dict[str, Any]) -> dict[str, Any]:
     from harness import build
 
     result = build.main(cfg)
-    part = job_dir / "build.json.part"
+    part = launch_dir / "build.json.part"
     part.write_text(json.dumps(result))
-    os.replace(part, job_dir / "build.json")
+    os.replace(part, launch_dir / "build.json")
     return {"tool": "build", "exit_code": 0, "wall_s": round(time.monotonic() - t0, 3)}
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """The job configuration from a file, deleted once read: no candidate code exists yet, and none
+    """The launch configuration from a file, deleted once read: no candidate code exists yet, and none
     may ever read the seeds in it."""
     text = path.read_text()
     path.unlink()
@@ -246,7 +248,7 @@ def main(argv: list[str]) -> None:
     if "--warm" in args:
         setup = json.loads(args["--warm"])
         procs = spawn(setup)
-        cfg = wait_for_job(Path(args["--config-file"]), float(setup.get("idle_s", 600)), procs)
+        cfg = wait_for_launch(Path(args["--config-file"]), float(setup.get("idle_s", 600)), procs)
         if cfg is None:
             for proc in procs:
                 _send(proc, None, close=True)  # an empty line: the worker leaves quietly
@@ -257,7 +259,7 @@ def main(argv: list[str]) -> None:
                     proc.kill()
             return
         if int(cfg["world_size"]) != len(procs) or cfg["device"] != setup["device"]:
-            sys.exit("harness.launch: the job does not fit this warm sandbox")
+            sys.exit("harness.launch: the launch does not fit this warm sandbox")
         result: Mapping[str, Any] = launch(cfg, procs)
     elif "--config-file" in args:
         cfg = read_config(Path(args["--config-file"]))
@@ -265,7 +267,7 @@ def main(argv: list[str]) -> None:
     else:
         cfg = json.loads(sys.stdin.read())
         result = launch(cfg)
-    path = Path(cfg["job_dir"]) / "launch.json"
+    path = Path(cfg["launch_dir"]) / "launch.json"
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, path)

@@ -1,12 +1,12 @@
 """A profile of one solution on every rank, run inside the worker (torch + stdlib only).
 
-The worker's job mode `profile` comes here with the solution and its inputs. The rank warms the
+The worker's launch mode `profile` comes here with the solution and its inputs. The rank warms the
 solution up as the benchmark does, then runs `calls` + 1 calls under torch.profiler (CPU activity,
 plus CUDA through CUPTI on GPUs), each one aligned across ranks by `harness.timing.Timer` exactly as
 a timed call is, with the call itself inside `record_function("pkb.call#<i>")`. The first profiled
 call is the profiler's warm-up step and is discarded (CUPTI's start-up costs land in it).
 
-Each rank writes into `profile/` of the job directory:
+Each rank writes into `profile/` of the launch directory:
   r{rank}.trace.json   torch's Chrome trace export of the profiled calls
   r{rank}.info.json    the device-event milliseconds of each call; on rank 0, why hardware counters
                        (Nsight Compute) cannot be read here
@@ -44,7 +44,7 @@ def _effective_capabilities() -> int | None:
 def counters_unavailable(device_type: str) -> str:
     """Why per-kernel hardware counters (Nsight Compute) cannot be read in this sandbox."""
     if device_type != "cuda":
-        return "the job ran on CPU"
+        return "the launch ran on CPU"
     if shutil.which("ncu") is None:
         return "Nsight Compute (ncu) is not on the sandbox's PATH"
     try:
@@ -70,7 +70,7 @@ def run(
     next_inputs: Callable[[], tuple],
     device: Any,
     cfg: TimingConfig,
-    job_dir: Path,
+    launch_dir: Path,
     rank: int,
     after_call: Callable[[], None],
 ) -> None:
@@ -128,7 +128,7 @@ def run(
             if i:
                 event_ms.append(ms)
             prof.step()
-    out_dir = job_dir / PROFILE_DIR
+    out_dir = launch_dir / PROFILE_DIR
     out_dir.mkdir(exist_ok=True)
     prof.export_chrome_trace(str(out_dir / f"r{rank}.trace.json"))
     info: dict[str, Any] = {

@@ -8,7 +8,7 @@ Layout: b"PKBT1\\n" | u64 header length | header JSON | data. The header holds
 {"structure": "tensor" | "tuple", "tensors": [{"dtype", "shape", "offset", "nbytes"}...], "meta": {...}}.
 
 Forgery: candidate code runs in the process (and as the user) that writes these files, so it can
-rewrite them. Given a key (`result_key`, derived from the job's secret seeds, which only the job's
+rewrite them. Given a key (`result_key`, derived from the launch's secret seeds, which only the launch's
 ranks and the host know), `save` puts a keyed BLAKE2b digest of everything in the file into
 meta["mac"], and the host's `verify` rejects a file rewritten without the key; `mac_record` and
 `verify_record` do the same for the timing record. Code that digs the key out of the harness's
@@ -64,7 +64,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def result_key(seeds: list[int]) -> bytes:
-    """The key of a job's result digests: known to the host and to the job's ranks only."""
+    """The key of a launch's result digests: known to the host and to the launch's ranks only."""
     return hashlib.sha256(b"pkb-result-mac\0" + json.dumps([int(s) for s in seeds]).encode()).digest()
 
 

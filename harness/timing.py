@@ -15,7 +15,7 @@ the sets the worker may also move each set's data into another set's buffers (`r
 addresses then hold other inputs, so a result cached by buffer address comes back stale and fails
 the comparison.
 
-A job may time its solution in several placements (`placements` in the timing configuration): the
+A launch may time its solution in several placements (`placements` in the timing configuration): the
 worker moves the inputs and the solution's memory to other device addresses between them, each
 placement samples with its share of the budget (`placement_config`), and `pool_placements` merges
 their records into one.
@@ -89,7 +89,7 @@ class Fresh:
     on the replayed inputs' values misses on them). The worker supplies the callables:
     `prepare(k)` makes fresh call k's inputs (outside the clock), `call()` runs the solution on them,
     `record(k, out)` keeps the output for the host to judge (outside the clock). `next` is the k of
-    the next fresh call and carries on across placements; at most `max_calls` are made in a job."""
+    the next fresh call and carries on across placements; at most `max_calls` are made in a launch."""
 
     prepare: Callable[[int], None]
     call: Callable[[], Any]
@@ -240,7 +240,7 @@ def run_timing(
             stop = "precision reached"
             break
         if spent >= cfg["budget_ms"]:
-            if sched.short:  # the budget never ends a job before its fresh calls
+            if sched.short:  # the budget never ends a launch before its fresh calls
                 sched.catch_up(n)
                 continue
             stop = "time budget spent"
@@ -299,7 +299,7 @@ class _FreshSchedule:
     untimed after the warm-up (so that per-address set-up is paid there), then one every `stride`
     replayed samples, the stride sized so that `fresh_min` of them fit in the minimum sampling span
     (sized from the warm-up's pace, then again from the sampling loop's after RESTRIDE_AT samples),
-    until the job's `max_calls`. Their times are kept apart from the replayed samples (`fresh_ms`,
+    until the launch's `max_calls`. Their times are kept apart from the replayed samples (`fresh_ms`,
     with `fresh_after`: the index of the replayed sample that followed each), and the time spent
     making their inputs and keeping their outputs does not count against the budget. Neither precision
     nor the budget stops sampling before `fresh_min` of them (or all that are left) were made: past
@@ -333,7 +333,7 @@ class _FreshSchedule:
 
     @property
     def short(self) -> bool:
-        """Fewer fresh calls made than the job must make (and some left to make)."""
+        """Fewer fresh calls made than the launch must make (and some left to make)."""
         return self.fresh is not None and self.fresh.left > 0 and len(self.ms) < self.least
 
     def due(self, samples: int) -> bool:
@@ -376,7 +376,7 @@ class _FreshSchedule:
         self.next_at = min(self.next_at, samples)
 
 
-# The parts of a timing configuration that a job's placements share out between them.
+# The parts of a timing configuration that a launch's placements share out between them.
 _SHARED_MS = ("warmup_ms", "budget_ms", "min_span_ms")
 
 
@@ -401,9 +401,9 @@ def placement_config(cfg: TimingConfig, placements: int) -> TimingConfig:
 
 
 def pool_placements(records: list[TimingRecord]) -> TimingRecord:
-    """One record from the records of a job's placements: samples concatenated in order (timed-call
+    """One record from the records of a launch's placements: samples concatenated in order (timed-call
     indices continue across placements), the per-placement medians and sample counts kept. A record
-    that is itself pooled keeps its placements (the host pools a side's jobs this way too)."""
+    that is itself pooled keeps its placements (the host pools a side's launches this way too)."""
     pooled = cast(TimingRecord, dict(records[-1]))
     pooled["device_ms"] = [x for r in records for x in r["device_ms"]]
     pooled["wall_ms"] = [x for r in records for x in r["wall_ms"]]

@@ -1,10 +1,10 @@
-"""One rank of a job: process group, inputs, the solution, outputs and timings (torch + stdlib only).
+"""One rank of a launch: process group, inputs, the solution, outputs and timings (torch + stdlib only).
 
 Started by harness.launch, it reads two JSON lines on stdin: the set-up (rank, world size, device),
-then the job (problem, solution, seeds: stdin is the only place this rank's seeds exist). Between
+then the launch (problem, solution, seeds: stdin is the only place this rank's seeds exist). Between
 the two it imports torch, creates the process group and runs one collective, then writes
-rank{rank}.ready: a warm sandbox started ahead of need waits there for its one job. It writes into
-the job directory:
+rank{rank}.ready: a warm sandbox started ahead of need waits there for its one launch. It writes into
+the launch directory:
   out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
   timing.json                 samples, written by rank 0 (mode "benchmark")
@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from harness.calls import Calls, SolutionError, snapshot
-from harness.contracts import RankJob, TimingRecord
+from harness.contracts import RankConfig, TimingRecord
 
 HARNESS_DIR = Path(__file__).resolve().parent
 ORIGINAL_PACKAGES = str(HARNESS_DIR / "original")  # harness/original: the original benchmark's `utils`
@@ -45,8 +45,8 @@ def _trimmed_traceback(exc: BaseException) -> str:
     return text[-6000:]
 
 
-def _write_status(job_dir: Path, rank: int, status: dict[str, Any]) -> None:
-    path = job_dir / f"rank{rank}.status.json"
+def _write_status(launch_dir: Path, rank: int, status: dict[str, Any]) -> None:
+    path = launch_dir / f"rank{rank}.status.json"
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(status))
     os.replace(tmp, path)
@@ -62,19 +62,19 @@ def load_module(path: str, name: str) -> ModuleType:
     return module
 
 
-def _connect_store(job_dir: Path, rank: int, world_size: int, timeout_s: float):
-    """Rank 0 opens a TCP store on a port the kernel picks; the others read it from the job dir."""
+def _connect_store(launch_dir: Path, rank: int, world_size: int, timeout_s: float):
+    """Rank 0 opens a TCP store on a port the kernel picks; the others read it from the launch dir."""
     import datetime
 
     import torch.distributed as dist
 
-    port_file = job_dir / "store_port"
+    port_file = launch_dir / "store_port"
     timeout = datetime.timedelta(seconds=timeout_s)
     if rank == 0:
         store = dist.TCPStore(
             "127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False
         )
-        tmp = job_dir / "store_port.part"
+        tmp = launch_dir / "store_port.part"
         tmp.write_text(str(store.port))
         os.replace(tmp, port_file)
         return store
@@ -89,8 +89,8 @@ def _connect_store(job_dir: Path, rank: int, world_size: int, timeout_s: float):
 
 
 class Stages:
-    """Seconds a rank spends in each stage of its job, from the job's arrival: the host logs them,
-    so that a slow job shows where its time went (loading, inputs, judged calls, timing, teardown)."""
+    """Seconds a rank spends in each stage of its launch, from the launch's arrival: the host logs them,
+    so that a slow launch shows where its time went (loading, inputs, judged calls, timing, teardown)."""
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = {}
@@ -256,31 +256,31 @@ def read_line(stream: Any) -> dict[str, Any] | None:
     return json.loads(line) if line.strip() else None
 
 
-def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) -> None:
-    """This rank's life: the process group, then one job (or none, for a warm sandbox never used),
+def run(setup: dict[str, Any], next_launch: Callable[[], dict[str, Any] | None]) -> None:
+    """This rank's life: the process group, then one launch (or none, for a warm sandbox never used),
     its status written whatever happens."""
     import torch.distributed as dist
 
     from harness import tensorfile
 
     rank, world_size = setup["rank"], setup["world_size"]
-    job_dir = Path(setup["job_dir"])
+    launch_dir = Path(setup["launch_dir"])
     stage = "setup"
     t_start = time.monotonic()
-    stages = Stages()  # restarted when the job arrives: a warm sandbox's start is no part of it
+    stages = Stages()  # restarted when the launch arrives: a warm sandbox's start is no part of it
     cpus = sorted(os.sched_getaffinity(0))  # where the launcher put this rank, before any solution ran
     try:
         stage = "process group"
-        device = _join_group(setup, job_dir)
-        stage = "waiting for the job"
-        job = next_job()
-        if job is None:  # a warm sandbox that was never used
+        device = _join_group(setup, launch_dir)
+        stage = "waiting for the launch"
+        launch = next_launch()
+        if launch is None:  # a warm sandbox that was never used
             dist.destroy_process_group()
             os._exit(0)
         t_start = time.monotonic()
         stages = Stages()
-        cfg = cast(RankJob, {**job, "rank": rank, "world_size": world_size})
-        record = _run_job(cfg, device, job_dir, stages)
+        cfg = cast(RankConfig, {**launch, "rank": rank, "world_size": world_size})
+        record = _run_launch(cfg, device, launch_dir, stages)
         stages.enter("teardown")
         dist.barrier()
         dist.destroy_process_group()
@@ -288,15 +288,15 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         # exit that ends its threads; the timing record carries the keyed digest the host checks.
         _reap_descendants()
         if record is not None and rank == 0:
-            tmp = job_dir / "timing.part"
-            tmp.write_text(json.dumps(tensorfile.mac_record(tensorfile.result_key(job["seeds"]), record)))
-            os.replace(tmp, job_dir / "timing.json")
+            tmp = launch_dir / "timing.part"
+            tmp.write_text(json.dumps(tensorfile.mac_record(tensorfile.result_key(launch["seeds"]), record)))
+            os.replace(tmp, launch_dir / "timing.json")
         status = {"state": "ok", "elapsed_s": time.monotonic() - t_start, "cpus": cpus}
-        _write_status(job_dir, rank, {**status, "stages": stages.durations()})
+        _write_status(launch_dir, rank, {**status, "stages": stages.durations()})
         _exit_now(0)
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
         _write_status(
-            job_dir,
+            launch_dir,
             rank,
             {
                 "state": "error",
@@ -314,9 +314,9 @@ def run(setup: dict[str, Any], next_job: Callable[[], dict[str, Any] | None]) ->
         os._exit(3)
 
 
-def _join_group(setup: dict[str, Any], job_dir: Path) -> Any:
+def _join_group(setup: dict[str, Any], launch_dir: Path) -> Any:
     """The process group, with one collective run (communicators, CUDA context and allocator are
-    ready before the job arrives); then rank{rank}.ready. Returns this rank's device."""
+    ready before the launch arrives); then rank{rank}.ready. Returns this rank's device."""
     import torch
     import torch.distributed as dist
 
@@ -327,19 +327,19 @@ def _join_group(setup: dict[str, Any], job_dir: Path) -> Any:
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, int(setup.get("threads_per_rank", 1))))
-    store = _connect_store(job_dir, rank, world_size, float(setup["setup_timeout_s"]))
+    store = _connect_store(launch_dir, rank, world_size, float(setup["setup_timeout_s"]))
     init_kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **init_kwargs)
     dist.all_reduce(torch.ones(1, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize()
-    (job_dir / f"rank{rank}.ready").write_text("")
+    (launch_dir / f"rank{rank}.ready").write_text("")
     return device
 
 
-def _run_job(cfg: RankJob, device: Any, job_dir: Path, stages: Stages) -> TimingRecord | None:
-    """Load the problem and the solution, then run the job's mode: "outputs" (the judged trials),
+def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) -> TimingRecord | None:
+    """Load the problem and the solution, then run the launch's mode: "outputs" (the judged trials),
     "profile" or "benchmark". Returns the benchmark's timing record (else None)."""
     stages.enter("setup")
     problem = load_module(cfg["problem_path"], "pkb_problem")
@@ -359,7 +359,7 @@ def _run_job(cfg: RankJob, device: Any, job_dir: Path, stages: Stages) -> Timing
             raise SolutionError("the solution file defines no callable named solution")
         solution = convention.bind(solution, problem, cfg, device)  # ours, or the original's call
     watch.check("while being imported")
-    out_dir = job_dir / "out"
+    out_dir = launch_dir / "out"
     out_dir.mkdir(exist_ok=True)
     calls = Calls(problem, solution, cfg, device, out_dir, watch.check)
     if cfg["mode"] == "outputs":
@@ -384,7 +384,7 @@ def _run_job(cfg: RankJob, device: Any, job_dir: Path, stages: Stages) -> Timing
             lambda: snapshot(profiled) if calls.mutates else profiled,
             device,
             calls.timing,
-            job_dir,
+            launch_dir,
             calls.rank,
             after_call=lambda: watch.check("while being profiled"),
         )

@@ -6,7 +6,7 @@ Everything in this package runs outside the sandbox and trusts nothing the sandb
   layer over `service`, one function per verb, which returns the result models of `models`.
 - Long work: `scheduler` queues the MCP server's jobs onto the node's GPUs, with progress, deadlines and
   cancellation, and `store` keeps their state in SQLite.
-- Running candidate code: `jobs` runs one job (all its ranks) through a sandbox backend (`sandbox/`),
+- Running candidate code: `launches` runs one launch (all its ranks) through a sandbox backend (`sandbox/`),
   with the rank launcher and workers of `harness/` inside.
 - Judging and figures: `judge` compares outputs with the reference's, `stats` turns timing samples into
   medians and speedups, `roofline` gives the floor from a problem's traffic and the node's ceilings

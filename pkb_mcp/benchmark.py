@@ -1,4 +1,4 @@
-"""The benchmark: both sides timed the same way on the same inputs in sandboxed jobs, every timed
+"""The benchmark: both sides timed the same way on the same inputs in sandboxed launches, every timed
 output re-checked, the speedup credited only where the guards allow (docs/measurement.md)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from harness import tensorfile, timing
 from harness.contracts import TimingConfig, TimingRecord
 from pkb_mcp import conventions, roofline, stats
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome, prestart, run_job, warm_pool
+from pkb_mcp.launches import LaunchOutcome, prestart, run_launch, warm_pool
 from pkb_mcp.models import BenchResult, TimingStats
 from pkb_mcp.runs import Progress, Run, no_progress, reference_failed
 from pkb_mcp.verdicts import (
@@ -26,9 +26,11 @@ from pkb_mcp.verdicts import (
 )
 
 MAX_PLACEMENTS = 16
-MAX_JOBS = 8
-# what `jobs` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
-JOBS_HELP = "separate jobs per side, alternating: more resolve smaller differences (docs/measurement.md)"
+MAX_LAUNCHES = 8
+# what `launches` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
+LAUNCHES_HELP = (
+    "separate launches per side, alternating: more resolve smaller differences (docs/measurement.md)"
+)
 
 
 # How each side of a benchmark is sampled (harness/timing.py). On GPUs the L2 is also flushed before
@@ -45,7 +47,7 @@ GPU_TIMING: TimingConfig = {
     "max_sets": 8,
     "rotation_bytes": 8 << 30,
     # timed calls on fresh input sets (docs/measurement.md): at least fresh_min before precision may
-    # stop a job, at most fresh_max, and no more than fit in fresh_bytes of outputs per rank
+    # stop a launch, at most fresh_max, and no more than fit in fresh_bytes of outputs per rank
     "fresh_min": 8,
     "fresh_max": 24,
     "fresh_bytes": 1 << 30,
@@ -90,20 +92,20 @@ def bench(
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
     placements: int = 1,
-    jobs: int = 1,
+    launches: int = 1,
     convention: str = "auto",
 ) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
 
-    `placements` > 1 times each side in that many memory placements within its job, sharing the
-    same sampling budget (docs/plan-fidelity.md). `jobs` > 1 times each side in that many separate
-    jobs, reference and candidate alternating, which share the budget too: identical code spreads
-    more between jobs than within one, and the median of several jobs' medians spreads less. The
+    `placements` > 1 times each side in that many memory placements within its launch, sharing the
+    same sampling budget (docs/plan-fidelity.md). `launches` > 1 times each side in that many separate
+    launches, reference and candidate alternating, which share the budget too: identical code spreads
+    more between launches than within one, and the median of several launches' medians spreads less. The
     defaults (one of each) are the measured method of docs/gpu-results.md."""
     if not 1 <= placements <= MAX_PLACEMENTS:
         raise UserError(f"placements must be between 1 and {MAX_PLACEMENTS}, not {placements}")
-    if not 1 <= jobs <= MAX_JOBS:
-        raise UserError(f"jobs must be between 1 and {MAX_JOBS}, not {jobs}")
+    if not 1 <= launches <= MAX_LAUNCHES:
+        raise UserError(f"launches must be between 1 and {MAX_LAUNCHES}, not {launches}")
     run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
 
     def result(verdict: str, message: str, **fields: Any) -> BenchResult:
@@ -113,103 +115,111 @@ def bench(
         return result("fail", cannot[0], ranks=cannot[1])
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]
-    # a side's jobs share its sampling budget the way a job's placements do
-    tcfg = TimingConfig(**timing.placement_config(timing_config(run.device), jobs), placements=placements)
-    ran, ref_records = _time_sides(run, seeds, tcfg, jobs, progress, cancel)
+    # a side's launches share its sampling budget the way a launch's placements do
+    tcfg = TimingConfig(**timing.placement_config(timing_config(run.device), launches), placements=placements)
+    ran, ref_records = _time_sides(run, seeds, tcfg, launches, progress, cancel)
     run.notes += conventions.notes(ran[0][1])
-    ref_stats, ref_warnings = stats.summarize(stats.pool_jobs(ref_records))
+    ref_stats, ref_warnings = stats.summarize(stats.pool_launches(ref_records))
     run.warnings.extend(f"reference: {w}" for w in ref_warnings)
     fields: dict[str, Any] = {"reference": ref_stats}
-    refused, cand_records = _judge_jobs(run, ran, ref_records, jobs, tensorfile.result_key(seeds), fields)
+    refused, cand_records = _judge_launches(
+        run, ran, ref_records, launches, tensorfile.result_key(seeds), fields
+    )
     if refused is not None:
         return result(*refused, **fields)
-    cand_stats, warnings = stats.summarize(stats.pool_jobs(cand_records))
+    cand_stats, warnings = stats.summarize(stats.pool_launches(cand_records))
     run.warnings.extend(warnings)
-    verdict, message, speed = _credit(run, ref_stats, cand_stats, placements, jobs, fields)
-    steps = 2 * jobs + 1
+    verdict, message, speed = _credit(run, ref_stats, cand_stats, placements, launches, fields)
+    steps = 2 * launches + 1
     progress(steps, steps, f"speedup {speed:.3f}x")
     return result(verdict, message, candidate=cand_stats, **fields)
 
 
-def _job_of(job: int, jobs: int) -> str:
-    return f" (job {job + 1} of {jobs})" if jobs > 1 else ""
+def _launch_of(launch: int, launches: int) -> str:
+    return f" (launch {launch + 1} of {launches})" if launches > 1 else ""
 
 
 def _time_sides(
     run: Run,
     seeds: list[int],
     tcfg: TimingConfig,
-    jobs: int,
+    launches: int,
     progress: Progress,
     cancel: threading.Event | None,
-) -> tuple[list[tuple[JobOutcome, JobOutcome]], list[TimingRecord]]:
-    """Each job's reference, then its candidate, until a candidate job fails: the (reference,
+) -> tuple[list[tuple[LaunchOutcome, LaunchOutcome]], list[TimingRecord]]:
+    """Each launch's reference, then its candidate, until a candidate launch fails: the (reference,
     candidate) outcomes in order, and the reference's timing records."""
     p = run.problem
-    steps = 2 * jobs + 1
+    steps = 2 * launches + 1
     pool = warm_pool(run.backend)
-    ran: list[tuple[JobOutcome, JobOutcome]] = []
+    ran: list[tuple[LaunchOutcome, LaunchOutcome]] = []
     ref_records: list[TimingRecord] = []
 
-    def job_timing(job: int, reference: bool) -> TimingConfig:
-        # each job's fresh input sets are its own; the reference's job makes outputs for all of them
-        return TimingConfig(**tcfg, fresh_label=f"job{job}", fresh_top_up=reference)
+    def launch_timing(launch: int, reference: bool) -> TimingConfig:
+        # each launch's fresh input sets are its own; the reference's launch makes outputs for all of them
+        return TimingConfig(**tcfg, fresh_label=f"launch{launch}", fresh_top_up=reference)
 
-    ref_request = run.request("benchmark", p.path, seeds, job_timing(0, True))
-    # every job gets a sandbox started ahead: none may start while the other side is timed
+    ref_request = run.request("benchmark", p.path, seeds, launch_timing(0, True))
+    # every launch gets a sandbox started ahead: none may start while the other side is timed
     ahead = (
-        f"starting a sandbox for each of the {2 * jobs} jobs, then " if pool is not None and jobs > 1 else ""
+        f"starting a sandbox for each of the {2 * launches} launches, then "
+        if pool is not None and launches > 1
+        else ""
     )
-    progress(0, steps, f"{ahead}timing the reference{_job_of(0, jobs)}")
-    prestart(ref_request, run.backend, 2 * jobs)
+    progress(0, steps, f"{ahead}timing the reference{_launch_of(0, launches)}")
+    prestart(ref_request, run.backend, 2 * launches)
     # no sandbox warms up on the GPUs while any of them is timed (this waits for those starting)
     with pool.quiet() if pool is not None else contextlib.nullcontext():
-        for job in range(jobs):
-            if job:
-                progress(2 * job, steps, f"timing the reference{_job_of(job, jobs)}")
-            ref_outcome = run_job(
-                run.request("benchmark", p.path, seeds, job_timing(job, True)), run.backend, cancel
+        for launch in range(launches):
+            if launch:
+                progress(2 * launch, steps, f"timing the reference{_launch_of(launch, launches)}")
+            ref_outcome = run_launch(
+                run.request("benchmark", p.path, seeds, launch_timing(launch, True)), run.backend, cancel
             )
             if not ref_outcome.ok or ref_outcome.timing is None:
                 raise reference_failed(p, ref_outcome)
             ref_records.append(ref_outcome.timing)
-            so_far = stats.summarize(stats.pool_jobs(ref_records))[0].median_ms
+            so_far = stats.summarize(stats.pool_launches(ref_records))[0].median_ms
             progress(
-                2 * job + 1, steps, f"reference: {so_far:.4g} ms; timing the candidate{_job_of(job, jobs)}"
+                2 * launch + 1,
+                steps,
+                f"reference: {so_far:.4g} ms; timing the candidate{_launch_of(launch, launches)}",
             )
-            cand_request = run.request("benchmark", run.solution, seeds, job_timing(job, False))
-            cand_outcome = run_job(cand_request, run.backend, cancel)
+            cand_request = run.request("benchmark", run.solution, seeds, launch_timing(launch, False))
+            cand_outcome = run_launch(cand_request, run.backend, cancel)
             ran.append((ref_outcome, cand_outcome))
             if not cand_outcome.ok:
                 break  # judged next: the first failure decides
     return ran, ref_records
 
 
-def _judge_jobs(
+def _judge_launches(
     run: Run,
-    ran: list[tuple[JobOutcome, JobOutcome]],
+    ran: list[tuple[LaunchOutcome, LaunchOutcome]],
     ref_records: list[TimingRecord],
-    jobs: int,
+    launches: int,
     mac_key: bytes,
     fields: dict[str, Any],
 ) -> tuple[tuple[str, str] | None, list[TimingRecord]]:
-    """Every candidate job's outputs judged (the replayed sets, then the timed fresh calls), its
+    """Every candidate launch's outputs judged (the replayed sets, then the timed fresh calls), its
     timing record checked: (verdict, message) of the first that fails, or None and the candidate's
     records. Sets `fields["ranks"]`."""
     p, world_size = run.problem, run.world_size
     cand_records: list[TimingRecord] = []
-    for job, (ref_outcome, cand_outcome) in enumerate(ran):
-        sets = int(ref_records[job]["input_sets"])
+    for launch, (ref_outcome, cand_outcome) in enumerate(ran):
+        sets = int(ref_records[launch]["input_sets"])
         fields["ranks"] = judge_ranks(p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key)
         refused = refused_timing(fields["ranks"], cand_outcome, mac_key)
         if refused is not None:
-            return (refused[0], refused[1] + _job_of(job, jobs)), cand_records
+            return (refused[0], refused[1] + _launch_of(launch, launches)), cand_records
         assert cand_outcome.timing is not None
         # every timed call on a fresh input set is judged too: right on the replayed sets is not enough
         timed = int(cand_outcome.timing.get("fresh_timed", 0))
         fresh_keys = [int(k) for k in cand_outcome.timing.get("fresh_judged", []) if int(k) < timed]
         if not fresh_keys:  # sampling stopped before any fresh call whose outputs are kept was timed
-            judged = f"no timed call on a fresh input set had its outputs judged{_job_of(job, jobs)}"
+            judged = (
+                f"no timed call on a fresh input set had its outputs judged{_launch_of(launch, launches)}"
+            )
             run.warnings.append(f"{judged} ({timed} timed)")
             cand_records.append(cand_outcome.timing)
             continue
@@ -220,7 +230,7 @@ def _judge_jobs(
             return (
                 verdict,
                 f"wrong on a fresh input set (a timed call on inputs never seen before; the trial number "
-                f"is the fresh call's){_job_of(job, jobs)}: {why}",
+                f"is the fresh call's){_launch_of(launch, launches)}: {why}",
             ), cand_records
         cand_records.append(cand_outcome.timing)
     return None, cand_records
@@ -231,7 +241,7 @@ def _credit(
     ref_stats: TimingStats,
     cand_stats: TimingStats,
     placements: int,
-    jobs: int,
+    launches: int,
     fields: dict[str, Any],
 ) -> tuple[str, str, float]:
     """The verdict, the message and the speedup of timings that passed judging: the speedup with its
@@ -255,10 +265,10 @@ def _credit(
             f"; {placements} memory placements per side, their medians spread "
             f"{spreads[0]:.1%} (candidate) and {spreads[1]:.1%} (reference)"
         )
-    if jobs > 1:
-        spreads = [s.job_spread or 0.0 for s in (cand_stats, ref_stats)]
+    if launches > 1:
+        spreads = [s.launch_spread or 0.0 for s in (cand_stats, ref_stats)]
         message += (
-            f"; {jobs} jobs per side, their medians spread {spreads[0]:.1%} (candidate) and "
+            f"; {launches} launches per side, their medians spread {spreads[0]:.1%} (candidate) and "
             f"{spreads[1]:.1%} (reference)"
         )
     if cand_stats.fresh_median_ms and ref_stats.fresh_median_ms:

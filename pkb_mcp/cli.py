@@ -100,7 +100,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         sandbox=args.sandbox,
         progress=_progress(args.json),
-        jobs=args.jobs,
+        launches=args.launches,
         convention=args.convention,
     )
     _emit(args, result, render.bench(result))
@@ -229,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = build_server(scheduler, state / "sources")
     pool = None
     if not args.no_warm:
-        from pkb_mcp.jobs import enable_warm_pool, warm_key
+        from pkb_mcp.launches import enable_warm_pool, warm_key
         from sandbox import select_backend
 
         pool = enable_warm_pool(select_backend("auto"))
@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _common(p: argparse.ArgumentParser, run: bool = False) -> None:
-    """The options every problem command takes; `run`: those of commands that run jobs."""
+    """The options every problem command takes; `run`: those of commands that run launches."""
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--world-size", type=int, default=4, help="number of ranks (default 4)")
     p.add_argument("--size", default="pkb", help="size preset: pkb (the original's) or large")
@@ -279,7 +279,7 @@ def _common(p: argparse.ArgumentParser, run: bool = False) -> None:
         p.add_argument(
             "--device", choices=["cpu", "cuda"], default=None, help="cuda when a GPU is present, else cpu"
         )
-        p.add_argument("--timeout", type=float, default=None, help="wall-clock limit of each job, seconds")
+        p.add_argument("--timeout", type=float, default=None, help="wall-clock limit of each launch, seconds")
         p.add_argument(
             "--sandbox",
             choices=["auto", "docker", "process"],
@@ -310,7 +310,7 @@ def _add_catalogue(sub: Any) -> None:
 
 
 def _add_runs(sub: Any) -> None:
-    """compile, check, bench, profile: one solution, in sandboxed jobs."""
+    """compile, check, bench, profile: one solution, in sandboxed launches."""
     p = sub.add_parser("compile", help="build a .cu file, or a solution's CUDA extensions, for sm_90a")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -333,10 +333,12 @@ def _add_runs(sub: Any) -> None:
     p.add_argument("problem", help="id or name")
     p.add_argument("file", help="solution .py")
     p.add_argument(
-        "--jobs",
+        "--launches",
+        "--jobs",  # its name until launches were called launches; kept so that older commands run
+        dest="launches",
         type=int,
         default=1,
-        help=benchmark.JOBS_HELP.replace("%", "%%"),  # argparse formats help with %
+        help=benchmark.LAUNCHES_HELP.replace("%", "%%"),  # argparse formats help with %
     )
     _common(p, run=True)
     p.set_defaults(func=cmd_bench, default_timeout=300.0)
@@ -360,13 +362,16 @@ def _add_eval(sub: Any) -> None:
         "eval",
         help="check and benchmark a batch of solution files (directories, globs); report and scores",
         description="Each file (named NNN_slug.py or the original's {id}_{name}_{backend}.py) is checked "
-        "and, if correct, benchmarked in sandboxed jobs of its own; results are kept in a SQLite store, "
+        "and, if correct, benchmarked in sandboxed launches of its own; results are kept in a SQLite store, "
         "so a re-run resumes. Writes report.json, report.csv, report.md and report.png into --out.",
     )
     p.add_argument("paths", nargs="+", help="solution files, directories of them, or globs")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument(
-        "--bench-timeout", type=float, default=300.0, help="wall-clock limit of each benchmark job, seconds"
+        "--bench-timeout",
+        type=float,
+        default=300.0,
+        help="wall-clock limit of each benchmark launch, seconds",
     )
     p.add_argument("--no-bench", action="store_true", help="check only: no speedups, only fast_0")
     p.add_argument("--rerun", action="store_true", help="run every file again, even those already done")

@@ -391,7 +391,7 @@ def _children_sessions(owner: int) -> dict[int, str]:
             if ppid != owner or session != pid:
                 continue
             env = (entry / "environ").read_bytes().split(b"\0")
-            marker = next((v.decode() for v in env if v.startswith(b"PKB_JOB=")), "")
+            marker = next((v.decode() for v in env if v.startswith(b"PKB_LAUNCH=")), "")
             found[pid] = marker
         except (OSError, ValueError, IndexError):
             continue
@@ -411,10 +411,10 @@ def reap(owner: int, poll_s: float = 0.5) -> None:
             pass
         seen.update(_children_sessions(owner))
         time.sleep(poll_s)
-    from sandbox.process import kill_job
+    from sandbox.process import kill_launch
 
     for session, marker in seen.items():
-        kill_job(session, marker or f"PKB_SESSION={session}")
+        kill_launch(session, marker or f"PKB_SESSION={session}")
     with contextlib.suppress(Exception):  # no engine or no SDK here: no containers either
         import docker
 

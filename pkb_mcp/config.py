@@ -1,12 +1,13 @@
-"""Where things live: the problem suite, the cache, job directories. Environment overrides only.
+"""Where things live: the problem suite, the cache, launch directories. Environment overrides only.
 
 PKB_PROBLEMS_DIR   the suite (default: problems/ beside the package in a checkout, else the packaged copy)
 PKB_CACHE_DIR      compile cache and node calibration (default: $XDG_CACHE_HOME/pkb or ~/.cache/pkb)
-PKB_JOBS_DIR       where job directories are made and removed (default: the system temp dir)
+PKB_LAUNCH_DIR     where launch directories are made and removed (default: the system temp dir;
+                   PKB_JOBS_DIR, its former name, is still read)
 PKB_STATE_DIR      the server's job database and submitted sources (default: $XDG_STATE_HOME/pkb or
                    ~/.local/state/pkb)
 PKB_PIN_CPUS       1: each rank runs on CPU cores of its own (sandbox/cpus.py), 0: wherever the
-                   kernel puts it (default: 1 for GPU jobs, 0 for CPU jobs)
+                   kernel puts it (default: 1 for GPU launches, 0 for CPU launches)
 """
 
 from __future__ import annotations
@@ -35,15 +36,16 @@ def cache_dir() -> Path:
 
 
 def extensions_dir() -> Path:
-    """The node's extension cache: built by build jobs, read-only to every other job."""
+    """The node's extension cache: built by build launches, read-only to every other launch."""
     path = cache_dir() / "extensions"
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o755)
     return path
 
 
-def jobs_dir() -> Path:
-    path = Path(os.environ.get("PKB_JOBS_DIR", tempfile.gettempdir()))
+def launches_dir() -> Path:
+    # PKB_JOBS_DIR: the setting's name before launches were called launches, still honoured
+    path = Path(os.environ.get("PKB_LAUNCH_DIR") or os.environ.get("PKB_JOBS_DIR") or tempfile.gettempdir())
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -58,7 +60,7 @@ def state_dir() -> Path:
 
 
 def pin_cpus(device: str) -> bool:
-    """Whether a job's ranks are bound to CPU cores of their own (PKB_PIN_CPUS)."""
+    """Whether a launch's ranks are bound to CPU cores of their own (PKB_PIN_CPUS)."""
     env = os.environ.get("PKB_PIN_CPUS", "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"PKB_PIN_CPUS must be 0 or 1, not {env!r}")

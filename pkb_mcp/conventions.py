@@ -1,5 +1,5 @@
 """The original benchmark's calling convention, seen from the host: the requested convention checked,
-what a job says it chose turned into a result note, and a problem's original call described for
+what a launch says it chose turned into a result note, and a problem's original call described for
 `pkb show` and `get_reference`. The in-sandbox side is harness/convention.py.
 """
 
@@ -11,7 +11,7 @@ import torch
 
 from harness import convention
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome
+from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import OriginalConvention
 
 # The note a result carries when a problem offered a choice of convention; `used_in` reads it back.
@@ -27,8 +27,8 @@ def requested(value: str | None) -> str:
     return value
 
 
-def notes(outcome: JobOutcome) -> list[str]:
-    """One note saying how the candidate was called, when its job recorded a choice."""
+def notes(outcome: LaunchOutcome) -> list[str]:
+    """One note saying how the candidate was called, when its launch recorded a choice."""
     record = outcome.convention or {}
     used = record.get("used")
     if used not in NOTE_TEXT:
@@ -37,7 +37,7 @@ def notes(outcome: JobOutcome) -> list[str]:
 
 
 def used_in(result_notes: list[str]) -> str | None:
-    """ "ours" or "original", from a result's notes; None when the job recorded no choice."""
+    """ "ours" or "original", from a result's notes; None when the launch recorded no choice."""
     for note in result_notes:
         for used, text in NOTE_TEXT.items():
             if note.startswith(NOTE_PREFIX + text):

@@ -2,7 +2,7 @@
 
 Files are named by problem: the original benchmark's `{id}_{name}_{backend}.py` or ours
 `NNN_slug.py`. Each file's check, then its benchmark, is a job of the scheduler (pkb_mcp/scheduler.py),
-so the files' jobs spread over the node's GPUs as the scheduler allows and each runs in sandboxed jobs
+so the files' jobs spread over the node's GPUs as the scheduler allows and each runs in sandboxed launches
 of its own. Per-file results are kept in a table beside the scheduler's jobs, in one SQLite file
 (pkb_mcp/eval_store.py): a re-run skips what is done, and jobs an interrupted run left behind are
 adopted, not submitted again. A crash, a hang or a failed build is that file's verdict; errors of the
@@ -228,7 +228,7 @@ class _Batch:
         }
         if kind == "check":
             return {**common, "trials": self.s.trials, "timeout_s": self.s.timeout_s}
-        return {**common, "timeout_s": self.s.bench_timeout_s, "jobs": 1}
+        return {**common, "timeout_s": self.s.bench_timeout_s, "launches": 1}
 
     def start(self, path: Path) -> _Entry:
         data = path.read_bytes()

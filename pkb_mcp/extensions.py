@@ -1,19 +1,19 @@
-"""The node's extension cache: what a solution builds with `load_inline`, built once, before its jobs run.
+"""The node's extension cache: what a solution builds with `load_inline`, built once, before its launches run.
 
 Before a check or benchmark (and in `compile_kernel`) the host:
 
-1. finds the solution's extension builds with a discovery job (harness/discover.py: the candidate is
+1. finds the solution's extension builds with a discovery launch (harness/discover.py: the candidate is
    imported inside the sandbox; lazy calls on solution()'s first call are found too). What it reports
    is untrusted data: parsed with limits, and only ever used as build requests. Discoveries are kept
    per solution text, so an unchanged solution is not imported again;
 2. keys each request (harness/extensions.py: sources, flags, toolchain) and, for those not in the cache
-   whose flags pass the compile allow-list, runs a build job (harness/build.py): torch's build with no
+   whose flags pass the compile allow-list, runs a build launch (harness/build.py): torch's build with no
    candidate code, whose output is therefore a function of the request alone;
-3. moves each built directory into `config.extensions_dir()` under its key. Every job mounts that
-   folder read-only; a job's `load_inline` loads from it and builds only what it does not find there.
+3. moves each built directory into `config.extensions_dir()` under its key. Every launch mounts that
+   folder read-only; a launch's `load_inline` loads from it and builds only what it does not find there.
 
-So a candidate's own job never writes to the cache, and another tenant's job loads only what a build
-job made from the request that names it (docs/sandbox.md). Failed builds are kept too (with the
+So a candidate's own launch never writes to the cache, and another tenant's launch loads only what a build
+launch made from the request that names it (docs/sandbox.md). Failed builds are kept too (with the
 compiler's output), so a re-check of a source that does not compile does not compile it again.
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 from harness import extensions as requests
 from pkb_mcp import config
 from pkb_mcp.compile import Tools
-from pkb_mcp.jobs import read_result
+from pkb_mcp.launches import read_result
 from pkb_mcp.log import get
 from sandbox.toolchain import jit_env
 
@@ -50,8 +50,8 @@ class Prepared:
 
     built: list[str] = field(default_factory=list)  # names built now
     cached: list[str] = field(default_factory=list)  # names already in the cache
-    failed: list[str] = field(default_factory=list)  # names whose build failed (the job reports why)
-    skipped: list[str] = field(default_factory=list)  # why a request is left to the job to build
+    failed: list[str] = field(default_factory=list)  # names whose build failed (the launch reports why)
+    skipped: list[str] = field(default_factory=list)  # why a request is left to the launch to build
     build_s: float = 0.0
 
     def notes(self) -> list[str]:
@@ -63,13 +63,13 @@ class Prepared:
         if self.cached:
             out.append(f"extension {', '.join(self.cached)} loaded from the build cache")
         if self.failed:
-            out.append(f"extension {', '.join(self.failed)} failed to build; the job's error shows why")
+            out.append(f"extension {', '.join(self.failed)} failed to build; the launch's error shows why")
         out += self.skipped
         return out
 
 
 def toolchain() -> dict[str, str]:
-    """The toolchain key part, as every job sees it (same interpreter, same /usr, same variables)."""
+    """The toolchain key part, as every launch sees it (same interpreter, same /usr, same variables)."""
     return requests.toolchain({**os.environ, **jit_env()})
 
 
@@ -93,7 +93,7 @@ def parse_requests(calls: Any) -> tuple[list[requests.Request], list[str]]:
             continue
         if call.get("build_directory") or call.get("extra_include_paths"):
             name = str(call.get("name"))[:40]
-            why.append(f"extension {name}: built inside the job (it sets its own paths)")
+            why.append(f"extension {name}: built inside the launch (it sets its own paths)")
             continue
         try:
             request = requests.Request.from_json(call)
@@ -112,20 +112,20 @@ def discover(text: str, tools: Tools, timeout_s: float) -> dict[str, Any] | str:
     found = read_result(kept, DISCOVERY_CAP)
     if isinstance(found, dict):
         return found
-    job_dir = tools.new_dir()
+    launch_dir = tools.new_dir()
     try:
-        src = job_dir / "src"
+        src = launch_dir / "src"
         src.mkdir()
         solution = src / "solution.py"
         solution.write_text(text, encoding="utf-8")
-        outcome = tools.run("discover", job_dir, {"solution_path": str(solution)}, timeout_s)
-        found = read_result(job_dir / "discovered.json", DISCOVERY_CAP)
+        outcome = tools.run("discover", launch_dir, {"solution_path": str(solution)}, timeout_s)
+        found = read_result(launch_dir / "discovered.json", DISCOVERY_CAP)
         if outcome.timed_out and not isinstance(found, dict):
             return f"{TIMED_OUT}: importing the solution did not finish within {timeout_s:.3g} s"
         if not isinstance(found, dict):
             return f"importing the solution failed before it finished: {outcome.log[-1500:].strip()}"
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        shutil.rmtree(launch_dir, ignore_errors=True)
     if found.get("error") is None:  # a failed import is not kept: the cause may be passing
         _store(kept, found)
     return found
@@ -144,12 +144,12 @@ def build_requests(
     tools: Tools,
     timeout_s: float,
     extra: dict[str, Any] | None = None,
-    job_dir: Path | None = None,
+    launch_dir: Path | None = None,
 ) -> tuple[Prepared, dict[str, Any] | None]:
     """Build the requests that are not in the cache, with `extra` commands (compile_kernel's compiler
-    runs) in the same build job, in `job_dir` if given (where the caller wrote their sources; the
-    caller removes it). Returns what happened and the build job's result (harness/build.py), or None
-    when no job ran or it left no readable result."""
+    runs) in the same build launch, in `launch_dir` if given (where the caller wrote their sources; the
+    caller removes it). Returns what happened and the build launch's result (harness/build.py), or None
+    when no launch ran or it left no readable result."""
     from pkb_mcp.compile import prebuild_refusal
 
     prepared = Prepared()
@@ -163,28 +163,28 @@ def build_requests(
         elif state == "failed":
             prepared.failed.append(request.name)
         elif (refusal := prebuild_refusal(request)) is not None:
-            prepared.skipped.append(f"extension {request.name} is built inside each job: {refusal}")
+            prepared.skipped.append(f"extension {request.name} is built inside each launch: {refusal}")
         elif tools.isolated:
             todo.append((key, request))
         else:
             prepared.skipped.append(
-                f"extension {request.name} is built inside the job: the cache is filled only by isolated "
-                "build jobs (Docker)"
+                f"extension {request.name} is built inside the launch: the cache is filled only by isolated "
+                "build launches (Docker)"
             )
     if not todo and not (extra and extra.get("commands")):
         return prepared, None
-    own_dir = job_dir is None
-    job_dir = job_dir or tools.new_dir()
+    own_dir = launch_dir is None
+    launch_dir = launch_dir or tools.new_dir()
     try:
         params = {"extensions": [r.to_json() for _, r in todo], **(extra or {})}
         start = time.monotonic()
-        outcome = tools.run("build", job_dir, params, timeout_s)
+        outcome = tools.run("build", launch_dir, params, timeout_s)
         prepared.build_s = time.monotonic() - start
-        result = read_result(job_dir / "build.json")
-        _install_results(todo, result, outcome.timed_out, job_dir, prepared)
+        result = read_result(launch_dir / "build.json")
+        _install_results(todo, result, outcome.timed_out, launch_dir, prepared)
     finally:
         if own_dir:
-            shutil.rmtree(job_dir, ignore_errors=True)
+            shutil.rmtree(launch_dir, ignore_errors=True)
     log.info(
         "extensions.built", built=prepared.built, failed=prepared.failed, wall_s=round(prepared.build_s, 2)
     )
@@ -192,9 +192,13 @@ def build_requests(
 
 
 def _install_results(
-    todo: list[tuple[str, requests.Request]], result: Any, timed_out: bool, job_dir: Path, prepared: Prepared
+    todo: list[tuple[str, requests.Request]],
+    result: Any,
+    timed_out: bool,
+    launch_dir: Path,
+    prepared: Prepared,
 ) -> None:
-    """Move what the build job built into the cache; keep its failures."""
+    """Move what the build launch built into the cache; keep its failures."""
     entries = result.get("extensions") if isinstance(result, dict) else None
     by_key = {}
     if isinstance(entries, list):
@@ -203,9 +207,9 @@ def _install_results(
         entry = by_key.get(key)
         if entry is None:
             why = "timed out" if timed_out else "left no result"
-            prepared.skipped.append(f"extension {request.name}: the build job {why}; the job builds it")
+            prepared.skipped.append(f"extension {request.name}: the build launch {why}; the launch builds it")
             continue
-        if entry.get("ok") is True and _install(job_dir / "extensions" / key, key):
+        if entry.get("ok") is True and _install(launch_dir / "extensions" / key, key):
             prepared.built.append(request.name)
         elif entry.get("ok") is False:
             _record_failure(key, str(entry.get("log", ""))[-requests.FAILURE_LOG_CHARS :])
@@ -213,7 +217,7 @@ def _install_results(
 
 
 def _install(built: Path, key: str) -> bool:
-    """Copy a build job's directory into the cache under its key (atomically: a rename)."""
+    """Copy a build launch's directory into the cache under its key (atomically: a rename)."""
     target = config.extensions_dir() / key
     if target.exists():
         return True
@@ -250,7 +254,7 @@ def may_build(text: str) -> bool:
 
 
 def prepare(text: str, tools: Tools, timeout_s: float) -> Prepared:
-    """Discover and build a solution's extensions before its jobs run; nothing when it has none."""
+    """Discover and build a solution's extensions before its launches run; nothing when it has none."""
     if not may_build(text):
         return Prepared()
     found = discover(text, tools, timeout_s)

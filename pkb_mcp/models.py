@@ -118,7 +118,7 @@ class RankResult(Result):
     first_mismatch: Mismatch | None = None
     traceback: str | None = None
     log_tail: str | None = None
-    ended_s: float | None = Field(None, description="when it failed, s into the job")
+    ended_s: float | None = Field(None, description="when it failed, s into the launch")
 
 
 class SandboxInfo(Result):
@@ -171,8 +171,8 @@ class TimingStats(Result):
     wall_median_ms: float = Field(description="host clock cross-check")
     placements: int = 1
     placement_spread: float | None = None
-    jobs: int = 1
-    job_spread: float | None = Field(None, description="sd of log(median) between jobs")
+    launches: int = 1
+    launch_spread: float | None = Field(None, description="sd of log(median) between launches")
     fresh_calls: int = 0
     fresh_median_ms: float | None = None
     replay_advantage: float | None = None

@@ -1,6 +1,6 @@
 """The `profile` verb: where each rank's time goes in one call, reference and candidate side by side.
 
-Runs the reference and the candidate on the same inputs, each in a sandbox job of mode `profile`
+Runs the reference and the candidate on the same inputs, each in a sandbox launch of mode `profile`
 (harness/profile.py: torch.profiler over a few aligned calls after warm-up), reads every rank's trace
 as untrusted input (pkb_mcp/traces.py), and returns a compact result: per side and rank the split
 of a call into communication, compute, overlap and gaps, launches, waits, the slowest rank, the top
@@ -25,7 +25,7 @@ from harness.contracts import TimingConfig
 from pkb_mcp import config, timeline, traces
 from pkb_mcp.benchmark import timing_config
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome, run_job
+from pkb_mcp.launches import LaunchOutcome, run_launch
 from pkb_mcp.models import RankResult, Result, SandboxInfo, StaticReport
 from pkb_mcp.runs import Progress, Run, no_progress, rank_result, reference_failed
 from pkb_mcp.verdicts import decide
@@ -309,20 +309,20 @@ def profile(
     seeds = [secrets.randbits(62)]  # both sides profile the same inputs
     cfg = profile_config(run.device, calls)
 
-    def job(path: Path) -> JobOutcome:
-        return run_job(
+    def launch(path: Path) -> LaunchOutcome:
+        return run_launch(
             run.request("profile", path, seeds, cfg),
             run.backend,
             cancel,
-            collect=lambda job_dir: traces.read_job(job_dir, world_size),
+            collect=lambda launch_dir: traces.read_launch(launch_dir, world_size),
         )
 
     progress(0, 3, f"profiling the reference: {calls} calls on {world_size} ranks ({run.device})")
-    ref_outcome = job(p.path)
+    ref_outcome = launch(p.path)
     if not ref_outcome.ok:
         raise reference_failed(p, ref_outcome)
     progress(1, 3, "profiling the candidate")
-    cand_outcome = job(run.solution)
+    cand_outcome = launch(run.solution)
     failed = [rank_result(f) for f in cand_outcome.ranks if f.state != "ok"]
     progress(2, 3, "analysing the traces")
     sides = {"candidate": cand_outcome.collected or [], "reference": ref_outcome.collected or []}

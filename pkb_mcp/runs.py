@@ -14,14 +14,14 @@ from typing import Any
 from harness.contracts import TimingConfig
 from pkb_mcp import conventions, problems, static_report
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome, JobRequest, RankOutcome, ToolJobs
+from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
 from pkb_mcp.models import RankResult, SandboxInfo, StaticReport
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
 
 Progress = Callable[[float, float | None, str], None]
 MAX_SOLUTION_BYTES = 1 << 20
-BUILD_TIMEOUT_S = 600.0  # discovering and building a solution's extensions before its jobs
+BUILD_TIMEOUT_S = 600.0  # discovering and building a solution's extensions before its launches
 
 
 def no_progress(progress: float, total: float | None, message: str) -> None:
@@ -147,7 +147,7 @@ class Run:
         self.notes: list[str] = []
 
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
-        """Build the solution's load_inline extensions into the node's cache before its jobs run
+        """Build the solution's load_inline extensions into the node's cache before its launches run
         (pkb_mcp/extensions.py); a solution without any costs nothing here."""
         from pkb_mcp import extensions
 
@@ -155,16 +155,16 @@ class Run:
         if not extensions.may_build(text):
             return
         progress(0, 3, "finding and building the solution's extensions")
-        prepared = extensions.prepare(text, ToolJobs(self.backend, cancel), BUILD_TIMEOUT_S)
+        prepared = extensions.prepare(text, ToolLaunches(self.backend, cancel), BUILD_TIMEOUT_S)
         self.notes += prepared.notes()
 
     def request(
         self, mode: str, solution: Path, seeds: list[int], timing: TimingConfig | None = None
-    ) -> JobRequest:
+    ) -> LaunchRequest:
         import os
 
         threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)
-        return JobRequest(
+        return LaunchRequest(
             mode=mode,
             problem_path=self.problem.path,
             solution_path=solution,
@@ -219,7 +219,7 @@ def rank_result(rank_outcome: RankOutcome) -> RankResult:
         "crashed": f"crashed ({rank_outcome.signal or error or 'no status'})",
         "timeout": "still running at the deadline (deadlock or too slow); killed",
         "aborted": "killed after another rank failed (it was likely waiting in a collective)",
-        "exited": "exited with status 0 before finishing the job",
+        "exited": "exited with status 0 before finishing the launch",
     }
     return RankResult(
         rank=rank_outcome.rank,
@@ -231,7 +231,7 @@ def rank_result(rank_outcome: RankOutcome) -> RankResult:
     )
 
 
-def reference_failed(p: problems.Problem, outcome: JobOutcome) -> UserError:
+def reference_failed(p: problems.Problem, outcome: LaunchOutcome) -> UserError:
     bad = next(r for r in outcome.ranks if r.state != "ok")
     detail = bad.error or bad.state
     return UserError(

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = get(__name__)
 
 Runner = Callable[[dict[str, Any], service.Progress, threading.Event], BaseModel]
-# A backstop above the service's own per-sandbox-job deadlines (a bench runs two jobs).
+# A backstop above the service's own per-launch deadlines (a bench runs two launches).
 DEADLINE_FACTOR = 2.5
 DEADLINE_SLACK_S = 60.0
 
@@ -70,7 +70,7 @@ def _run_bench(params: dict[str, Any], progress: service.Progress, cancel: threa
     return service.bench(
         params["problem"],
         Path(params["path"]),
-        jobs=params.get("jobs", 1),
+        launches=params.get("launches", 1),
         **_run_args(params, progress, cancel),
     )
 

@@ -417,12 +417,12 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         size: SizePreset = "pkb",
         device: Device = None,
         timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
-        jobs: Annotated[
+        launches: Annotated[
             int,
             Arg(
                 ge=1,
-                le=benchmark.MAX_JOBS,
-                description=benchmark.JOBS_HELP,
+                le=benchmark.MAX_LAUNCHES,
+                description=benchmark.LAUNCHES_HELP,
             ),
         ] = 1,
         convention: Convention = "auto",
@@ -442,7 +442,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
                 "device": dev,
                 "timeout_s": timeout_s,
                 "sandbox": "auto",
-                "jobs": jobs,
+                "launches": launches,
                 "convention": convention,
             },
         )

@@ -1,7 +1,7 @@
 """The service layer: one function per verb, shared by the CLI and the MCP server.
 
 Each function validates its input (raising UserError with one actionable sentence), runs the
-needed jobs through a sandbox backend, judges on the host and returns a model from pkb_mcp.models.
+needed launches through a sandbox backend, judges on the host and returns a model from pkb_mcp.models.
 The problems' catalogue and check are here; a run's set-up is pkb_mcp/runs.py, judging
 pkb_mcp/verdicts.py, the benchmark pkb_mcp/benchmark.py.
 """
@@ -19,7 +19,7 @@ from harness import tensorfile
 from pkb_mcp import config, conventions, problems, roofline
 from pkb_mcp.benchmark import bench, timing_config
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import ToolJobs, run_job
+from pkb_mcp.launches import ToolLaunches, run_launch
 from pkb_mcp.models import (
     Calibration,
     CheckResult,
@@ -169,7 +169,7 @@ def roofline_of(
 
 
 def compile_file(path: Path, sandbox: str = "auto", cancel: threading.Event | None = None) -> Any:
-    """Build a .cu file or a solution's extensions: every import and compiler run is a sandbox job."""
+    """Build a .cu file or a solution's extensions: every import and compiler run is a sandbox launch."""
     from pkb_mcp import compile as nvcc
 
     try:
@@ -178,7 +178,7 @@ def compile_file(path: Path, sandbox: str = "auto", cancel: threading.Event | No
         raise UserError(str(exc)) from exc
     try:
         result = nvcc.compile_file(
-            path, cache_dir=config.cache_dir() / "compile", tools=ToolJobs(backend, cancel)
+            path, cache_dir=config.cache_dir() / "compile", tools=ToolLaunches(backend, cancel)
         )
     except nvcc.CompileError as exc:
         raise UserError(str(exc)) from exc
@@ -221,16 +221,16 @@ def check(
     cand_request = run.request("outputs", run.solution, seeds)
     if run.backend.isolated:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            ref_future = pool.submit(run_job, ref_request, run.backend, cancel)
-            cand_future = pool.submit(run_job, cand_request, run.backend, cancel)
+            ref_future = pool.submit(run_launch, ref_request, run.backend, cancel)
+            cand_future = pool.submit(run_launch, cand_request, run.backend, cancel)
             ref_outcome, cand_outcome = ref_future.result(), cand_future.result()
     else:
-        # Without isolation the candidate could read the reference's outputs from its job directory
-        # while both run: the reference's job ends (and its directory is gone) before the candidate starts.
-        ref_outcome = run_job(ref_request, run.backend, cancel)
+        # Without isolation the candidate could read the reference's outputs from its launch directory
+        # while both run: the reference's launch ends (and its directory is gone) before the candidate starts.
+        ref_outcome = run_launch(ref_request, run.backend, cancel)
         if not ref_outcome.ok:
             raise reference_failed(p, ref_outcome)
-        cand_outcome = run_job(cand_request, run.backend, cancel)
+        cand_outcome = run_launch(cand_request, run.backend, cancel)
     if not ref_outcome.ok:
         raise reference_failed(p, ref_outcome)
     run.notes += conventions.notes(cand_outcome)

@@ -2,7 +2,7 @@
 
 A sample is one timed call: the slowest rank's time (device events on GPU, host clock on CPU).
 The reported time is the median (with several placements, the median of their medians; with
-several jobs, the median of the jobs' medians); the spread is the interquartile range over all
+several launches, the median of the launches' medians); the spread is the interquartile range over all
 samples. Speedup = reference median / candidate median, with a range from the quartiles (reference
 q1 / candidate q3 up to reference q3 / candidate q1).
 """
@@ -41,7 +41,7 @@ WIDE_SPREAD = 0.25
 # sides reached 1.91 (1.76 relative to their reference), with p down to 0.0003: CPU caches are
 # not flushed between calls and the host was loaded, so the CPU limit is high; memoizers measured
 # 24-27x. On GPUs the calls being paired are microseconds apart in one process, with L2 flushed
-# before each (within a job, placements of identical code spread under 1%): 1.10 leaves a memoizer
+# before each (within a launch, placements of identical code spread under 1%): 1.10 leaves a memoizer
 # at most 10%; the H200 figures are to be recorded in docs/gpu-results.md (issue 17).
 REPLAY_ADVANTAGE_LIMIT = {"cuda": 1.10, "cpu": 4.0}
 REPLAY_P = 0.01
@@ -74,23 +74,24 @@ def placement_median(samples: list[float], counts: list[int]) -> tuple[float, fl
     return statistics.median(medians), log_spread(medians)
 
 
-def job_median(
-    samples: list[float], placements: list[int], jobs: list[int]
+def launch_median(
+    samples: list[float], placements: list[int], launches: list[int]
 ) -> tuple[float, float | None, float | None]:
-    """(median, placement spread, job spread) of samples from consecutive jobs of `jobs` samples,
-    each job's in consecutive placements (`placements`, all jobs' in order): the median of the jobs'
-    medians (each the median of its placements' medians), the placements' spread inside a job
-    (averaged over jobs; None with one placement a job) and the jobs' spread (None for one job)."""
+    """(median, placement spread, launch spread) of samples from consecutive launches of
+    `launches` samples, each launch's in consecutive placements (`placements`, all launches' in
+    order): the median of the launches' medians (each the median of its placements' medians), the
+    placements' spread inside a launch (averaged over launches; None with one placement a launch)
+    and the launches' spread (None for one launch)."""
     medians: list[float] = []
     spreads: list[float] = []
     start = 0
     counts = iter(placements)
-    for n in jobs:
+    for n in launches:
         mine: list[int] = []
         while sum(mine) < n:
             mine.append(next(counts))
         if sum(mine) != n:
-            raise ValueError("the timing record's placements straddle its jobs")
+            raise ValueError("the timing record's placements straddle its launches")
         med, spread = placement_median(samples[start : start + n], mine)
         medians.append(med)
         if spread is not None:
@@ -99,15 +100,15 @@ def job_median(
     return statistics.median(medians), (statistics.fmean(spreads) if spreads else None), log_spread(medians)
 
 
-def pool_jobs(records: list[TimingRecord]) -> TimingRecord:
-    """One timing record from the records of a side's jobs, in the order they ran, pooled the way a
-    job pools its placements (samples and placements concatenated), each job's sample count kept
-    (`job_samples`)."""
+def pool_launches(records: list[TimingRecord]) -> TimingRecord:
+    """One timing record from the records of a side's launches, in the order they ran, pooled the way a
+    launch pools its placements (samples and placements concatenated), each launch's sample count kept
+    (`launch_samples`)."""
     pooled = pool_placements(records)
-    pooled["job_samples"] = [len(r["device_ms"]) for r in records]
+    pooled["launch_samples"] = [len(r["device_ms"]) for r in records]
     reasons = [str(r["stop_reason"]) for r in records]
     if len(set(reasons)) > 1:
-        pooled["stop_reason"] = "; ".join(f"job {i + 1}: {why}" for i, why in enumerate(reasons))
+        pooled["stop_reason"] = "; ".join(f"launch {i + 1}: {why}" for i, why in enumerate(reasons))
     return pooled
 
 
@@ -140,11 +141,16 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
     if not events:
         raise ValueError("the timing record holds no samples")
     counts = [int(n) for n in record.get("placement_samples") or [len(events)]]
-    jobs = [int(n) for n in record.get("job_samples") or [len(events)]]
-    if sum(counts) != len(events) or len(walls) != len(events) or min(counts) < 1 or sum(jobs) != len(events):
+    launches = [int(n) for n in record.get("launch_samples") or [len(events)]]
+    if (
+        sum(counts) != len(events)
+        or len(walls) != len(events)
+        or min(counts) < 1
+        or sum(launches) != len(events)
+    ):
         raise ValueError("the timing record's placements do not add up to its samples")
     q1, _, q3 = quartiles(events)
-    med, spread, job_spread = job_median(events, counts, jobs)
+    med, spread, launch_spread = launch_median(events, counts, launches)
     wall_med = statistics.median(walls)
     fresh = [float(x) for x in record.get("fresh_ms") or []]
     fresh_walls = [float(x) for x in record.get("fresh_wall_ms") or []]
@@ -158,7 +164,7 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
             "side stream or thread? The wall-clock figures are reported instead."
         )
         q1, _, q3 = quartiles(walls)
-        med, spread, job_spread = job_median(walls, counts, jobs)
+        med, spread, launch_spread = launch_median(walls, counts, launches)
         events = walls
         fresh = fresh_walls
     elif record["clock"] == "cuda events" and q3 - q1 > WIDE_SPREAD * med:
@@ -179,10 +185,10 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
         input_sets=int(record["input_sets"]),
         clock=str(record["clock"]),
         wall_median_ms=wall_med,
-        placements=len(counts) // len(jobs),
+        placements=len(counts) // len(launches),
         placement_spread=spread,
-        jobs=len(jobs),
-        job_spread=job_spread,
+        launches=len(launches),
+        launch_spread=launch_spread,
     )
     stats.fresh_calls = len(fresh)
     if fresh:

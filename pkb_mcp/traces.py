@@ -204,11 +204,11 @@ def read_rank(profile_dir: Path, rank: int, max_events: int | None = None) -> Ra
     return trace
 
 
-def read_job(job_dir: Path, world_size: int) -> list[RankTrace]:
-    """Every rank's trace from a profile job's directory (run_job's `collect`), each rank kept to its
+def read_launch(launch_dir: Path, world_size: int) -> list[RankTrace]:
+    """Every rank's trace from a profile launch's directory (run_launch's `collect`), each rank kept to its
     share of SIDE_EVENTS."""
     share = min(MAX_EVENTS, max(SIDE_EVENTS // max(world_size, 1), 10_000))
-    return [read_rank(job_dir / "profile", rank, share) for rank in range(world_size)]
+    return [read_rank(launch_dir / "profile", rank, share) for rank in range(world_size)]
 
 
 # ---------------------------------------------------------------- intervals

@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness import tensorfile
 from pkb_mcp import judge, problems, stats
 from pkb_mcp.errors import UserError
-from pkb_mcp.jobs import JobOutcome
+from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import RankResult, RooflineResult, TimingStats
 from pkb_mcp.runs import rank_result
 
@@ -21,15 +21,15 @@ def judge_ranks(
     p: problems.Problem,
     world_size: int,
     keys: list[int],
-    cand: JobOutcome,
-    ref: JobOutcome,
+    cand: LaunchOutcome,
+    ref: LaunchOutcome,
     mac_key: bytes | None = None,
     fresh: bool = False,
 ) -> list[RankResult]:
     """Each rank's worst outcome over the trials (or timed input sets; with `fresh`, the timed calls
     on fresh input sets), in rank order.
 
-    With `mac_key` (derived from the job's secret seeds), every candidate output file must carry the
+    With `mac_key` (derived from the launch's secret seeds), every candidate output file must carry the
     keyed digest the harness wrote into it: a file rewritten after the harness wrote it is rejected.
     """
     wants = ref.fresh_outputs if fresh else ref.outputs
@@ -48,7 +48,7 @@ def judge_ranks(
             if want is None:
                 raise UserError(
                     f"the reference of problem {p.id} left no output for rank {rank}; "
-                    "the job directory may be full"
+                    "the launch directory may be full"
                 )
             if got is None:
                 err = errors.get((key, rank), "no output file")
@@ -93,8 +93,8 @@ def decide(ranks: list[RankResult]) -> tuple[str, str]:
     return verdict, f"{where}: {lead.message}"
 
 
-def refused_timing(ranks: list[RankResult], cand: JobOutcome, mac_key: bytes) -> tuple[str, str] | None:
-    """(verdict, why) when a candidate's benchmark job gives no time to use: wrong outputs, no
+def refused_timing(ranks: list[RankResult], cand: LaunchOutcome, mac_key: bytes) -> tuple[str, str] | None:
+    """(verdict, why) when a candidate's benchmark launch gives no time to use: wrong outputs, no
     timing record, a forged one, timed outputs that changed, or inputs it changed; else None."""
     verdict, why = decide(ranks)
     if verdict != "pass" or cand.timing is None:

@@ -1,7 +1,7 @@
-"""Isolation backends: each runs one job (all ranks) and reports how it ended.
+"""Isolation backends: each runs one launch (all ranks) and reports how it ended.
 
 A backend is one module implementing `sandbox.base.Backend`: `docker` (one hardened container per
-job) and `process` (the fallback that does not isolate). docs/sandbox.md says what each guarantees.
+launch) and `process` (the fallback that does not isolate). docs/sandbox.md says what each guarantees.
 """
 
 import functools

@@ -13,13 +13,13 @@ from typing import Any, Protocol
 
 
 @dataclass
-class SandboxJob:
-    """One job: the harness launcher runs in `job_dir` and reads `config` from the job file;
+class SandboxLaunch:
+    """One launch: the harness launcher runs in `launch_dir` and reads `config` from the launch file;
     `warm` is the handle of a sandbox started ahead of need (sandbox/pool.py), else None."""
 
-    job_id: str
-    job_dir: Path
-    config: Mapping[str, Any]  # a JobConfig (harness/contracts.py), or a tool job's configuration
+    launch_id: str
+    launch_dir: Path
+    config: Mapping[str, Any]  # a LaunchConfig (harness/contracts.py), or a tool launch's configuration
     device: str
     gpus: list[int]
     timeout_s: float
@@ -31,14 +31,14 @@ class SandboxJob:
 
 @dataclass
 class SandboxRun:
-    """How the launcher itself ended (each rank's outcome is in the job dir's launch.json)."""
+    """How the launcher itself ended (each rank's outcome is in the launch dir's launch.json)."""
 
     exit_code: int | None
     wall_s: float
     killed_at_deadline: bool
     launcher_log: str
     cancelled: bool = False
-    warm: bool = False  # the job ran in a sandbox started ahead of need
+    warm: bool = False  # the launch ran in a sandbox started ahead of need
 
 
 class Backend(Protocol):
@@ -46,14 +46,14 @@ class Backend(Protocol):
     isolated: bool
     note: str
 
-    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
-        """Run the job to its end, its deadline, or until `cancel` is set; always clean up."""
+    def run(self, launch: SandboxLaunch, cancel: threading.Event | None = None) -> SandboxRun:
+        """Run the launch to its end, its deadline, or until `cancel` is set; always clean up."""
         ...
 
 
-# Variables every job gets: NVLink multicast stays off (it can take a shared host's GPUs out of
+# Variables every launch gets: NVLink multicast stays off (it can take a shared host's GPUs out of
 # service), output is unbuffered so logs survive a kill.
-JOB_ENV = {
+LAUNCH_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
@@ -66,25 +66,25 @@ CONFIG_NAME = ".launch-config"
 WARM_IDLE_S = 600.0
 
 
-def write_config(job_dir: Path, config: Mapping[str, Any], owner: tuple[int, int] | None = None) -> None:
-    """The job file the launcher reads and deletes before any candidate code exists. It appears
+def write_config(launch_dir: Path, config: Mapping[str, Any], owner: tuple[int, int] | None = None) -> None:
+    """The launch file the launcher reads and deletes before any candidate code exists. It appears
     whole (a rename): a warm launcher polls for it."""
-    part = job_dir / (CONFIG_NAME + ".part")
+    part = launch_dir / (CONFIG_NAME + ".part")
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(config))
     if owner is not None:
         with contextlib.suppress(PermissionError):
             os.chown(part, *owner)
-    os.replace(part, job_dir / CONFIG_NAME)
+    os.replace(part, launch_dir / CONFIG_NAME)
 
 
 def warm_setup(
-    job_dir: Path | str, world_size: int, device: str, threads: int, cpus: tuple[tuple[int, ...], ...] = ()
+    launch_dir: Path | str, world_size: int, device: str, threads: int, cpus: tuple[tuple[int, ...], ...] = ()
 ) -> dict[str, Any]:
     """What a warm launcher starts its workers with: nothing secret."""
     return {
-        "job_dir": str(job_dir),
+        "launch_dir": str(launch_dir),
         "world_size": world_size,
         "device": device,
         "threads_per_rank": threads,

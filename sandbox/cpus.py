@@ -1,10 +1,10 @@
-"""Which CPU cores each rank of a job may run on (stdlib only).
+"""Which CPU cores each rank of a launch may run on (stdlib only).
 
 The node's cores are split into one block per GPU, whole physical cores at a time (a core's
-hyperthreads stay in one block), in the order Linux numbers them. Rank r of a GPU job runs on the
+hyperthreads stay in one block), in the order Linux numbers them. Rank r of a GPU launch runs on the
 block of its GPU, and every thread it starts (CUDA's, NCCL's proxy threads, the solution's) inherits
-that. So the processes of jobs on disjoint GPU sets never share a core, and a rank lands on the same
-cores in every job instead of wherever the kernel put it (docs/plan-fidelity.md). A CPU job's
+that. So the processes of launches on disjoint GPU sets never share a core, and a rank lands on the same
+cores in every launch instead of wherever the kernel put it (docs/plan-fidelity.md). A CPU launch's
 ranks get one block each out of `world_size`.
 """
 
@@ -94,8 +94,8 @@ def rank_cpus(
     available: Iterable[int] | None = None,
     siblings: Callable[[int], list[int]] = _siblings,
 ) -> tuple[tuple[int, ...], ...]:
-    """The CPUs of each rank: the block of its GPU out of `node_gpus` blocks (GPU jobs), or block r
-    out of `world_size` (CPU jobs). `available` defaults to the CPUs this process may use."""
+    """The CPUs of each rank: the block of its GPU out of `node_gpus` blocks (GPU launches), or block r
+    out of `world_size` (CPU launches). `available` defaults to the CPUs this process may use."""
     cpus = list(available) if available is not None else sorted(os.sched_getaffinity(0))
     if device == "cuda":
         if len(gpus) != world_size or not gpus or max(gpus) >= node_gpus:
@@ -106,5 +106,5 @@ def rank_cpus(
 
 
 def union(cpus: tuple[tuple[int, ...], ...]) -> str:
-    """Every CPU of the job, in the cpulist format Docker's cpuset takes ('' when not pinned)."""
+    """Every CPU of the launch, in the cpulist format Docker's cpuset takes ('' when not pinned)."""
     return ",".join(str(c) for c in sorted({c for block in cpus for c in block}))

@@ -1,10 +1,10 @@
-"""The Docker backend: one hardened container per job, holding all of its ranks.
+"""The Docker backend: one hardened container per launch, holding all of its ranks.
 
 The container has no network, a read-only root, an exec-capable tmpfs at /tmp (JIT builds load .so
 files from it), a non-root user, no capabilities, no-new-privileges, pid and memory limits, an init,
-and our label. It sees only: the job directory (read-write, at /job), the harness (read-only), the
-Python installation and /usr (read-only), and, on GPU jobs, exactly the job's GPUs. Deadline: the
-launcher inside stops its ranks at the job's deadline; outside, the container is killed shortly
+and our label. It sees only: the launch directory (read-write, at /launch), the harness (read-only), the
+Python installation and /usr (read-only), and, on GPU launches, exactly the launch's GPUs. Deadline: the
+launcher inside stops its ranks at the launch's deadline; outside, the container is killed shortly
 after and always force-removed. Containers with our label left by a crashed server are removed when
 a backend starts (containers of other live pkb processes on the same engine are left alone).
 """
@@ -29,10 +29,10 @@ from docker.types import DeviceRequest, Mount
 
 from sandbox.base import (
     CONFIG_NAME,
-    JOB_ENV,
+    LAUNCH_ENV,
     LOG_CAP_BYTES,
     OUTER_GRACE_S,
-    SandboxJob,
+    SandboxLaunch,
     SandboxRun,
     write_config,
 )
@@ -42,10 +42,10 @@ from sandbox.pool import Pooled, WarmSlot
 from sandbox.toolchain import extra_mounts, jit_env
 
 LABEL = "pkb.sandbox"
-JOB_MOUNT = "/job"
+LAUNCH_MOUNT = "/launch"
 HARNESS_MOUNT = "/opt/pkb"
 EXTENSIONS_MOUNT = "/opt/pkb/extensions"
-# Limits per job, overridable by environment: memory (RAM + swap), processes, /dev/shm (NCCL's
+# Limits per launch, overridable by environment: memory (RAM + swap), processes, /dev/shm (NCCL's
 # shared-memory transport needs room).
 DEFAULT_LIMITS = {"PKB_SANDBOX_MEMORY": "32g", "PKB_SANDBOX_PIDS": "512", "PKB_SANDBOX_SHM": "8g"}
 
@@ -126,7 +126,7 @@ def _python_prefixes() -> list[str]:
 
 
 def _gpu_setup(client: docker.DockerClient, gpus: list[int]) -> dict[str, Any]:
-    """Exactly the job's GPUs: the NVIDIA runtime's device request where it is installed, else the
+    """Exactly the launch's GPUs: the NVIDIA runtime's device request where it is installed, else the
     device nodes themselves plus the driver's library folder, read-only."""
     if not gpus:
         return {}
@@ -144,7 +144,7 @@ def _gpu_setup(client: docker.DockerClient, gpus: list[int]) -> dict[str, Any]:
         if os.path.exists(node):
             devices.append(f"{node}:{node}")
     mounts = [Mount(d, d, type="bind", read_only=True) for d in NVIDIA_DRIVER_DIRS if os.path.isdir(d)]
-    # CUDA numbers the GPUs it can open from 0: exactly the job's
+    # CUDA numbers the GPUs it can open from 0: exactly the launch's
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus)))}
     if libcuda:
         env["TRITON_LIBCUDA_PATH"] = libcuda
@@ -152,9 +152,9 @@ def _gpu_setup(client: docker.DockerClient, gpus: list[int]) -> dict[str, Any]:
 
 
 def _inside(value: Any, host_dir: str) -> Any:
-    """The job config with host paths of the job directory rewritten to the container's."""
+    """The launch config with host paths of the launch directory rewritten to the container's."""
     if isinstance(value, str):
-        return value.replace(host_dir, JOB_MOUNT)
+        return value.replace(host_dir, LAUNCH_MOUNT)
     if isinstance(value, dict):
         return {k: _inside(v, host_dir) for k, v in value.items()}
     if isinstance(value, list):
@@ -174,8 +174,8 @@ class DockerBackend(Pooled):
 
     def _start(
         self,
-        job_id: str,
-        job_dir: Path,
+        launch_id: str,
+        launch_dir: Path,
         device: str,
         gpus: list[int],
         threads: int,
@@ -183,16 +183,16 @@ class DockerBackend(Pooled):
         harness_root: Path,
         warm: dict[str, Any] | None,
     ) -> Any:
-        """Create and start the job's container; a warm one waits inside for its job file."""
-        host_dir = str(job_dir)
-        self._hand_over(job_dir)
+        """Create and start the launch's container; a warm one waits inside for its launch file."""
+        host_dir = str(launch_dir)
+        self._hand_over(launch_dir)
         gpu = _gpu_setup(self.client, gpus if device == "cuda" else [])
-        env = dict(JOB_ENV)
+        env = dict(LAUNCH_ENV)
         env.update(
             {
                 "HOME": "/tmp",
                 "PYTHONPATH": HARNESS_MOUNT,
-                "PKB_JOB": job_id,
+                "PKB_LAUNCH": launch_id,
                 "TMPDIR": "/tmp",
                 "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions",
                 "TRITON_CACHE_DIR": "/tmp/triton",
@@ -203,24 +203,24 @@ class DockerBackend(Pooled):
         env["CUDA_VISIBLE_DEVICES"] = "" if device != "cuda" else ",".join(str(i) for i in range(len(gpus)))
         env.update(gpu.get("environment", {}))
         mounts = [
-            Mount(JOB_MOUNT, host_dir, type="bind", read_only=False),
+            Mount(LAUNCH_MOUNT, host_dir, type="bind", read_only=False),
             Mount(f"{HARNESS_MOUNT}/harness", str(harness_root / "harness"), type="bind", read_only=True),
             Mount("/usr", "/usr", type="bind", read_only=True),
             *[Mount(p, p, type="bind", read_only=True) for p in _python_prefixes()],
             *[Mount(p, p, type="bind", read_only=True) for p in extra_mounts()],
             *gpu.get("mounts", []),
         ]
-        if self.extensions_dir is not None:  # built by build jobs only; read-only to every job
+        if self.extensions_dir is not None:  # built by build launches only; read-only to every launch
             mounts.append(Mount(EXTENSIONS_MOUNT, str(self.extensions_dir), type="bind", read_only=True))
             env["PKB_EXTENSIONS"] = EXTENSIONS_MOUNT
-        command = [sys.executable, "-m", "harness.launch", "--config-file", f"{JOB_MOUNT}/{CONFIG_NAME}"]
+        command = [sys.executable, "-m", "harness.launch", "--config-file", f"{LAUNCH_MOUNT}/{CONFIG_NAME}"]
         if warm is not None:
             command += ["--warm", json.dumps(_inside(warm, host_dir))]
         container = self.client.containers.create(
             self.image,
             command,
             user=f"{SANDBOX_UID}:{SANDBOX_GID}",
-            working_dir=JOB_MOUNT,
+            working_dir=LAUNCH_MOUNT,
             environment=env,
             mounts=mounts,
             network_mode="none",
@@ -234,8 +234,8 @@ class DockerBackend(Pooled):
             shm_size=_limit("PKB_SANDBOX_SHM"),
             init=True,
             ipc_mode="private",
-            labels={LABEL: "1", "pkb.job": job_id, OWNER_LABEL: owner_id()},
-            cpuset_cpus=cpus_union(cpus) or None,  # a rank cannot widen its cores beyond the job's
+            labels={LABEL: "1", "pkb.launch": launch_id, OWNER_LABEL: owner_id()},
+            cpuset_cpus=cpus_union(cpus) or None,  # a rank cannot widen its cores beyond the launch's
             devices=gpu.get("devices"),
             device_requests=gpu.get("device_requests"),
             stdin_open=False,
@@ -275,25 +275,32 @@ class DockerBackend(Pooled):
         if slot.handle is not None:
             with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
                 slot.handle.remove(force=True)
-        shutil.rmtree(slot.job_dir, ignore_errors=True)
+        shutil.rmtree(slot.launch_dir, ignore_errors=True)
 
-    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
+    def run(self, launch: SandboxLaunch, cancel: threading.Event | None = None) -> SandboxRun:
         t0 = time.monotonic()
-        config = _inside(job.config, str(job.job_dir))
-        if job.warm is not None:
-            container = job.warm
-            self._hand_over(job.job_dir)  # the files written since it started
-            write_config(job.job_dir, config, (SANDBOX_UID, SANDBOX_GID))  # its launcher waits for it
+        config = _inside(launch.config, str(launch.launch_dir))
+        if launch.warm is not None:
+            container = launch.warm
+            self._hand_over(launch.launch_dir)  # the files written since it started
+            write_config(launch.launch_dir, config, (SANDBOX_UID, SANDBOX_GID))  # its launcher waits for it
         else:
-            write_config(job.job_dir, config, (SANDBOX_UID, SANDBOX_GID))
+            write_config(launch.launch_dir, config, (SANDBOX_UID, SANDBOX_GID))
             container = self._start(
-                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.cpus, job.harness_root, None
+                launch.launch_id,
+                launch.launch_dir,
+                launch.device,
+                launch.gpus,
+                launch.threads,
+                launch.cpus,
+                launch.harness_root,
+                None,
             )
         killed = cancelled = False
         exit_code: int | None = None
         log = ""
         try:
-            deadline = t0 + job.timeout_s + OUTER_GRACE_S
+            deadline = t0 + launch.timeout_s + OUTER_GRACE_S
             while True:
                 try:
                     exit_code = int(container.wait(timeout=0.25)["StatusCode"])
@@ -321,13 +328,13 @@ class DockerBackend(Pooled):
             killed_at_deadline=killed,
             launcher_log=log,
             cancelled=cancelled,
-            warm=job.warm is not None,
+            warm=launch.warm is not None,
         )
 
     @staticmethod
-    def _hand_over(job_dir: Path) -> None:
-        """Give the job directory to the sandbox user (or open it up when we cannot chown)."""
-        for path in [job_dir, *job_dir.rglob("*")]:
+    def _hand_over(launch_dir: Path) -> None:
+        """Give the launch directory to the sandbox user (or open it up when we cannot chown)."""
+        for path in [launch_dir, *launch_dir.rglob("*")]:
             try:
                 os.chown(path, SANDBOX_UID, SANDBOX_GID)
             except PermissionError:

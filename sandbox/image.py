@@ -21,7 +21,7 @@ SANDBOX_UID = 65534
 SANDBOX_GID = 65534
 DIRS = (
     "tmp",
-    "job",
+    "launch",
     "opt/pkb/harness",
     "opt/pkb/extensions",
     "etc",
@@ -36,7 +36,7 @@ DIRS = (
 LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64"}
 FILES = {
     "etc/passwd": (
-        f"root:x:0:0::/nonexistent:/usr/sbin/nologin\npkb:x:{SANDBOX_UID}:{SANDBOX_GID}::/job:/usr/sbin/nologin\n"
+        f"root:x:0:0::/nonexistent:/usr/sbin/nologin\npkb:x:{SANDBOX_UID}:{SANDBOX_GID}::/launch:/usr/sbin/nologin\n"
     ),
     "etc/group": f"root:x:0:\npkb:x:{SANDBOX_GID}:\n",
     "etc/hosts": "127.0.0.1 localhost\n",
@@ -67,7 +67,7 @@ def rootfs_tar() -> bytes:
 
 
 def ensure_image(client: docker.DockerClient) -> str:
-    """The image to run jobs in: PKB_SANDBOX_IMAGE if set, else the local one (built if missing)."""
+    """The image to run launches in: PKB_SANDBOX_IMAGE if set, else the local one (built if missing)."""
     chosen = os.environ.get("PKB_SANDBOX_IMAGE")
     if chosen:
         return chosen

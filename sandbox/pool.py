@@ -1,15 +1,15 @@
-"""Sandboxes started ahead of need, each used for exactly one job.
+"""Sandboxes started ahead of need, each used for exactly one launch.
 
-Most of a cold job's wall time is each rank importing torch, creating its CUDA context and its NCCL
-communicators. A warm sandbox has done all that before its job exists: its launcher waits for the
-job file (harness/launch.py, `--warm`). When a job of the same shape (device, GPUs, world size,
+Most of a cold launch's wall time is each rank importing torch, creating its CUDA context and its NCCL
+communicators. A warm sandbox has done all that before its launch exists: its launcher waits for the
+launch file (harness/launch.py, `--warm`). When a launch of the same shape (device, GPUs, world size,
 threads) is dispatched, it takes a warm sandbox instead of starting one; the pool then starts a
-replacement. A sandbox never serves a second job, so nothing a candidate leaves behind reaches
-another one. Nothing secret is known when a sandbox starts: seeds arrive with the job.
+replacement. A sandbox never serves a second launch, so nothing a candidate leaves behind reaches
+another one. Nothing secret is known when a sandbox starts: seeds arrive with the launch.
 
 Benchmarks must have the GPUs to themselves: while one runs (`quiet`), no sandbox is started, and
 before one starts (`settle`) every sandbox still warming up has finished doing so. A benchmark of
-several jobs a side has a sandbox started for each of its jobs first (`replenish(key, count)`), so
+several launches a side has a sandbox started for each of its launches first (`replenish(key, count)`), so
 that none of them starts cold while the other side is timed.
 """
 
@@ -48,17 +48,17 @@ class WarmKey:
 @dataclass
 class WarmSlot:
     key: WarmKey
-    job_id: str
-    job_dir: Path
+    launch_id: str
+    launch_dir: Path
     handle: Any = None
     started: float = field(default_factory=time.monotonic)
 
     def ready(self) -> bool:
-        return all((self.job_dir / f"rank{r}.ready").exists() for r in range(self.key.world_size))
+        return all((self.launch_dir / f"rank{r}.ready").exists() for r in range(self.key.world_size))
 
 
 class WarmPool:
-    """Up to `per_key` warm sandboxes for each of the `max_keys` most recently used job shapes.
+    """Up to `per_key` warm sandboxes for each of the `max_keys` most recently used launch shapes.
 
     `start(slot)` starts a sandbox for the slot and returns its handle; `alive(handle)` says whether
     it still runs; `discard(slot)` stops it and removes what it left; `describe(slot)` says how a
@@ -89,7 +89,7 @@ class WarmPool:
     def take(self, key: WarmKey) -> WarmSlot | None:
         """A live warm sandbox of this shape, one that finished warming up if there is one, or None;
         the shape becomes the most recently used. One still warming up is better than none: its
-        job starts as soon as it is ready, sooner than a cold start."""
+        launch starts as soon as it is ready, sooner than a cold start."""
         stale: list[WarmSlot] = []
         with self._lock:
             slots = self._slots.setdefault(key, [])
@@ -119,17 +119,17 @@ class WarmPool:
     def _report_stale(self, slot: WarmSlot) -> None:
         age = time.monotonic() - slot.started
         if self._expiring(slot):
-            log.info("warm.expired", job=slot.job_id, age_s=round(age, 1))
+            log.info("warm.expired", launch=slot.launch_id, age_s=round(age, 1))
             return
         # it died early: what its ranks wrote says why
-        logs = {r: tail(slot.job_dir / f"rank{r}.log", 1500) for r in range(slot.key.world_size)}
+        logs = {r: tail(slot.launch_dir / f"rank{r}.log", 1500) for r in range(slot.key.world_size)}
         try:
             ended = self._describe(slot)
-        except Exception as exc:  # a diagnosis must never turn into a failure of the job
+        except Exception as exc:  # a diagnosis must never turn into a failure of the launch
             ended = f"(could not tell: {exc!r})"
         log.warning(
             "warm.died",
-            job=slot.job_id,
+            launch=slot.launch_id,
             age_s=round(age, 1),
             was_ready=slot.ready(),
             ended=ended[-2000:],
@@ -138,7 +138,7 @@ class WarmPool:
 
     def replenish(self, key: WarmKey, count: int = 0) -> None:
         """Start sandboxes of this shape up to `per_key`, or up to `count` when that is more (a
-        benchmark of several jobs a side wants one for each), in the background (later if quiet)."""
+        benchmark of several launches a side wants one for each), in the background (later if quiet)."""
         with self._lock:
             if self._closed:
                 return
@@ -160,13 +160,13 @@ class WarmPool:
             threading.Thread(target=self._start_one, args=(key,), daemon=True).start()
 
     def _start_one(self, key: WarmKey) -> None:
-        job_id = uuid.uuid4().hex[:16]
-        slot = WarmSlot(key=key, job_id=job_id, job_dir=self._new_dir(job_id))
+        launch_id = uuid.uuid4().hex[:16]
+        slot = WarmSlot(key=key, launch_id=launch_id, launch_dir=self._new_dir(launch_id))
         try:
             slot.handle = self._start(slot)
             started = True
         except Exception as exc:
-            log.warning("warm.start_failed", job=job_id, error=repr(exc)[:500])
+            log.warning("warm.start_failed", launch=launch_id, error=repr(exc)[:500])
             started = False
         with self._lock:
             keep = started and not self._closed and key in self._slots
@@ -232,7 +232,7 @@ class Pooled:
 
     pool: WarmPool | None = None
     _harness_root: Path | None = None
-    # the node's extension cache (harness/extensions.py), mounted read-only into every job; set by the host
+    # the node's extension cache (harness/extensions.py), mounted read-only into every launch; set by the host
     extensions_dir: Path | None = None
 
     def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
@@ -251,7 +251,14 @@ class Pooled:
     def _start_warm(self, slot: WarmSlot) -> Any:
         k = slot.key
         assert self._harness_root is not None
-        setup = warm_setup(slot.job_dir, k.world_size, k.device, k.threads, k.cpus)
+        setup = warm_setup(slot.launch_dir, k.world_size, k.device, k.threads, k.cpus)
         return self._start(  # type: ignore[attr-defined]
-            slot.job_id, slot.job_dir, k.device, list(k.gpus), k.threads, k.cpus, self._harness_root, setup
+            slot.launch_id,
+            slot.launch_dir,
+            k.device,
+            list(k.gpus),
+            k.threads,
+            k.cpus,
+            self._harness_root,
+            setup,
         )

@@ -3,7 +3,7 @@
 The launcher runs in a new session with resource limits (no core dumps, capped file sizes, a
 bounded number of open files) and a scrubbed environment; at the deadline the launcher kills its
 ranks, and if it has not finished shortly after, this backend kills every process of the session
-and every process carrying the job's marker. Candidate code here can read what the user running
+and every process carrying the launch's marker. Candidate code here can read what the user running
 pkb can read: use the Docker backend for untrusted code.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 from sandbox.base import (
     CONFIG_NAME,
-    JOB_ENV,
+    LAUNCH_ENV,
     OUTER_GRACE_S,
-    SandboxJob,
+    SandboxLaunch,
     SandboxRun,
     tail,
     write_config,
@@ -44,8 +44,8 @@ def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(8192, hard), hard))
 
 
-def _job_processes(session: int, marker: str) -> list[int]:
-    """Processes still alive from this job: in its session or carrying its marker."""
+def _launch_processes(session: int, marker: str) -> list[int]:
+    """Processes still alive from this launch: in its session or carrying its marker."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -60,9 +60,9 @@ def _job_processes(session: int, marker: str) -> list[int]:
     return pids
 
 
-def kill_job(session: int, marker: str) -> None:
+def kill_launch(session: int, marker: str) -> None:
     for _ in range(3):
-        pids = _job_processes(session, marker)
+        pids = _launch_processes(session, marker)
         if not pids:
             return
         for pid in pids:
@@ -78,8 +78,8 @@ class ProcessBackend(Pooled):
 
     def _start(
         self,
-        job_id: str,
-        job_dir: Path,
+        launch_id: str,
+        launch_dir: Path,
         device: str,
         gpus: list[int],
         threads: int,
@@ -87,16 +87,16 @@ class ProcessBackend(Pooled):
         harness_root: Path,
         warm: dict | None,
     ) -> subprocess.Popen[bytes]:
-        tmp = job_dir / "tmp"
+        tmp = launch_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
-        env.update(JOB_ENV)
+        env.update(LAUNCH_ENV)
         env.update(
             {
-                "HOME": str(job_dir),
+                "HOME": str(launch_dir),
                 "TMPDIR": str(tmp),
                 "PYTHONPATH": str(harness_root),
-                "PKB_JOB": job_id,
+                "PKB_LAUNCH": launch_id,
                 "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"),
                 "TRITON_CACHE_DIR": str(tmp / "triton"),
                 "OMP_NUM_THREADS": str(threads),
@@ -106,16 +106,16 @@ class ProcessBackend(Pooled):
         )
         if self.extensions_dir is not None:
             env["PKB_EXTENSIONS"] = str(self.extensions_dir)
-        args = ["--config-file", str(job_dir / CONFIG_NAME)]
+        args = ["--config-file", str(launch_dir / CONFIG_NAME)]
         if warm is not None:
             args += ["--warm", json.dumps(warm)]
-        with open(job_dir / "launcher.log", "wb") as log:
+        with open(launch_dir / "launcher.log", "wb") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "harness.launch", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=job_dir,
+                cwd=launch_dir,
                 env=env,
                 start_new_session=True,
                 preexec_fn=_limits,
@@ -130,26 +130,35 @@ class ProcessBackend(Pooled):
         """How a launcher that stopped ended: its exit status and last lines."""
         if slot.handle is None:
             return "never started"
-        return f"exit status {slot.handle.poll()}; launcher: {tail(slot.job_dir / 'launcher.log', 2000)}"
+        return f"exit status {slot.handle.poll()}; launcher: {tail(slot.launch_dir / 'launcher.log', 2000)}"
 
     def _discard(self, slot: WarmSlot) -> None:
         proc = slot.handle
         if proc is not None:
-            kill_job(proc.pid, f"PKB_JOB={slot.job_id}")
+            kill_launch(proc.pid, f"PKB_LAUNCH={slot.launch_id}")
             proc.wait()
-        shutil.rmtree(slot.job_dir, ignore_errors=True)
+        shutil.rmtree(slot.launch_dir, ignore_errors=True)
 
-    def run(self, job: SandboxJob, cancel: threading.Event | None = None) -> SandboxRun:
+    def run(self, launch: SandboxLaunch, cancel: threading.Event | None = None) -> SandboxRun:
         t0 = time.monotonic()
-        write_config(job.job_dir, job.config)  # a warm launcher is waiting for it; a cold one reads it
-        if job.warm is not None:
-            proc = job.warm
+        write_config(
+            launch.launch_dir, launch.config
+        )  # a warm launcher is waiting for it; a cold one reads it
+        if launch.warm is not None:
+            proc = launch.warm
         else:
             proc = self._start(
-                job.job_id, job.job_dir, job.device, job.gpus, job.threads, job.cpus, job.harness_root, None
+                launch.launch_id,
+                launch.launch_dir,
+                launch.device,
+                launch.gpus,
+                launch.threads,
+                launch.cpus,
+                launch.harness_root,
+                None,
             )
         killed = cancelled = False
-        deadline = t0 + job.timeout_s + OUTER_GRACE_S
+        deadline = t0 + launch.timeout_s + OUTER_GRACE_S
         while proc.poll() is None:
             if cancel is not None and cancel.is_set():
                 cancelled = True
@@ -158,14 +167,14 @@ class ProcessBackend(Pooled):
                 killed = True
                 break
             time.sleep(0.02)
-        kill_job(proc.pid, f"PKB_JOB={job.job_id}")  # the session id is the launcher's pid
+        kill_launch(proc.pid, f"PKB_LAUNCH={launch.launch_id}")  # the session id is the launcher's pid
         proc.wait()
-        shutil.rmtree(job.job_dir / "tmp", ignore_errors=True)
+        shutil.rmtree(launch.launch_dir / "tmp", ignore_errors=True)
         return SandboxRun(
             exit_code=proc.returncode,
             wall_s=time.monotonic() - t0,
             killed_at_deadline=killed,
-            launcher_log=tail(job.job_dir / "launcher.log"),
+            launcher_log=tail(launch.launch_dir / "launcher.log"),
             cancelled=cancelled,
-            warm=job.warm is not None,
+            warm=launch.warm is not None,
         )

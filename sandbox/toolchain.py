@@ -1,14 +1,14 @@
-"""The JIT toolchain every job gets: what torch's extension builds and Triton need inside the sandbox.
+"""The JIT toolchain every launch gets: what torch's extension builds and Triton need inside the sandbox.
 
 - PATH: the interpreter's scripts folder first (pip installs `ninja` there; torch refuses to build
   extensions without it), then CUDA's bin folder, then the system's.
 - CUDA_HOME: the CUDA toolkit (from PKB_CUDA_HOME, CUDA_HOME, nvcc on PATH, or /usr/local/cuda), so
-  nvcc and the CUDA headers are found the same way in every job. A toolkit outside /usr is mounted
+  nvcc and the CUDA headers are found the same way in every launch. A toolkit outside /usr is mounted
   read-only by the Docker backend (`extra_mounts`).
 - CXX and CC: the host compilers by their real paths. Debian's `c++` and `cc` are links through
   /etc/alternatives, which the sandbox (with its own /etc) does not have.
-- TORCH_CUDA_ARCH_LIST: the node's GPU architectures (from `nvidia-smi`), so a build job without GPUs
-  builds for the same architectures as a job on them, and never for every architecture torch knows.
+- TORCH_CUDA_ARCH_LIST: the node's GPU architectures (from `nvidia-smi`), so a build launch without GPUs
+  builds for the same architectures as a launch on them, and never for every architecture torch knows.
 
 Computed once per process; stdlib only.
 """
@@ -56,7 +56,7 @@ def _arch_list() -> str:
 
 @functools.cache
 def jit_env() -> dict[str, str]:
-    """Variables for every job (PATH is the job's whole search path)."""
+    """Variables for every launch (PATH is the launch's whole search path)."""
     scripts = sysconfig.get_path("scripts")
     cuda_home = _cuda_home()
     path = [scripts] if scripts else []

@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets its own job and cache directories, so leftovers are visible."""
+"""Shared fixtures: every test gets its own launch and cache directories, so leftovers are visible."""
 
 from __future__ import annotations
 
@@ -25,23 +25,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    jobs = tmp_path / "jobs"
-    jobs.mkdir()
-    monkeypatch.setenv("PKB_JOBS_DIR", str(jobs))
+    launches = tmp_path / "launches"
+    launches.mkdir()
+    monkeypatch.setenv("PKB_LAUNCH_DIR", str(launches))
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path / "cache"))
-    return jobs
+    return launches
 
 
 @pytest.fixture
 def small_docker_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Container limits that a 2-core, 24 GiB CI machine can give several jobs at once."""
+    """Container limits that a 2-core, 24 GiB CI machine can give several launches at once."""
     monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
     monkeypatch.setenv("PKB_SANDBOX_PIDS", "256")
     monkeypatch.setenv("PKB_SANDBOX_SHM", "256m")
 
 
-def job_processes(jobs_dir: Path) -> list[int]:
-    """Processes still carrying a pkb job marker of a job made under `jobs_dir` (none may survive)."""
+def launch_processes(launches_dir: Path) -> list[int]:
+    """Processes still carrying the pkb marker of a launch made under `launches_dir` (none may survive)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -50,7 +50,7 @@ def job_processes(jobs_dir: Path) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if b"PKB_JOB=" in environ and str(jobs_dir).encode() in environ:
+        if b"PKB_LAUNCH=" in environ and str(launches_dir).encode() in environ:
             found.append(int(entry.name))
     return [p for p in found if p != os.getpid()]
 
@@ -78,7 +78,7 @@ def docker_client():
         return None
 
 
-def cpu_job(
+def cpu_launch(
     mode: str = "outputs",
     solution: Path | None = None,
     world_size: int = 2,
@@ -86,14 +86,14 @@ def cpu_job(
     timing: dict | None = None,
     timeout_s: float = 60,
 ):
-    """A job of problem 1 (all-reduce) on CPU: the reference itself unless `solution` is given."""
+    """A launch of problem 1 (all-reduce) on CPU: the reference itself unless `solution` is given."""
     import secrets
 
     from pkb_mcp import problems
-    from pkb_mcp.jobs import JobRequest
+    from pkb_mcp.launches import LaunchRequest
 
     p = problems.resolve(1)
-    return JobRequest(
+    return LaunchRequest(
         mode=mode,
         problem_path=p.path,
         solution_path=solution or p.path,

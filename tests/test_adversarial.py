@@ -2,7 +2,7 @@
 
 Each test names the hack, runs it through service.check or service.bench, and asserts the verdict,
 each rank's state and the words of the message that say why. The process backend is used for speed,
-except where the hack is about the sandbox itself (reading other jobs' files, forging result
+except where the hack is about the sandbox itself (reading other launches' files, forging result
 files): those also run in Docker when an engine answers. GPU-only hacks are in
 tests/test_adversarial_gpu.py; docs/adversarial.md maps every hack to its defence and test.
 """
@@ -17,7 +17,7 @@ import pytest
 from pkb_mcp import benchmark, render, roofline, service, stats, verdicts
 from pkb_mcp.models import BenchResult, SandboxInfo
 
-from .conftest import CANDIDATES, CEIL, docker_client, job_processes
+from .conftest import CANDIDATES, CEIL, docker_client, launch_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("small_docker_limits")]
 
@@ -45,9 +45,9 @@ def states(r) -> list[str]:
     return [x.state for x in r.ranks]
 
 
-def assert_clean(jobs_dir: Path) -> None:
-    assert list(jobs_dir.iterdir()) == [], "job directories must be removed"
-    assert job_processes(jobs_dir) == [], "no job process may survive (forked ones included)"
+def assert_clean(launches_dir: Path) -> None:
+    assert list(launches_dir.iterdir()) == [], "launch directories must be removed"
+    assert launch_processes(launches_dir) == [], "no launch process may survive (forked ones included)"
 
 
 # ---------------------------------------------------------------- cached and predicted outputs
@@ -263,14 +263,14 @@ def test_a_patched_clock_never_reaches_a_speedup(isolated_dirs):
     assert states(r) == ["error", "error"] and "replaced time.perf_counter" in r.message
 
 
-# ---------------------------------------------------------------- the sandbox: other jobs' files, forgery
+# ---------------------------------------------------------------- the sandbox: other launches' files, forgery
 
 
 @pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_reference_outputs_of_the_same_check_are_out_of_reach(sandbox, isolated_dirs):
-    """Before: the process backend ran the reference's job next to the candidate's, and copying its
-    output files passed. Now the reference's job is over (its directory gone) before the candidate
-    starts; in Docker nothing outside /job is visible at all."""
+    """Before: the process backend ran the reference's launch next to the candidate's, and copying its
+    output files passed. Now the reference's launch is over (its directory gone) before the candidate
+    starts; in Docker nothing outside /launch is visible at all."""
     r = check(ADV / "reads_reference.py", trials=1, sandbox=sandbox)
     assert r.verdict == "fail" and states(r) == ["error", "error"], r.message
     assert "no reference outputs found" in r.message and "visible: []" in r.message
@@ -292,8 +292,8 @@ def test_result_files_forged_during_calls_are_overwritten(sandbox, isolated_dirs
 def test_result_files_rewritten_after_the_harness_wrote_them_are_rejected(sandbox, isolated_dirs):
     """A thread and a double-forked process rewrite the output files without the aliasing and
     mutation flags: the files' keyed digests no longer match (or, had the rewrite come too late, the
-    aliasing shows; or, killed with the job in the middle of a rewrite, it left a file that is no
-    tensor file at all). Its forked process must not outlive the job."""
+    aliasing shows; or, killed with the launch in the middle of a rewrite, it left a file that is no
+    tensor file at all). Its forked process must not outlive the launch."""
     r = check(ADV / "forges_after_return.py", trials=2, sandbox=sandbox)
     assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
     caught = ("altered after the harness wrote it", "shares memory", "is not a tensor file")
@@ -342,7 +342,7 @@ def test_multicast_is_refused_before_anything_runs(isolated_dirs):
         assert r.verdict == "fail" and states(r) == ["error", "error"]
         assert r.message.startswith("refused: multicast is unavailable")
         assert "multimem_all_reduce_" in r.message
-        assert r.static_report.multicast and r.wall_s < 10, "no job was started"
+        assert r.static_report.multicast and r.wall_s < 10, "no launch was started"
     assert "multicast USED (refused)" in render.check(c)
     assert list(isolated_dirs.iterdir()) == []
 

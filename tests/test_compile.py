@@ -21,14 +21,14 @@ from pkb_mcp.compile import (
     compile_source,
 )
 from pkb_mcp.compile import toolchain as pkb_toolchain
-from pkb_mcp.jobs import ToolJobs
+from pkb_mcp.launches import ToolLaunches
 from sandbox import select_backend
 
 pytestmark = pytest.mark.integration
 
-# Every import of a solution and every compiler run is a sandbox job; the process backend is the fast
-# one for these tests (test_sandbox_docker.py runs compile jobs in Docker).
-TOOLS = ToolJobs(select_backend("process"))
+# Every import of a solution and every compiler run is a sandbox launch; the process backend is the fast
+# one for these tests (test_sandbox_docker.py runs compile launches in Docker).
+TOOLS = ToolLaunches(select_backend("process"))
 
 
 def _nvcc_available() -> bool:

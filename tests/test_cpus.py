@@ -1,6 +1,6 @@
 """Ranks on CPU cores of their own (sandbox/cpus.py, PKB_PIN_CPUS): how the node's cores are split,
 and that every thread of every rank keeps to its block, cold or warm, with processes or containers
-(where the job's cpuset also stops a rank from widening its own affinity)."""
+(where the launch's cpuset also stops a rank from widening its own affinity)."""
 
 import os
 import re
@@ -8,11 +8,11 @@ import re
 import pytest
 
 from pkb_mcp import config
-from pkb_mcp.jobs import enable_warm_pool, run_job, warm_key
+from pkb_mcp.launches import enable_warm_pool, run_launch, warm_key
 from sandbox import cpus, select_backend
 from sandbox.process import ProcessBackend
 
-from .conftest import cpu_job, docker_client
+from .conftest import cpu_launch, docker_client
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_gpu_jobs_on_disjoint_gpus_get_disjoint_cores():
 
 def test_a_forged_cpu_report_is_no_report():
     """A rank's status file is written inside the sandbox: the host takes only a list of CPU numbers."""
-    from pkb_mcp.jobs import _cpu_list
+    from pkb_mcp.launches import _cpu_list
 
     assert _cpu_list([0, 5]) == [0, 5]
     for forged in ("0-3", [1, "2"], [True], [-1], {"0": 1}, None, [0] * (1 << 15)):
@@ -72,7 +72,7 @@ def test_a_forged_cpu_report_is_no_report():
 
 def test_a_forged_stage_report_is_no_report():
     """Seconds per stage come from the same status file: only a short map of names to times counts."""
-    from pkb_mcp.jobs import RankOutcome, _stage_times, longest_stages
+    from pkb_mcp.launches import RankOutcome, _stage_times, longest_stages
 
     assert _stage_times({"import": 0.5, "trials": 2}) == {"import": 0.5, "trials": 2.0}
     for forged in (
@@ -156,10 +156,10 @@ def test_every_thread_of_each_rank_keeps_to_its_block_cold_and_warm(isolated_dir
     pool = enable_warm_pool(backend)
     assert pool is not None
     try:
-        cold = run_job(cpu_job(solution=solution), backend)
+        cold = run_launch(cpu_launch(solution=solution), backend)
         assert cold.ok and not cold.warm
         pool.settle()
-        warm = run_job(cpu_job(solution=solution), backend)
+        warm = run_launch(cpu_launch(solution=solution), backend)
         assert warm.ok and warm.warm, "the warm sandbox was started with the same cores"
     finally:
         pool.close()
@@ -179,7 +179,7 @@ def test_a_container_holds_its_ranks_to_the_jobs_cores(isolated_dirs, tmp_path, 
     monkeypatch.setattr(cpus, "rank_cpus", lambda *a, **k: ((0,), (0,)))
     solution = tmp_path / "reporter.py"
     solution.write_text(REPORTER)
-    outcome = run_job(cpu_job(solution=solution), select_backend("docker"))
+    outcome = run_launch(cpu_launch(solution=solution), select_backend("docker"))
     assert outcome.ok
     found = reported(outcome)
-    assert found == {0: ((0,), {0}), 1: ((0,), {0})}, "the job's cpuset is CPU 0 alone"
+    assert found == {0: ((0,), {0}), 1: ((0,), {0})}, "the launch's cpuset is CPU 0 alone"

@@ -1,6 +1,6 @@
 """Every problem through the real harness on CPU (gloo): the reference passes as a candidate, a
 perturbed candidate fails with a per-rank diagnosis, and failing candidates are reported per rank
-without leaving a process or a job directory behind.
+without leaving a process or a launch directory behind.
 
 The sandbox is `auto`: the Docker backend wherever an engine answers (CI starts one), else the
 process backend; the failure-mode tests below pin the process backend, which
@@ -12,7 +12,7 @@ import pytest
 
 from pkb_mcp import problems, service
 
-from .conftest import CANDIDATES, job_processes
+from .conftest import CANDIDATES, launch_processes
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +46,9 @@ def world_sizes(pid):
 CASES = [(pid, w) for pid in IDS for w in world_sizes(pid)]
 
 
-def assert_clean(jobs_dir: Path):
-    assert list(jobs_dir.iterdir()) == [], "job directories must be removed"
-    assert job_processes(jobs_dir) == [], "no job process may survive"
+def assert_clean(launches_dir: Path):
+    assert list(launches_dir.iterdir()) == [], "launch directories must be removed"
+    assert launch_processes(launches_dir) == [], "no launch process may survive"
 
 
 @pytest.mark.slow
@@ -159,18 +159,18 @@ def test_benchmark_in_several_memory_placements_on_cpu(isolated_dirs):
 def test_benchmark_in_several_jobs_per_side_on_cpu(isolated_dirs):
     p = problems.suite()[1]
     steps = []
-    r = service.bench(1, p.path, world_size=2, device="cpu", jobs=2, progress=lambda *a: steps.append(a))
+    r = service.bench(1, p.path, world_size=2, device="cpu", launches=2, progress=lambda *a: steps.append(a))
     assert r.verdict == "pass", r.message
     for side in (r.reference, r.candidate):
-        assert side.jobs == 2 and side.job_spread is not None and side.placements == 1
-        assert side.samples >= 2 * 10, "each job takes at least the minimum sample count"
-    assert "2 jobs per side" in r.message
+        assert side.launches == 2 and side.launch_spread is not None and side.placements == 1
+        assert side.samples >= 2 * 10, "each launch takes at least the minimum sample count"
+    assert "2 launches per side" in r.message
     assert [s[0] for s in steps] == [0, 1, 2, 3, 5] and all(s[1] == 5 for s in steps)
-    assert "(job 2 of 2)" in steps[2][2]
+    assert "(launch 2 of 2)" in steps[2][2]
     assert_clean(isolated_dirs)
     for bad in (0, 9):
-        with pytest.raises(service.UserError, match="jobs must be between 1 and 8"):
-            service.bench(1, p.path, world_size=2, device="cpu", jobs=bad)
+        with pytest.raises(service.UserError, match="launches must be between 1 and 8"):
+            service.bench(1, p.path, world_size=2, device="cpu", launches=bad)
 
 
 def test_benchmark_of_a_wrong_candidate_fails_before_any_speedup(isolated_dirs):

@@ -18,7 +18,7 @@ from mcp import Client
 
 from harness import extensions as requests
 from pkb_mcp import config, service
-from pkb_mcp.jobs import ToolJobs
+from pkb_mcp.launches import ToolLaunches
 from pkb_mcp.scheduler import Scheduler
 from pkb_mcp.server import build_server
 from pkb_mcp.store import JobStore
@@ -165,7 +165,7 @@ def test_an_undiscoverable_extension_is_built_in_the_job_once_for_all_ranks() ->
 def test_a_candidate_cannot_put_a_build_in_the_cache_for_others(tmp_path: Path) -> None:
     """The cache is written only by build jobs, from the request that names the entry: a job that
     tries to write it meets a read-only mount, and a forged entry cannot appear under another key."""
-    tools = ToolJobs(select_backend("docker"))
+    tools = ToolLaunches(select_backend("docker"))
     request = requests.request_of("victim", "#include <torch/extension.h>\nint f() { return 1; }\n")
     forger = tmp_path / "forger.py"
     forger.write_text(
@@ -201,7 +201,7 @@ def test_a_candidate_cannot_put_a_build_in_the_cache_for_others(tmp_path: Path) 
 def test_failed_builds_are_kept_and_not_rebuilt() -> None:
     from pkb_mcp import extensions
 
-    tools = ToolJobs(select_backend("docker"))
+    tools = ToolLaunches(select_backend("docker"))
     broken = requests.request_of("broken_ext", "int broken = ;\n")
     first, _ = extensions.build_requests([broken], tools, 300)
     assert first.failed == ["broken_ext"]

@@ -60,7 +60,7 @@ def test_examples_pass_on_gpus(example):
 
 
 def built_once_then_cached(world_size: int) -> None:
-    """The CUDA example checked twice in Docker: built by a build job before the first check, loaded
+    """The CUDA example checked twice in Docker: built by a build launch before the first check, loaded
     from the node's cache by the next; then compile_kernel reports its kernel's resources."""
     example = EXAMPLES / "001_allreduce_cuda_oneshot.py"
     first = service.check(1, example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
@@ -94,7 +94,7 @@ def one_rank_problem_1(tmp_path, monkeypatch):
 
 @one_gpu
 def test_cuda_load_inline_on_one_gpu_in_docker(one_rank_problem_1):
-    """The built-then-cached path on a node of one GPU: discovery, the CUDA build job, the read-only
+    """The built-then-cached path on a node of one GPU: discovery, the CUDA build launch, the read-only
     cache and the kernel's run in the sandbox."""
     built_once_then_cached(1)
 

@@ -228,22 +228,22 @@ def test_a_side_timed_in_several_jobs_is_the_median_of_their_medians():
 
     first = {**record([1.0, 1.1, 1.2, 1.3]), "placement_samples": [2, 2], "stop_reason": "sample cap"}
     second = {**record([2.0, 2.2, 2.1]), "placement_samples": [1, 2], "warmup_calls": 7}
-    pooled = stats.pool_jobs([first, second])
+    pooled = stats.pool_launches([first, second])
     assert pooled["device_ms"] == [1.0, 1.1, 1.2, 1.3, 2.0, 2.2, 2.1]
-    assert pooled["placement_samples"] == [2, 2, 1, 2] and pooled["job_samples"] == [4, 3]
-    assert pooled["stop_reason"] == "job 1: sample cap; job 2: precision reached"
+    assert pooled["placement_samples"] == [2, 2, 1, 2] and pooled["launch_samples"] == [4, 3]
+    assert pooled["stop_reason"] == "launch 1: sample cap; launch 2: precision reached"
     s, _ = stats.summarize(pooled)
-    # job medians: median(1.05, 1.25) = 1.15 and median(2.0, 2.15) = 2.075
-    assert s.jobs == 2 and s.placements == 2
+    # launch medians: median(1.05, 1.25) = 1.15 and median(2.0, 2.15) = 2.075
+    assert s.launches == 2 and s.placements == 2
     assert math.isclose(s.median_ms, (1.15 + 2.075) / 2)
-    assert math.isclose(s.job_spread, math.log(2.075 / 1.15) / math.sqrt(2))
+    assert math.isclose(s.launch_spread, math.log(2.075 / 1.15) / math.sqrt(2))
     within = [math.log(1.25 / 1.05) / math.sqrt(2), math.log(2.15 / 2.0) / math.sqrt(2)]
-    assert math.isclose(s.placement_spread, sum(within) / 2), "placements' spread inside each job"
+    assert math.isclose(s.placement_spread, sum(within) / 2), "placements' spread inside each launch"
     assert s.samples == 7 and s.warmup_calls == record([1.0])["warmup_calls"] + 7
-    one = stats.pool_jobs([record([1.0, 3.0, 2.0])])
-    assert stats.summarize(one)[0].jobs == 1 and stats.summarize(one)[0].job_spread is None
+    one = stats.pool_launches([record([1.0, 3.0, 2.0])])
+    assert stats.summarize(one)[0].launches == 1 and stats.summarize(one)[0].launch_spread is None
     with pytest.raises(ValueError, match="straddle"):
-        stats.summarize({**pooled, "job_samples": [3, 4]})
+        stats.summarize({**pooled, "launch_samples": [3, 4]})
 
 
 @pytest.mark.parametrize("move_memory", [False, True])
@@ -256,17 +256,17 @@ def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, mov
     from pathlib import Path
 
     from pkb_mcp import service
-    from pkb_mcp.jobs import run_job
+    from pkb_mcp.launches import run_launch
     from sandbox.process import ProcessBackend
 
-    from .conftest import cpu_job
+    from .conftest import cpu_launch
 
     tcfg = {
         **service.timing_config("cpu"),
         "placements": 3,
         "move_memory": move_memory,
     }
-    outcome = run_job(cpu_job("benchmark", timing=tcfg, timeout_s=120), ProcessBackend())
+    outcome = run_launch(cpu_launch("benchmark", timing=tcfg, timeout_s=120), ProcessBackend())
     assert outcome.ok
     timing = outcome.timing
     assert timing["timed_output_mismatches"] == [], "moved inputs still match their judged outputs"
@@ -278,8 +278,8 @@ def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, mov
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "scripts"))
     import noise
 
-    jobs = [[1.0, 1.0 * math.e**0.02], [2.0, 2.0 * math.e**0.02]]
-    s = noise.summarize(7, jobs)
+    launches = [[1.0, 1.0 * math.e**0.02], [2.0, 2.0 * math.e**0.02]]
+    s = noise.summarize(7, launches)
     assert math.isclose(s["within_pct"], math.sqrt(2) * 1.0, abs_tol=1e-3)  # each pair: sd of (0, 0.02)
     assert math.isclose(s["between_pct"], math.log(2) / math.sqrt(2) * 100, abs_tol=1e-3)
     assert math.isclose(s["jobs_pct"], s["between_pct"], abs_tol=1e-3)
@@ -414,8 +414,8 @@ def _timing_alone(cfg, fresh, prepare):
 
 
 def test_fresh_calls_are_spaced_by_the_sampling_pace_and_made_past_the_budget(monkeypatch):
-    """On 2 H200s a fast memoizer's job made 5 of its 8 fresh calls: the stride came from warm-up
-    calls, which run without the alignment sleep, and the budget then ended the job. The stride is
+    """On 2 H200s a fast memoizer's launch made 5 of its 8 fresh calls: the stride came from warm-up
+    calls, which run without the alignment sleep, and the budget then ended the launch. The stride is
     sized again from the sampling loop's own pace, and the budget waits for the fresh calls."""
     import itertools
     import time
@@ -465,7 +465,7 @@ def test_fresh_calls_are_spaced_by_the_sampling_pace_and_made_past_the_budget(mo
     assert len(rec["device_ms"]) < 100
     # the pace slows again after the stride was sized: 1 ms a call, then 10 ms, past a 20 ms budget
     rec, kept = run(20.0, lambda n: 0.0 if n <= 8 else 1.0 if n <= 8 + timing.RESTRIDE_AT else 10.0)
-    assert kept == [0, 1, 2, 3], "the budget does not end the job before its fresh calls"
+    assert kept == [0, 1, 2, 3], "the budget does not end the launch before its fresh calls"
     after = rec["fresh_after"]
     # (the stride sized at 1 ms a call put the first at about 36; the span and the budget ran out first)
     assert after == list(range(after[0], after[0] + 4)) and after[0] > timing.RESTRIDE_AT, after
@@ -476,13 +476,13 @@ def test_fresh_calls_are_spaced_by_the_sampling_pace_and_made_past_the_budget(mo
 def test_a_benchmark_job_saves_the_fresh_calls_outputs(isolated_dirs, top_up, fresh_mib):
     """Every timed call on a fresh input set leaves its output for the host to judge when they fit in
     fresh_bytes (problem 1's output here: 2 MiB a rank), else a subset drawn from the secret seed;
-    the reference's job (`fresh_top_up`) makes the judged outputs a candidate's job can reach. The
-    fresh inputs come from the job's label: two jobs' fresh sets differ."""
+    the reference's launch (`fresh_top_up`) makes the judged outputs a candidate's launch can reach. The
+    fresh inputs come from the launch's label: two launches' fresh sets differ."""
     from pkb_mcp import service
-    from pkb_mcp.jobs import run_job
+    from pkb_mcp.launches import run_launch
     from sandbox.process import ProcessBackend
 
-    from .conftest import cpu_job
+    from .conftest import cpu_launch
 
     tcfg = {
         **service.timing_config("cpu"),
@@ -492,7 +492,7 @@ def test_a_benchmark_job_saves_the_fresh_calls_outputs(isolated_dirs, top_up, fr
         "fresh_bytes": fresh_mib << 20,
     }
     seeds = [123456789]
-    outcome = run_job(cpu_job("benchmark", timing=tcfg, seeds=seeds, timeout_s=120), ProcessBackend())
+    outcome = run_launch(cpu_launch("benchmark", timing=tcfg, seeds=seeds, timeout_s=120), ProcessBackend())
     assert outcome.ok, outcome.ranks
     timed, judged = outcome.timing["fresh_timed"], outcome.timing["fresh_judged"]
     assert timed == len(outcome.timing["fresh_ms"]) >= tcfg["fresh_min"]
@@ -505,8 +505,8 @@ def test_a_benchmark_job_saves_the_fresh_calls_outputs(isolated_dirs, top_up, fr
     assert first.meta["aliased_outputs"] == [] and first.meta["mutated_inputs"] == []
     if fresh_mib != 128:
         return
-    other = run_job(
-        cpu_job("benchmark", timing={**tcfg, "fresh_label": "job1"}, seeds=seeds, timeout_s=120),
+    other = run_launch(
+        cpu_launch("benchmark", timing={**tcfg, "fresh_label": "job1"}, seeds=seeds, timeout_s=120),
         ProcessBackend(),
     )
     assert not torch_equal(other.fresh_outputs[(0, 0)].tensors[0], first.tensors[0])

@@ -155,7 +155,7 @@ def test_malformed_events_are_dropped_and_names_cut():
 def test_a_missing_rank_is_reported_not_fatal(tmp_path):
     write_rank(tmp_path / "profile", 0, gpu_rank(0))
     write_rank(tmp_path / "profile", 1, "{broken")
-    side = traces.analyze(traces.read_job(tmp_path, 2))
+    side = traces.analyze(traces.read_launch(tmp_path, 2))
     assert side.ranks == [0] and "not valid JSON" in side.missing[1]
     assert profile.side_profile(side).missing == [f"rank 1: {side.missing[1]}"]
 

@@ -264,7 +264,7 @@ async def test_pkb_serve_on_the_cluster_answers_a_check_run_on_a_node(cluster, t
     from mcp.client.stdio import StdioServerParameters
 
     (tmp_path / "jobs").mkdir(exist_ok=True)
-    env = {**os.environ, "PKB_STATE_DIR": str(tmp_path / "state"), "PKB_JOBS_DIR": str(tmp_path / "jobs")}
+    env = {**os.environ, "PKB_STATE_DIR": str(tmp_path / "state"), "PKB_LAUNCH_DIR": str(tmp_path / "jobs")}
     env["PYTHONPATH"] = str(ROOT)
     params = StdioServerParameters(
         command=sys.executable,

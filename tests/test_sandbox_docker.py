@@ -1,5 +1,5 @@
 """The Docker sandbox against hostile candidates: each escape is contained and reported, and nothing
-is left behind (no container, no process, no job directory). .ci/run starts a Docker engine and sets
+is left behind (no container, no process, no launch directory). .ci/run starts a Docker engine and sets
 PKB_REQUIRE_DOCKER=1, so there these tests fail rather than skip when the engine is missing."""
 
 import contextlib
@@ -13,7 +13,7 @@ from pkb_mcp import service
 from sandbox import select_backend
 from sandbox.docker import LABEL, sweep
 
-from .conftest import CANDIDATES, ROOT, docker_client, job_processes
+from .conftest import CANDIDATES, ROOT, docker_client, launch_processes
 
 CLIENT = docker_client()
 pytestmark = [
@@ -23,13 +23,13 @@ pytestmark = [
 ]
 
 
-def assert_clean(jobs_dir):
+def assert_clean(launches_dir):
     from sandbox.docker import OWNER_LABEL, owner_id
 
     mine = CLIENT.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner_id()}"})
     assert mine == [], "no container may survive"
-    assert job_processes(jobs_dir) == [], "no process may survive"
-    assert list(jobs_dir.iterdir()) == [], "no job directory may survive"
+    assert launch_processes(launches_dir) == [], "no process may survive"
+    assert list(launches_dir.iterdir()) == [], "no launch directory may survive"
 
 
 def check(path, **kw):
@@ -171,7 +171,7 @@ def test_auto_prefers_docker():
 
 def test_gpu_jobs_tell_triton_where_the_driver_is(tmp_path, monkeypatch):
     """The container has no /sbin/ldconfig (nor its cache), Triton's way to find libcuda: the
-    driver's folder is passed as TRITON_LIBCUDA_PATH, with exactly the job's GPU device nodes."""
+    driver's folder is passed as TRITON_LIBCUDA_PATH, with exactly the launch's GPU device nodes."""
     import sandbox.docker as sd
 
     (tmp_path / "libcuda.so.1").write_bytes(b"")
@@ -193,7 +193,7 @@ def test_gpu_jobs_tell_triton_where_the_driver_is(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_warm_containers_serve_one_job_each_and_leave_nothing(isolated_dirs):
-    """Containers started ahead of need: a warm job's outputs equal a cold one's; closing the pool
+    """Containers started ahead of need: a warm launch's outputs equal a cold one's; closing the pool
     removes every container, process and directory."""
     from sandbox.docker import DockerBackend
 

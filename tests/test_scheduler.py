@@ -159,9 +159,9 @@ def test_a_benchmark_s_options_reach_the_service(monkeypatch):
     params = {"problem": "1", "path": "/x.py", "world_size": 2, "device": "cpu", "size": "pkb"}
     params |= {"timeout_s": 60.0, "sandbox": "auto"}
     cancel = threading.Event()
-    sched._run_bench({**params, "jobs": 3}, lambda *a: None, cancel)
+    sched._run_bench({**params, "launches": 3}, lambda *a: None, cancel)
     sched._run_bench(params, lambda *a: None, cancel)
-    assert [kw["jobs"] for kw in seen] == [3, 1]
+    assert [kw["launches"] for kw in seen] == [3, 1]
     assert all(kw["world_size"] == 2 and kw["cancel"] is cancel for kw in seen)
 
 

@@ -11,7 +11,7 @@ from pkb_mcp.scheduler import Scheduler
 from pkb_mcp.server import build_server
 from pkb_mcp.store import JobStore
 
-from .conftest import CANDIDATES, ROOT, job_processes
+from .conftest import CANDIDATES, ROOT, launch_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 REFERENCE_1 = (ROOT / "problems" / "001_allreduce.py").read_text()
@@ -71,7 +71,7 @@ async def test_list_and_reference_in_both_forms(client):
             {"problem": "1", "source": REFERENCE_1, "device": "cuda", "world_size": 2},
             "no CUDA GPU",
         ),
-        ("benchmark", {"problem": "1", "source": REFERENCE_1, "jobs": 0}, "greater than or equal to 1"),
+        ("benchmark", {"problem": "1", "source": REFERENCE_1, "launches": 0}, "greater than or equal to 1"),
         ("job_status", {"job_id": "feedface"}, "job feedface does not exist"),
     ],
 )
@@ -175,7 +175,7 @@ async def test_cancel_job_kills_a_hanging_candidate(client, isolated_dirs):
         await anyio.sleep(0.1)
     assert state == "cancelled", cancelled
     await anyio.sleep(0.5)
-    assert job_processes(isolated_dirs) == [] and list(isolated_dirs.iterdir()) == []
+    assert launch_processes(isolated_dirs) == [] and list(isolated_dirs.iterdir()) == []
 
 
 async def test_a_timeout_is_reported_per_rank(client):

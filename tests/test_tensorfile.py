@@ -98,14 +98,14 @@ def test_fp8_outputs_round_trip_bit_exact_and_are_judged_as_values(tmp_path):
 
 
 def test_result_files_carry_a_keyed_digest(tmp_path):
-    """A file (or timing record) rewritten without the job's key is told apart from the harness's."""
+    """A file (or timing record) rewritten without the launch's key is told apart from the harness's."""
     key = tensorfile.result_key([11, 22])
     path = tmp_path / "t0_r0.pkbt"
     x = torch.randn(8, 4, dtype=torch.bfloat16)
     tensorfile.save(path, [x, torch.arange(3)], "tuple", {"aliased_outputs": [0]}, key=key)
     structure, loaded, meta = tensorfile.load(path, 1 << 20)
     assert tensorfile.verify(key, structure, loaded, meta)
-    other = tensorfile.result_key([11, 23])  # another job's key
+    other = tensorfile.result_key([11, 23])  # another launch's key
     assert not tensorfile.verify(other, structure, loaded, meta)
     assert not tensorfile.verify(key, structure, loaded, {**meta, "aliased_outputs": []}), "flags changed"
     loaded[0][0, 0] += 1
@@ -123,14 +123,14 @@ def test_result_files_carry_a_keyed_digest(tmp_path):
 @pytest.mark.parametrize("mode, kept", [("outputs", 1.0), ("benchmark", 2.0)])
 def test_a_job_collects_only_its_own_modes_result_files(tmp_path, mode, kept):
     """Trial files (t<n>) and timed-set files (s<n>) share numbers: a file of the other mode left in
-    the job directory must never stand in for one of this mode."""
-    from pkb_mcp.jobs import JobRequest, _collect
+    the launch directory must never stand in for one of this mode."""
+    from pkb_mcp.launches import LaunchRequest, _collect
 
     out = tmp_path / "out"
     out.mkdir()
     tensorfile.save(out / "t0_r0.pkbt", [torch.full((4,), 1.0)], "tensor", {})
     tensorfile.save(out / "s0_r0.pkbt", [torch.full((4,), 2.0)], "tensor", {})
-    request = JobRequest(
+    request = LaunchRequest(
         mode=mode,
         problem_path=tmp_path / "p.py",
         solution_path=tmp_path / "p.py",

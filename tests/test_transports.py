@@ -26,8 +26,8 @@ def anyio_backend():
 
 def server_env(tmp_path):
     env = dict(os.environ)
-    env.update({"PKB_STATE_DIR": str(tmp_path / "state"), "PKB_JOBS_DIR": str(tmp_path / "jobs")})
-    (tmp_path / "jobs").mkdir(exist_ok=True)
+    env.update({"PKB_STATE_DIR": str(tmp_path / "state"), "PKB_LAUNCH_DIR": str(tmp_path / "launches")})
+    (tmp_path / "launches").mkdir(exist_ok=True)
     return env
 
 

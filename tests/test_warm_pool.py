@@ -1,5 +1,5 @@
-"""Sandboxes started ahead of need (sandbox/pool.py): a warm job gives the same outputs as a cold one,
-each warm sandbox serves one job, unused ones expire, and closing the pool leaves nothing behind.
+"""Sandboxes started ahead of need (sandbox/pool.py): a warm launch gives the same outputs as a cold one,
+each warm sandbox serves one launch, unused ones expire, and closing the pool leaves nothing behind.
 Process backend here; tests/test_sandbox_docker.py runs the same with containers."""
 
 import secrets
@@ -8,17 +8,17 @@ import time
 import pytest
 
 import sandbox.base
-from pkb_mcp.jobs import enable_warm_pool, run_job
+from pkb_mcp.launches import enable_warm_pool, run_launch
 from sandbox.pool import WarmKey
 from sandbox.process import ProcessBackend
 
-from .conftest import cpu_job, job_processes
+from .conftest import cpu_launch, launch_processes
 
 pytestmark = pytest.mark.integration
 
 
 def request(seeds, world_size=2):
-    return cpu_job(seeds=seeds, world_size=world_size)
+    return cpu_launch(seeds=seeds, world_size=world_size)
 
 
 def same_outputs(a, b):
@@ -28,25 +28,25 @@ def same_outputs(a, b):
             assert x.equal(y)
 
 
-def run_pool_lifecycle(backend, jobs_dir):
+def run_pool_lifecycle(backend, launches_dir):
     pool = enable_warm_pool(backend)
     assert pool is not None
     try:
         seeds = [secrets.randbits(62) for _ in range(2)]
-        cold = run_job(request(seeds), backend)
+        cold = run_launch(request(seeds), backend)
         assert cold.ok and not cold.warm
         pool.settle()
-        assert pool.size() == pool.per_key, "a finished job leaves its shape warm"
-        warm = run_job(request(seeds), backend)
-        assert warm.ok and warm.warm, "the next job of the same shape starts warm"
+        assert pool.size() == pool.per_key, "a finished launch leaves its shape warm"
+        warm = run_launch(request(seeds), backend)
+        assert warm.ok and warm.warm, "the next launch of the same shape starts warm"
         same_outputs(cold, warm)
-        other = run_job(request(seeds, world_size=4), backend)
+        other = run_launch(request(seeds, world_size=4), backend)
         assert other.ok and not other.warm, "another shape starts cold"
     finally:
         pool.close()
     assert pool.size() == 0
-    assert list(jobs_dir.iterdir()) == [], "closing the pool removes every warm sandbox's directory"
-    assert job_processes(jobs_dir) == [], "and every process"
+    assert list(launches_dir.iterdir()) == [], "closing the pool removes every warm sandbox's directory"
+    assert launch_processes(launches_dir) == [], "and every process"
 
 
 @pytest.mark.slow
@@ -65,21 +65,21 @@ def test_unused_warm_sandbox_expires(isolated_dirs, monkeypatch):
         handles = [s.handle for s in pool._slots[key]]
         assert len(handles) == 2
         for h in handles:
-            h.wait(timeout=120)  # the launcher gave up waiting for a job
+            h.wait(timeout=120)  # the launcher gave up waiting for a launch
             assert h.returncode == 0
         assert pool.take(key) is None, "an expired sandbox is never handed out"
     finally:
         pool.close()
     assert list(isolated_dirs.iterdir()) == []
-    assert job_processes(isolated_dirs) == []
+    assert launch_processes(isolated_dirs) == []
 
 
-def fake_pool(jobs_dir, start, per_key):
+def fake_pool(launches_dir, start, per_key):
     """A pool whose sandboxes are whatever `start` makes of them: always alive, nothing to discard."""
     from sandbox.pool import WarmPool
 
     return WarmPool(
-        new_dir=lambda job_id: jobs_dir / job_id,
+        new_dir=lambda launch_id: launches_dir / launch_id,
         start=start,
         alive=lambda handle: True,
         discard=lambda slot: None,
@@ -91,9 +91,9 @@ def ready_at_once(started: list):
     """A fake start: the sandbox is ready as soon as it exists; `started` records each one's shape."""
 
     def start(slot):
-        slot.job_dir.mkdir()
+        slot.launch_dir.mkdir()
         for r in range(slot.key.world_size):
-            (slot.job_dir / f"rank{r}.ready").touch()  # as a warmed-up launcher's workers leave
+            (slot.launch_dir / f"rank{r}.ready").touch()  # as a warmed-up launcher's workers leave
         started.append(slot.key)
         return "handle"
 
@@ -111,7 +111,7 @@ def test_quiet_postpones_starts_until_the_benchmark_ends(isolated_dirs):
     pool.settle()
     assert time.monotonic() - t0 < 10, "settle returns once the sandbox is ready"
     assert started == [key] and pool.size() == 1
-    assert pool.take(key) is not None and pool.take(key) is None, "a warm sandbox serves one job"
+    assert pool.take(key) is not None and pool.take(key) is None, "a warm sandbox serves one launch"
 
 
 def test_a_benchmark_of_several_jobs_gets_a_sandbox_for_each(isolated_dirs):
@@ -120,21 +120,21 @@ def test_a_benchmark_of_several_jobs_gets_a_sandbox_for_each(isolated_dirs):
     key = WarmKey("cpu", (), 2, 1)
     pool.replenish(key, 4)
     pool.settle()
-    assert len(started) == 4 and pool.size() == 4, "one per job, beyond the pool's usual one"
+    assert len(started) == 4 and pool.size() == 4, "one per launch, beyond the pool's usual one"
     pool.replenish(key, 2)
     pool.settle()
     assert len(started) == 4, "no more than asked for while they wait"
     with pool.quiet():
         taken = [pool.take(key) for _ in range(4)]
-        assert all(t is not None and t.ready() for t in taken), "every job's sandbox is ready"
-        pool.replenish(key)  # as each job ends
+        assert all(t is not None and t.ready() for t in taken), "every launch's sandbox is ready"
+        pool.replenish(key)  # as each launch ends
         assert pool.take(key) is None and len(started) == 4, "nothing starts while timing"
     pool.settle()
     assert len(started) == 5 and pool.size() == 1, "afterwards the pool keeps its usual one"
 
 
 def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
-    """A benchmark of two jobs a side through `backend` with a warm pool: each of its four jobs takes
+    """A benchmark of two launches a side through `backend` with a warm pool: each of its four launches takes
     a sandbox that finished warming up, started before the timing began."""
     from structlog.testing import capture_logs
 
@@ -148,7 +148,7 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
         with capture_logs() as logs:
             path = problems.suite()[1].path
             r = service.bench(
-                1, path, world_size=2, device="cpu", jobs=2, progress=lambda *a: steps.append(a[:3])
+                1, path, world_size=2, device="cpu", launches=2, progress=lambda *a: steps.append(a[:3])
             )
     finally:
         pool.close()
@@ -156,8 +156,8 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
     assert r.verdict == "pass", r.message
     takes = [e for e in logs if e["event"] == "warm.take"]
     assert len(takes) == 4 and all(e["hit"] and e["ready"] for e in takes), takes
-    # each job's log says where its time went, stage by stage (each stage's longest over the ranks)
-    stages = [e["stages_s"] for e in logs if e["event"] == "job.end"]
+    # each launch's log says where its time went, stage by stage (each stage's longest over the ranks)
+    stages = [e["stages_s"] for e in logs if e["event"] == "launch.end"]
     assert len(stages) == 4 and all(
         list(s)
         == ["setup", "import", "benchmark inputs", "benchmark first calls", "benchmark timing", "teardown"]
@@ -167,10 +167,10 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
     assert steps[0] == (
         0,
         5,
-        "starting a sandbox for each of the 4 jobs, then timing the reference (job 1 of 2)",
+        "starting a sandbox for each of the 4 launches, then timing the reference (launch 1 of 2)",
     )
     assert [s[0] for s in steps] == [0, 1, 2, 3, 5], "progress only ever increases (MCP requires it)"
-    assert list(isolated_dirs.iterdir()) == [] and job_processes(isolated_dirs) == []
+    assert list(isolated_dirs.iterdir()) == [] and launch_processes(isolated_dirs) == []
 
 
 def test_bench_of_several_jobs_takes_a_warm_sandbox_for_each(isolated_dirs, monkeypatch):
@@ -215,11 +215,11 @@ def test_a_warm_sandbox_that_died_is_reported_with_how_it_ended(isolated_dirs):
 
 
 def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
-    """Of two live sandboxes, the one ready for its job is handed out first, whatever their order;
+    """Of two live sandboxes, the one ready for its launch is handed out first, whatever their order;
     one still warming up is handed out when it is all there is."""
 
     def start(slot):
-        slot.job_dir.mkdir()
+        slot.launch_dir.mkdir()
         return "handle"
 
     pool = fake_pool(isolated_dirs, start, per_key=2)
@@ -228,7 +228,7 @@ def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
     pool.settle(timeout_s=0.5)  # never ready: settle gives up
     first, second = pool._slots[key]
     for r in range(2):
-        (second.job_dir / f"rank{r}.ready").touch()
+        (second.launch_dir / f"rank{r}.ready").touch()
     assert pool.take(key) is second, "the ready one, though it is second"
     assert pool.take(key) is first, "then the one still warming up"
     assert pool.take(key) is None

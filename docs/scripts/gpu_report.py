@@ -362,7 +362,7 @@ def main() -> None:
     DEVICE, SANDBOX, PLACEMENTS, JOBS = args.device, args.sandbox, args.placements, args.jobs
     emit(args.out, {"part": "machine", **machine(), "argv": sys.argv[1:]})
     if args.warm:
-        from pkb_mcp.jobs import enable_warm_pool
+        from pkb_mcp.launches import enable_warm_pool
         from sandbox import select_backend
 
         enable_warm_pool(select_backend(SANDBOX))

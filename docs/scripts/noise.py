@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pkb_mcp import config, problems, service, stats  # noqa: E402
-from pkb_mcp.jobs import JobRequest, run_job  # noqa: E402
+from pkb_mcp.launches import LaunchRequest, run_launch  # noqa: E402
 from sandbox import select_backend  # noqa: E402
 from sandbox.cpus import format_cpulist  # noqa: E402
 
@@ -149,8 +149,8 @@ def main() -> None:
             jobs: list[list[float]] = []
             for j in range(args.processes):
                 t0 = time.perf_counter()
-                outcome = run_job(
-                    JobRequest(
+                outcome = run_launch(
+                    LaunchRequest(
                         mode="benchmark",
                         problem_path=p.path,
                         solution_path=p.path,

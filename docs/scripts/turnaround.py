@@ -74,7 +74,7 @@ def main() -> None:
     import torch
     from mcp import Client
 
-    from pkb_mcp.jobs import enable_warm_pool, warm_key
+    from pkb_mcp.launches import enable_warm_pool, warm_key
     from pkb_mcp.scheduler import Scheduler
     from pkb_mcp.server import build_server
     from pkb_mcp.store import JobStore

@@ -8,21 +8,22 @@ build time and whether the result came from the cache.
 - A `.cu`/`.cuh` file is compiled with nvcc for one architecture (sm_90a by default) with the flags that
   torch's extension builds use, against torch's and Python's headers, so sources that include
   `<torch/extension.h>` or `<ATen/...>` build as they would under `load_inline`.
-- A `.py` solution is never executed on the host. A discovery job in the sandbox (harness/discover.py)
+- A `.py` solution is never executed on the host. A discovery launch in the sandbox (harness/discover.py)
   imports it with recorders in place of `load_inline` and `load`, and finds the calls that run lazily on
   solution()'s first call; what it reports is parsed as untrusted data. Each recorded extension is then
   built: its CUDA sources with nvcc, its C++ sources with a syntax-only host compiler check. Diagnostics in
   inline source strings are mapped back to lines of the `.py` file. Where the node can build the
-  extension itself (pkb_mcp/extensions.py), the same build job puts it in the extension cache, so a
+  extension itself (pkb_mcp/extensions.py), the same build launch puts it in the extension cache, so a
   check that follows does not build it again.
-- Every compiler runs in a build job in the sandbox (harness/build.py); the host plans the commands
-  (flags from an allow-list, sources written as text into the job directory) and parses their output.
+- Every compiler runs in a build launch in the sandbox (harness/build.py); the host plans the commands
+  (flags from an allow-list, sources written as text into the launch directory) and parses their output.
 - Results are cached by content (source text, flags, architecture, toolchain versions) under `cache_dir`:
   whole results, and for solutions each compiler run as well, so a solution whose CUDA string changed still
   reuses its C++ check. Failed builds are cached too; timed-out ones are not.
 
-Sandbox jobs are run through a `Tools` object (pkb_mcp.jobs.ToolJobs): the caller chooses the backend.
-May import the standard library, pydantic, torch (for its header locations) and, for the jobs,
+Sandbox launches are run through a `Tools` object (pkb_mcp.launches.ToolLaunches): the caller chooses
+the backend.
+May import the standard library, pydantic, torch (for its header locations) and, for the launches,
 pkb_mcp.extensions.
 """
 

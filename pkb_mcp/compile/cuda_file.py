@@ -1,5 +1,5 @@
 """A standalone `.cu`/`.cuh` file: copied with the headers it includes from its own folder into a build
-job, compiled with nvcc -cubin for one architecture, cached as a whole."""
+launch, compiled with nvcc -cubin for one architecture, cached as a whole."""
 
 from __future__ import annotations
 
@@ -17,7 +17,15 @@ from pkb_mcp.compile.toolchain import (
     _stand_in_notes,
     _toolchain_fingerprint,
 )
-from pkb_mcp.compile.units import Tools, _execute, _Job, _nvcc_argv, _safe_identifier, _unit_result, _UnitPlan
+from pkb_mcp.compile.units import (
+    Tools,
+    _Command,
+    _execute,
+    _nvcc_argv,
+    _safe_identifier,
+    _unit_result,
+    _UnitPlan,
+)
 
 
 def _compile_cuda_file(
@@ -70,9 +78,9 @@ def _compile_cuda_file(
             extra=[],
         )
         paths = {str(source): display, **{str(src / Path(d).relative_to(path.parent)): d for d in deps}}
-        # The whole result is cached below; a job-level entry would duplicate it (no key material).
-        job = _Job("nvcc", argv, key_material={}, paths=paths)
-        plan = _UnitPlan(name=Path(display).name, jobs=[job], work=work, toolchain={}, inputs=deps)
+        # The whole result is cached below; a command-level entry would duplicate it (no key material).
+        command = _Command("nvcc", argv, key_material={}, paths=paths)
+        plan = _UnitPlan(name=Path(display).name, commands=[command], work=work, toolchain={}, inputs=deps)
         ran, _ = _execute([plan], cache, tools, work, deadline)
         unit = _unit_result(plan, ran[0], timeout_s)
     finally:

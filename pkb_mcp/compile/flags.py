@@ -138,7 +138,7 @@ def _choose_host_flags(flags: Sequence[str], base: Path) -> _FlagChoice:
 def prebuild_refusal(request: Any) -> str | None:
     """Why a load_inline request may not be built for the shared extension cache, or None.
 
-    A build job runs no candidate code only if the compilers run no program the candidate chose: its
+    A build launch runs no candidate code only if the compilers run no program the candidate chose: its
     flags must pass the same allow-list as compile_kernel's, with no paths, and link only libraries
     by name."""
     base = Path("/nonexistent")

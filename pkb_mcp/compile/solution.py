@@ -1,6 +1,6 @@
-"""A `.py` solution: a discovery job imports it in the sandbox to find its load_inline / load calls (also
+"""A `.py` solution: a discovery launch imports it in the sandbox to find its load_inline / load calls (also
 those made on solution()'s first call), then each extension is checked (nvcc for CUDA, a syntax-only host
-compiler run for C++) and, where the node can, built for the extension cache in the same build job."""
+compiler run for C++) and, where the node can, built for the extension cache in the same build launch."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ from pkb_mcp.compile.toolchain import (
 )
 from pkb_mcp.compile.units import (
     Tools,
+    _Command,
+    _command_material,
     _cxx_argv,
     _execute,
-    _Job,
-    _job_material,
     _LineMap,
     _nvcc_argv,
     _remaining,
@@ -85,7 +85,7 @@ class _Recording(BaseModel):
 
 
 def _record_extensions(text: str, tools: Tools, deadline: float, timeout_s: float) -> _Recording | Diagnostic:
-    """The solution's builder calls, from a discovery job in the sandbox (kept per solution text)."""
+    """The solution's builder calls, from a discovery launch in the sandbox (kept per solution text)."""
     from pkb_mcp import extensions
 
     found = extensions.discover(text, tools, _remaining(deadline))
@@ -99,7 +99,7 @@ def _record_extensions(text: str, tools: Tools, deadline: float, timeout_s: floa
     try:
         return _Recording.model_validate(found)
     except ValidationError:
-        return _tool_message("the discovery job returned malformed data; the solution was not checked")
+        return _tool_message("the discovery launch returned malformed data; the solution was not checked")
 
 
 def _import_diagnostic(failure: _ImportFailure, display: str) -> Diagnostic:
@@ -351,7 +351,7 @@ def _plan_extension(
         )
     if cuda_files and nvcc is None:
         raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC")
-    jobs: list[_Job] = []
+    commands: list[_Command] = []
     for k, (source_file, shown, mapping) in enumerate(cuda_files):
         assert nvcc is not None
         argv = _nvcc_argv(
@@ -365,8 +365,8 @@ def _plan_extension(
             include_dirs=include_dirs,
             extra=nvcc_flags.kept,
         )
-        material = _job_material("nvcc", argv, work, source_file, {})
-        jobs.append(_Job("nvcc", argv, material, mapping, {str(source_file): shown}))
+        material = _command_material("nvcc", argv, work, source_file, {})
+        commands.append(_Command("nvcc", argv, material, mapping, {str(source_file): shown}))
     if cpp_files and host is None:
         notes.append(
             f"extension {name}: no C++ compiler (c++, g++, clang++) on PATH; cpp sources not checked"
@@ -383,10 +383,12 @@ def _plan_extension(
                 include_dirs=include_dirs,
                 extra=host_flags.kept,
             )
-            material = _job_material("c++", argv, work, source_file, {})
-            jobs.append(_Job("c++", argv, material, mapping, {str(source_file): shown}))
-    if not jobs and not known:
+            material = _command_material("c++", argv, work, source_file, {})
+            commands.append(_Command("c++", argv, material, mapping, {str(source_file): shown}))
+    if not commands and not known:
         where = f"{display}:{call.line}" if call.line else display
         notes.append(f"extension {name} ({where}) has no sources to build")
     toolchain = _toolchain_fingerprint(nvcc)
-    return _UnitPlan(name=name, jobs=jobs, work=work, toolchain=toolchain, inputs={}, diagnostics=known)
+    return _UnitPlan(
+        name=name, commands=commands, work=work, toolchain=toolchain, inputs={}, diagnostics=known
+    )

@@ -1,4 +1,4 @@
-"""One unit (a .cu file, or one extension of a solution): its compiler commands, run in a build job in the
+"""One unit (a .cu file, or one extension of a solution): its compiler commands, run in a build launch in the
 sandbox (harness/build.py) or taken from the cache, and the diagnostics and kernel resources of their
 output, mapped back to the lines the user wrote."""
 
@@ -27,13 +27,13 @@ _MAX_CAPTURED_OUTPUT = 1 << 20
 
 
 class Tools(Protocol):
-    """Runs harness tool programs as sandbox jobs (pkb_mcp.jobs.ToolJobs)."""
+    """Runs harness tool programs as sandbox launches (pkb_mcp.launches.ToolLaunches)."""
 
     isolated: bool
 
     def new_dir(self) -> Path: ...
 
-    def run(self, mode: str, job_dir: Path, params: dict[str, Any], timeout_s: float) -> Any: ...
+    def run(self, mode: str, launch_dir: Path, params: dict[str, Any], timeout_s: float) -> Any: ...
 
 
 def _remaining(deadline: float) -> float:
@@ -47,30 +47,36 @@ def _execute(
     work: Path,
     deadline: float,
     prebuild: Sequence[Any] = (),
-) -> tuple[list[list[tuple[_JobRecord | None, bool]]], Any]:
-    """Each plan's compiler runs: from the cache, or from one build job in `work` (the job directory
+) -> tuple[list[list[tuple[_CommandRecord | None, bool]]], Any]:
+    """Each plan's compiler runs: from the cache, or from one build launch in `work` (the launch directory
     the plans wrote their sources into), which also builds `prebuild` extension requests. Returns per
-    plan [(record or None when the job left none, cache hit)], and what the extension builds did."""
+    plan [(record or None when the launch left none, cache hit)], and what the extension builds did."""
     from pkb_mcp import extensions
 
     keyed = []
     for plan in plans:
         row = []
-        for job in plan.jobs:
-            key = cache.key({**job.key_material, "toolchain": plan.toolchain}) if job.key_material else ""
-            row.append((key, cache.load(key, _JobRecord) if key else None))
+        for command in plan.commands:
+            key = (
+                cache.key({**command.key_material, "toolchain": plan.toolchain})
+                if command.key_material
+                else ""
+            )
+            row.append((key, cache.load(key, _CommandRecord) if key else None))
         keyed.append(row)
     pending = [(p, j) for p, row in enumerate(keyed) for j, (_, record) in enumerate(row) if record is None]
-    commands = [{"argv": plans[p].jobs[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
+    commands = [{"argv": plans[p].commands[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
     prepared, result = extensions.build_requests(
-        list(prebuild), tools, _remaining(deadline), extra={"commands": commands}, job_dir=work
+        list(prebuild), tools, _remaining(deadline), extra={"commands": commands}, launch_dir=work
     )
     ran = result.get("commands", []) if result is not None else []
     ran = ran if isinstance(ran, list) else []
-    out: list[list[tuple[_JobRecord | None, bool]]] = [[(r, r is not None) for _, r in row] for row in keyed]
+    out: list[list[tuple[_CommandRecord | None, bool]]] = [
+        [(r, r is not None) for _, r in row] for row in keyed
+    ]
     for n, (p, j) in enumerate(pending):
         record = _parse_record(ran[n]) if n < len(ran) else None
-        if record is not None:  # the job wrote its directory as <build>; a unit's record names its own
+        if record is not None:  # the launch wrote its directory as <build>; a unit's record names its own
             output = record.output.replace("<build>", str(work)).replace(str(plans[p].work), "<build>")
             record = record.model_copy(update={"output": output})
         out[p][j] = (record, False)
@@ -81,10 +87,10 @@ def _execute(
     return out, prepared
 
 
-def _parse_record(value: Any) -> _JobRecord | None:
-    """A compiler run as the build job reported it (untrusted: checked, output capped)."""
+def _parse_record(value: Any) -> _CommandRecord | None:
+    """A compiler run as the build launch reported it (untrusted: checked, output capped)."""
     try:
-        record = _JobRecord.model_validate(value)
+        record = _CommandRecord.model_validate(value)
     except ValidationError:
         return None
     return record.model_copy(update={"output": record.output[:_MAX_CAPTURED_OUTPUT]})
@@ -152,7 +158,7 @@ def _locate_chunk(chunk: str, py_lines: Sequence[str]) -> int | None:
 
 
 @dataclass
-class _Job:
+class _Command:
     tool: Literal["nvcc", "c++"]
     argv: list[str]
     key_material: dict[str, object]  # what decides the compiler's output, besides the toolchain
@@ -163,18 +169,18 @@ class _Job:
 @dataclass
 class _UnitPlan:
     name: str
-    jobs: list[_Job]
+    commands: list[_Command]
     work: Path
     toolchain: dict[str, str]
     inputs: dict[str, str] = field(default_factory=dict)  # files read besides the .py: {path: sha256}
     diagnostics: list[Diagnostic] = field(default_factory=list)  # known before building
 
 
-def _job_material(
+def _command_material(
     tool: str, argv: Sequence[str], work: Path, source: Path, deps: dict[str, str]
 ) -> dict[str, object]:
     return {
-        "level": "job",
+        "level": "command",
         "tool": tool,
         "argv": _shown(argv, work),
         "source": _read(str(source)),
@@ -253,7 +259,7 @@ def _shown(argv: Sequence[str], work: Path) -> str:
     return shlex.join(argv).replace(str(work), "<build>")
 
 
-class _JobRecord(BaseModel):
+class _CommandRecord(BaseModel):
     """A compiler run as cached: its exit status and output, with the build dir written as <build>."""
 
     returncode: int | None
@@ -262,30 +268,32 @@ class _JobRecord(BaseModel):
 
 
 def _unit_result(
-    plan: _UnitPlan, ran: Sequence[tuple[_JobRecord | None, bool]], timeout_s: float
+    plan: _UnitPlan, ran: Sequence[tuple[_CommandRecord | None, bool]], timeout_s: float
 ) -> CompileUnit:
     """A unit's diagnostics and kernel resources from the output of each of its compiler runs."""
     work = plan.work
-    lost = _JobRecord(returncode=None, output="", elapsed_s=0.0)
+    lost = _CommandRecord(returncode=None, output="", elapsed_s=0.0)
     records = [record if record is not None else lost for record, _ in ran]
     hits = [hit for _, hit in ran]
     diagnostics = list(plan.diagnostics)
     kernels: list[KernelResources] = []
     logs: list[str] = []
-    for job, record in zip(plan.jobs, records, strict=True):
-        logs.append(f"$ {_shown(job.argv, work)}\n{record.output}")
+    for command, record in zip(plan.commands, records, strict=True):
+        logs.append(f"$ {_shown(command.argv, work)}\n{record.output}")
         output = record.output.replace("<build>", str(work))
-        found = [_place(d, job, work) for d in parse_diagnostics(output, tool=job.tool)]
+        found = [_place(d, command, work) for d in parse_diagnostics(output, tool=command.tool)]
         if record.returncode is None:
-            found.append(_tool_message(f"build timed out after {timeout_s:g} s ({job.tool} was killed)"))
+            found.append(_tool_message(f"build timed out after {timeout_s:g} s ({command.tool} was killed)"))
         elif record.returncode < 0 or record.returncode == 127:
-            found.append(_tool_message(f"{job.tool} failed to run (status {record.returncode}); see log"))
+            found.append(_tool_message(f"{command.tool} failed to run (status {record.returncode}); see log"))
         elif record.returncode != 0 and not any(d.severity == "error" for d in found):
             found.append(
-                _tool_message(f"{job.tool} exited with status {record.returncode}; see log", tool=job.tool)
+                _tool_message(
+                    f"{command.tool} exited with status {record.returncode}; see log", tool=command.tool
+                )
             )
         diagnostics += found
-        if job.tool == "nvcc":
+        if command.tool == "nvcc":
             kernels += parse_ptxas_resources(output)
     names = _demangle([k.mangled for k in kernels])
     kernels = [k.model_copy(update={"kernel": names.get(k.mangled, k.mangled)}) for k in kernels]
@@ -302,10 +310,10 @@ def _unit_result(
         ok=not any(d.severity == "error" for d in diagnostics),
         diagnostics=diagnostics,
         kernels=kernels,
-        # jobs run side by side, so the unit took as long as its slowest job
+        # commands run side by side, so the unit took as long as its slowest command
         build_time_s=max((r.elapsed_s for r in records), default=0.0),
-        cache_hit=bool(plan.jobs) and all(hits),
-        command="\n".join(_shown(job.argv, work) for job in plan.jobs),
+        cache_hit=bool(plan.commands) and all(hits),
+        command="\n".join(_shown(command.argv, work) for command in plan.commands),
         log="\n".join(logs)[:_LOG_LIMIT],
     )
 
@@ -314,17 +322,17 @@ def _dedupe(diagnostics: Sequence[Diagnostic]) -> list[Diagnostic]:
     return list({(d.file, d.line, d.column, d.severity, d.message): d for d in diagnostics}.values())
 
 
-def _place(diagnostic: Diagnostic, job: _Job, work: Path) -> Diagnostic:
+def _place(diagnostic: Diagnostic, command: _Command, work: Path) -> Diagnostic:
     """Rewrite a compiler's file name to what the user knows: the .py line, or the file's given name."""
     if diagnostic.file is None:
         return diagnostic
     path = os.path.normpath(os.path.join(work, diagnostic.file))
-    if job.line_map is not None and path == job.line_map.generated and diagnostic.line is not None:
-        file, line = job.line_map.map(diagnostic.line)
-        column = diagnostic.column if file != job.line_map.py_display else None
+    if command.line_map is not None and path == command.line_map.generated and diagnostic.line is not None:
+        file, line = command.line_map.map(diagnostic.line)
+        column = diagnostic.column if file != command.line_map.py_display else None
         return diagnostic.model_copy(update={"file": file, "line": line, "column": column})
-    if path in job.paths:
-        return diagnostic.model_copy(update={"file": job.paths[path]})
+    if path in command.paths:
+        return diagnostic.model_copy(update={"file": command.paths[path]})
     return diagnostic.model_copy(update={"file": diagnostic.file.replace(str(work), "<build>")})
 
 

@@ -20,7 +20,7 @@ def _other_job_dirs():
     """Job directories next to this one (the same server's jobs): from a listing of the parent
     directory, and from the working directories of the processes in /proc."""
     here = Path.cwd().resolve()
-    found = {p for p in here.parent.glob("pkb-job-*") if p != here}
+    found = {p for p in here.parent.glob("pkb-launch-*") if p != here}
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:

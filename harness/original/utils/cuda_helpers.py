@@ -5,7 +5,7 @@ A file passes one CUDA source that carries its own `PYBIND11_MODULE` bindings:
     _ext = compile_cuda_extension("my_ext", CUDA_SRC)
 
 This builds it as `load_inline(name, cpp_sources="", cuda_sources=CUDA_SRC)` would, through the same
-path as any `load_inline` call in a job: built once per node by a build job and loaded from the
+path as any `load_inline` call in a launch: built once per node by a build launch and loaded from the
 extension cache (harness/extensions.py). Stdlib + torch only.
 """
 
@@ -26,7 +26,7 @@ def compile_cuda_extension(
     verbose: bool = False,
 ) -> Any:
     """Build (or load from the cache) the extension `name` from one CUDA source with its own bindings."""
-    from torch.utils import cpp_extension  # looked up per call: the job routes it through the cache
+    from torch.utils import cpp_extension  # looked up per call: the launch routes it through the cache
 
     return cpp_extension.load_inline(
         name=name,

@@ -1,6 +1,6 @@
-"""One job end to end: make the job dir, run the harness in a sandbox, collect what it left, clean up.
+"""One launch end to end: make the launch dir, run the harness in a sandbox, collect what it left, clean up.
 
-The job directory holds copies of the problem and solution files (so the sandbox sees nothing else of
+The launch directory holds copies of the problem and solution files (so the sandbox sees nothing else of
 the host's), the launcher's and each rank's logs, outputs and timings. Everything read back is capped
 and parsed without trusting it; the directory is removed before this returns.
 """
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from harness import tensorfile
-from harness.contracts import JobConfig, TimingConfig, TimingRecord
+from harness.contracts import LaunchConfig, TimingConfig, TimingRecord
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.judge import Outputs
 from pkb_mcp.log import get
 from sandbox import cpus
-from sandbox.base import Backend, SandboxJob, tail
+from sandbox.base import Backend, SandboxLaunch, tail
 from sandbox.pool import WarmKey, WarmPool
 
 log = get(__name__)
@@ -48,11 +48,11 @@ class RankOutcome:
     log_tail: str = ""
     ended_s: float = 0.0  # when the launcher saw it end: the first failure is usually the cause
     cpus: list[int] = field(default_factory=list)  # the CPUs it could run on (sandbox/cpus.py); [] unknown
-    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the job, as reported
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the launch, as reported
 
 
 @dataclass
-class JobOutcome:
+class LaunchOutcome:
     ranks: list[RankOutcome]
     wall_s: float
     timed_out: bool
@@ -64,7 +64,7 @@ class JobOutcome:
     timing: TimingRecord | None = None
     launcher_log: str = ""
     warm: bool = False  # ran in a sandbox started ahead of need
-    collected: Any = None  # what run_job's `collect` read from the job directory before its removal
+    collected: Any = None  # what run_launch's `collect` read from the launch directory before its removal
     convention: dict[str, str] | None = None  # what rank 0 recorded it chose (informational)
 
     @property
@@ -73,7 +73,7 @@ class JobOutcome:
 
 
 @dataclass
-class JobRequest:
+class LaunchRequest:
     mode: str  # "outputs", "benchmark" or "profile"
     problem_path: Path
     solution_path: Path
@@ -90,10 +90,10 @@ class JobRequest:
     convention: str = "auto"  # how the candidate is called: auto, ours, original (harness/convention.py)
 
 
-def new_job_dir(job_id: str) -> Path:
-    job_dir = Path(tempfile.mkdtemp(prefix=f"pkb-job-{job_id}-", dir=config.jobs_dir()))
-    os.chmod(job_dir, 0o755)
-    return job_dir
+def new_launch_dir(launch_id: str) -> Path:
+    launch_dir = Path(tempfile.mkdtemp(prefix=f"pkb-launch-{launch_id}-", dir=config.launches_dir()))
+    os.chmod(launch_dir, 0o755)
+    return launch_dir
 
 
 def enable_warm_pool(backend: Backend) -> WarmPool | None:
@@ -101,7 +101,7 @@ def enable_warm_pool(backend: Backend) -> WarmPool | None:
     CLI command does not). None when the backend cannot."""
     enable = getattr(backend, "enable_pool", None)
     _use_extension_cache(backend)
-    return enable(new_job_dir, config.HARNESS_ROOT) if enable else None
+    return enable(new_launch_dir, config.HARNESS_ROOT) if enable else None
 
 
 def warm_pool(backend: Backend) -> WarmPool | None:
@@ -116,7 +116,7 @@ def _node_gpus() -> int:
 
 
 def warm_key(device: str, gpus: list[int], world_size: int, threads: int) -> WarmKey:
-    """The shape of a job's sandbox, its ranks' CPU cores included (PKB_PIN_CPUS, sandbox/cpus.py)."""
+    """The shape of a launch's sandbox, its ranks' CPU cores included (PKB_PIN_CPUS, sandbox/cpus.py)."""
     gpus = list(gpus) if device == "cuda" else []
     pinned: tuple[tuple[int, ...], ...] = ()
     if config.pin_cpus(device):
@@ -124,26 +124,27 @@ def warm_key(device: str, gpus: list[int], world_size: int, threads: int) -> War
     return WarmKey(device, tuple(gpus), world_size, threads, pinned)
 
 
-def _request_key(request: JobRequest) -> WarmKey:
+def _request_key(request: LaunchRequest) -> WarmKey:
     return warm_key(request.device, request.gpus, request.world_size, request.threads_per_rank)
 
 
-def prestart(request: JobRequest, backend: Backend, count: int) -> None:
-    """Have `count` warm sandboxes of this request's shape started (a benchmark of several jobs a
+def prestart(request: LaunchRequest, backend: Backend, count: int) -> None:
+    """Have `count` warm sandboxes of this request's shape started (a benchmark of several launches a
     side, before its timing begins); nothing without a warm pool."""
     pool = warm_pool(backend)
     if pool is not None:
         pool.replenish(_request_key(request), count)
 
 
-def run_job(
-    request: JobRequest,
+def run_launch(
+    request: LaunchRequest,
     backend: Backend,
     cancel: threading.Event | None = None,
     collect: Callable[[Path], Any] | None = None,
-) -> JobOutcome:
-    """Run one job; raises Cancelled when `cancel` was set before it ended (the job is killed).
-    `collect(job_dir)`, when given, reads what else the job left (untrusted) before the directory goes."""
+) -> LaunchOutcome:
+    """Run one launch; raises Cancelled when `cancel` was set before it ended (the launch is killed).
+    `collect(launch_dir)`, when given, reads what else the launch left (untrusted) before the
+    directory goes."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before it started")
     _use_extension_cache(backend)
@@ -151,12 +152,12 @@ def run_job(
     key = _request_key(request)
     slot = pool.take(key) if pool is not None else None
     if slot is not None:
-        job_id, job_dir = slot.job_id, slot.job_dir
+        launch_id, launch_dir = slot.launch_id, slot.launch_dir
     else:
-        job_id = uuid.uuid4().hex[:16]
-        job_dir = new_job_dir(job_id)
+        launch_id = uuid.uuid4().hex[:16]
+        launch_dir = new_launch_dir(launch_id)
     try:
-        src = job_dir / "src"
+        src = launch_dir / "src"
         src.mkdir()
         problem_copy = src / f"problem_{request.problem_path.name}"
         shutil.copyfile(request.problem_path, problem_copy)
@@ -165,9 +166,9 @@ def run_job(
         else:
             solution_copy = src / "solution.py"
             shutil.copyfile(request.solution_path, solution_copy)
-        cfg: JobConfig = {
+        cfg: LaunchConfig = {
             "mode": request.mode,
-            "job_dir": str(job_dir),
+            "launch_dir": str(launch_dir),
             "problem_path": str(problem_copy),
             "solution_path": str(solution_copy),
             "world_size": request.world_size,
@@ -182,9 +183,9 @@ def run_job(
             "convention": request.convention,
             "rank_cpus": [list(block) for block in key.cpus],
         }
-        job = SandboxJob(
-            job_id=job_id,
-            job_dir=job_dir,
+        launch = SandboxLaunch(
+            launch_id=launch_id,
+            launch_dir=launch_dir,
             config=cfg,
             device=request.device,
             gpus=request.gpus,
@@ -195,18 +196,22 @@ def run_job(
             warm=slot.handle if slot is not None else None,
         )
         log.info(
-            "job.start", job=job_id, mode=request.mode, backend=backend.name, world_size=request.world_size
+            "launch.start",
+            launch=launch_id,
+            mode=request.mode,
+            backend=backend.name,
+            world_size=request.world_size,
         )
-        run = backend.run(job, cancel)
+        run = backend.run(launch, cancel)
         if run.cancelled:
-            log.info("job.cancelled", job=job_id)
-            raise Cancelled("cancelled while running; every process of the job was killed")
-        outcome = _collect(job_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
+            log.info("launch.cancelled", launch=launch_id)
+            raise Cancelled("cancelled while running; every process of the launch was killed")
+        outcome = _collect(launch_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
         if collect is not None:
-            outcome.collected = collect(job_dir)
+            outcome.collected = collect(launch_dir)
         log.info(
-            "job.end",
-            job=job_id,
+            "launch.end",
+            launch=launch_id,
             wall_s=round(run.wall_s, 3),
             ok=outcome.ok,
             warm=run.warm,
@@ -216,7 +221,7 @@ def run_job(
         outcome.warm = run.warm
         return outcome
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        shutil.rmtree(launch_dir, ignore_errors=True)
         if pool is not None:
             pool.replenish(key)
 
@@ -243,7 +248,7 @@ def _stage_times(value: Any) -> dict[str, float]:
 
 def longest_stages(ranks: list[RankOutcome]) -> dict[str, float]:
     """Each stage's longest time over the ranks: the ranks wait for each other, so the slowest one's
-    stage is what the job spent on it."""
+    stage is what the launch spent on it."""
     out: dict[str, float] = {}
     for r in ranks:
         for name, seconds in r.stages.items():
@@ -252,12 +257,12 @@ def longest_stages(ranks: list[RankOutcome]) -> dict[str, float]:
 
 
 def _collect(
-    job_dir: Path, request: JobRequest, launcher_log: str, killed: bool, wall_s: float
-) -> JobOutcome:
+    launch_dir: Path, request: LaunchRequest, launcher_log: str, killed: bool, wall_s: float
+) -> LaunchOutcome:
     try:
-        launch = json.loads((job_dir / "launch.json").read_text())
-        entries = launch["ranks"]
-        timed_out = bool(launch.get("timed_out")) or killed
+        record = json.loads((launch_dir / "launch.json").read_text())
+        entries = record["ranks"]
+        timed_out = bool(record.get("timed_out")) or killed
     except (OSError, ValueError, KeyError):
         # the launcher itself never reported: everything it ran is lost
         state = "timeout" if killed else "crashed"
@@ -274,14 +279,16 @@ def _collect(
                 stage=str(e.get("stage") or ""),
                 traceback=str(e.get("traceback") or ""),
                 signal=e.get("signal"),
-                log_tail=tail(job_dir / f"rank{rank}.log", RANK_LOG_CAP),
+                log_tail=tail(launch_dir / f"rank{rank}.log", RANK_LOG_CAP),
                 ended_s=float(e.get("elapsed_s") or 0.0),
                 cpus=_cpu_list(e.get("cpus")),
                 stages=_stage_times(e.get("stages")),
             )
         )
-    outcome = JobOutcome(ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:])
-    out_dir = job_dir / "out"
+    outcome = LaunchOutcome(
+        ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:]
+    )
+    out_dir = launch_dir / "out"
     if out_dir.is_dir():
         # trials write t<trial>_r<rank>, benchmarks s<set>_r<rank> and f<fresh call>_r<rank>: only
         # this mode's files count
@@ -301,8 +308,8 @@ def _collect(
                 found[key] = Outputs(structure, tensors, meta)
             except (tensorfile.TensorFileError, OSError) as exc:
                 errors[key] = str(exc)
-    outcome.convention = _convention_record(job_dir)
-    timing_path = job_dir / "timing.json"
+    outcome.convention = _convention_record(launch_dir)
+    timing_path = launch_dir / "timing.json"
     if timing_path.is_file() and timing_path.stat().st_size < (64 << 20):
         try:
             outcome.timing = json.loads(timing_path.read_text())
@@ -311,23 +318,23 @@ def _collect(
     return outcome
 
 
-def _convention_record(job_dir: Path) -> dict[str, str] | None:
+def _convention_record(launch_dir: Path) -> dict[str, str] | None:
     """How rank 0 says it called the candidate: written in the sandbox, so only short strings count."""
-    record = read_result(job_dir / "convention.json", 4096)
+    record = read_result(launch_dir / "convention.json", 4096)
     if not isinstance(record, dict):
         return None
     kept = {k: v[:300] for k, v in record.items() if k in ("requested", "used", "why") and isinstance(v, str)}
     return kept or None
 
 
-# ---------------------------------------------------------------- tool jobs (discover, build)
+# ---------------------------------------------------------------- tool launches (discover, build)
 
 TOOL_RESULT_CAP = 64 << 20
 
 
 @dataclass
 class ToolOutcome:
-    """How a discovery or build job ended; its result file is read by the caller, with limits."""
+    """How a discovery or build launch ended; its result file is read by the caller, with limits."""
 
     exit_code: int | None
     timed_out: bool
@@ -335,8 +342,8 @@ class ToolOutcome:
     log: str  # the launcher's and the tool's last lines, for messages
 
 
-class ToolJobs:
-    """Runs harness tool programs (harness/discover.py, harness/build.py) as sandbox jobs of their own:
+class ToolLaunches:
+    """Runs harness tool programs (harness/discover.py, harness/build.py) as sandbox launches of their own:
     the same backends, limits, deadline and labels as checks, one CPU sandbox each, never warm."""
 
     def __init__(self, backend: Backend, cancel: threading.Event | None = None) -> None:
@@ -345,19 +352,19 @@ class ToolJobs:
         self.isolated = backend.isolated
 
     def new_dir(self) -> Path:
-        """A job directory for the caller to write the tool's inputs into; `run` removes it."""
-        return new_job_dir(uuid.uuid4().hex[:16])
+        """A launch directory for the caller to write the tool's inputs into; `run` removes it."""
+        return new_launch_dir(uuid.uuid4().hex[:16])
 
-    def run(self, mode: str, job_dir: Path, params: dict[str, Any], timeout_s: float) -> ToolOutcome:
-        """Run the tool in `job_dir` (which stays for the caller to read and then remove)."""
+    def run(self, mode: str, launch_dir: Path, params: dict[str, Any], timeout_s: float) -> ToolOutcome:
+        """Run the tool in `launch_dir` (which stays for the caller to read and then remove)."""
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("cancelled before it started")
         _use_extension_cache(self.backend)
-        job_id = job_dir.name.removeprefix("pkb-job-").split("-", 1)[0]
-        cfg = {"mode": mode, "job_dir": str(job_dir), "timeout_s": timeout_s, **params}
-        job = SandboxJob(
-            job_id=job_id,
-            job_dir=job_dir,
+        launch_id = launch_dir.name.removeprefix("pkb-launch-").split("-", 1)[0]
+        cfg = {"mode": mode, "launch_dir": str(launch_dir), "timeout_s": timeout_s, **params}
+        launch = SandboxLaunch(
+            launch_id=launch_id,
+            launch_dir=launch_dir,
             config=cfg,
             device="cpu",
             gpus=[],
@@ -365,18 +372,18 @@ class ToolJobs:
             harness_root=config.HARNESS_ROOT,
             threads=max(1, os.cpu_count() or 1),
         )
-        log.info("tool.start", job=job_id, tool=mode, backend=self.backend.name)
-        run = self.backend.run(job, self.cancel)
+        log.info("tool.start", launch=launch_id, tool=mode, backend=self.backend.name)
+        run = self.backend.run(launch, self.cancel)
         if run.cancelled:
-            raise Cancelled("cancelled while running; every process of the job was killed")
+            raise Cancelled("cancelled while running; every process of the launch was killed")
         try:
-            launch = json.loads((job_dir / "launch.json").read_text())
-            exit_code = launch.get("exit_code") if isinstance(launch, dict) else None
+            record = json.loads((launch_dir / "launch.json").read_text())
+            exit_code = record.get("exit_code") if isinstance(record, dict) else None
         except (OSError, ValueError):
             exit_code = None
         timed_out = run.killed_at_deadline or (exit_code is None and mode == "discover")
-        own_log = tail(job_dir / f"{mode}.log", 4000)
-        log.info("tool.end", job=job_id, tool=mode, wall_s=round(run.wall_s, 3), exit_code=exit_code)
+        own_log = tail(launch_dir / f"{mode}.log", 4000)
+        log.info("tool.end", launch=launch_id, tool=mode, wall_s=round(run.wall_s, 3), exit_code=exit_code)
         return ToolOutcome(
             exit_code=exit_code if isinstance(exit_code, int) else None,
             timed_out=timed_out,
@@ -386,7 +393,7 @@ class ToolJobs:
 
 
 def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
-    """A JSON file a job wrote: None when missing, over `cap` bytes, or not JSON."""
+    """A JSON file a launch wrote: None when missing, over `cap` bytes, or not JSON."""
     try:
         if path.is_symlink() or path.stat().st_size > cap:
             return None
@@ -396,6 +403,6 @@ def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
 
 
 def _use_extension_cache(backend: Backend) -> None:
-    """Every job mounts the node's extension cache read-only (pkb_mcp/extensions.py fills it)."""
+    """Every launch mounts the node's extension cache read-only (pkb_mcp/extensions.py fills it)."""
     if hasattr(backend, "extensions_dir"):
         backend.extensions_dir = config.extensions_dir()  # type: ignore[attr-defined]
