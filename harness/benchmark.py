@@ -1,6 +1,6 @@
 """A benchmark launch on this rank: its input sets, their judged first calls, the fresh input sets,
-and the timed calls in one or more memory placements (harness/timing.py); returns the timing
-record rank 0 writes (torch + stdlib only)."""
+and the timed calls (harness/timing.py); returns the timing record rank 0 writes (torch + stdlib
+only)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def run(calls: Calls, enter: Callable[[str], str]) -> TimingRecord:
     pristine = [snapshot(s) for s in sets] if not calls.mutates else None
     fresh, fresh_judged = _fresh(calls, tcfg, base, judged[0])
     enter("benchmark timing")
-    record, sets, holds = _timed_placements(calls, sets, judged, fresh)
+    record, holds = _timed(calls, sets, judged, fresh)
     if fresh is not None:
         record["fresh_timed"] = fresh.next
         record["fresh_judged"] = fresh_judged
@@ -197,29 +197,18 @@ def _fresh(calls: Calls, tcfg: TimingConfig, base: int, outputs: list) -> tuple[
     label = str(tcfg.get("fresh_label", ""))
     n_fresh = min(fresh_cap, max(int(tcfg.get("fresh_min", 2)), by_bytes, 2))
     pick = random.Random(derive_seed(base, "fresh judged", label))
-    # the first placement always times this many (harness.timing: the budget waits for them)
-    sure = max(int(tcfg.get("fresh_min", 2)) // max(1, int(tcfg.get("placements", 1))), 2)
+    # the launch always times this many (harness.timing: the budget waits for them)
+    sure = max(int(tcfg.get("fresh_min", 2)), 2)
     judged = judged_fresh_calls(n_fresh, sure, max(2, by_bytes), pick)
     return fresh_calls(calls, label, base, n_fresh, set(judged)), judged
 
 
-def _timed_placements(
-    calls: Calls, sets: list[tuple], judged: list[list], fresh: Any
-) -> tuple[TimingRecord, list[tuple], list[int]]:
-    """The timed calls, in `placements` memory placements: (the pooled record, the sets as they end,
-    which set's data each buffer holds). Placements after the first find the inputs, the solution's
-    own buffers and the allocator's free blocks at other device addresses: a process's times depend
-    on where its memory landed (docs/plan-fidelity.md), and several placements average that out.
-    The moved inputs keep their data, so their judged outputs still apply. `move_memory: false`
-    keeps the memory where it is (the baseline of docs/scripts/noise.py)."""
-    import torch
-    import torch.distributed as dist
-
+def _timed(calls: Calls, sets: list[tuple], judged: list[list], fresh: Any) -> tuple[TimingRecord, list[int]]:
+    """The timed calls: (their record, which set's data each buffer holds as they end)."""
     from harness import timing
 
-    tcfg, device, n_sets = calls.timing, calls.device, len(sets)
     rotate = input_rotation(sets)
-    holds = list(range(n_sets))
+    holds = list(range(len(sets)))
     working: dict[int, tuple] = {}
     timed_set = [0]
 
@@ -240,38 +229,16 @@ def _timed_placements(
         # compared with the judged outputs of the set just called: its in-place results too
         return calls.in_place(normalize_output(out)[1], working[timed_set[0]])
 
-    placements = max(1, int(tcfg.get("placements", 1)))
-    round_cfg = timing.placement_config(tcfg, placements)
-
-    def timed_round() -> TimingRecord:
-        return timing.run_timing(
-            prepare,
-            call_on_set,
-            normalize,
-            judged,
-            device,
-            round_cfg,
-            calls.cfg["tolerance"],
-            rotate=rotate_sets if rotate is not None else None,
-            after_call=lambda: calls.check("while being timed"),
-            fresh=fresh,
-        )
-
-    records = [timed_round()]
-    spacers: list = []
-    while len(records) < placements and records[-1]["stop_reason"] != "outputs changed while timing":
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if tcfg.get("move_memory", True):
-            while rotate is not None and holds != list(range(n_sets)):
-                rotate_sets()  # each set's data back in its own buffers
-            working.clear()
-            spacers.append(torch.empty(random.randrange(1, 64) << 20, dtype=torch.uint8, device=device))
-            sets = [tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in s) for s in sets]
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # old buffers go back to the driver, not to the next round
-            rotate = input_rotation(sets)
-        dist.barrier()
-        records.append(timed_round())
-    del spacers
-    return timing.pool_placements(records), sets, holds
+    record = timing.run_timing(
+        prepare,
+        call_on_set,
+        normalize,
+        judged,
+        calls.device,
+        calls.timing,
+        calls.cfg["tolerance"],
+        rotate=rotate_sets if rotate is not None else None,
+        after_call=lambda: calls.check("while being timed"),
+        fresh=fresh,
+    )
+    return record, holds

@@ -31,8 +31,6 @@ class TimingConfig(TypedDict, total=False):
     fresh_max: int
     fresh_bytes: int
     min_sleep_us: float
-    placements: int  # memory placements within the launch
-    move_memory: bool  # placements move the memory (default True; False: docs/scripts/noise.py's baseline)
     fresh_label: str  # the launch's label for its fresh seeds
     fresh_top_up: bool  # the reference's launch: outputs for every judged fresh seed
     calls: int  # a profile: calls profiled after the warm-up
@@ -84,8 +82,6 @@ class TimingRecord(TypedDict, total=False):
     fresh_judged: list[int]
     inputs_mutated_while_timing: bool
     per_set_bytes: int
-    placement_medians_ms: list[float]
-    placement_samples: list[int]
     launch_samples: list[int]  # pooled on the host: each launch's sample count
 
 

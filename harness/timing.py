@@ -14,11 +14,6 @@ that judged output, so a solution cannot be right once and wrong afterwards. Bet
 the sets the worker may also move each set's data into another set's buffers (`rotate`): the same
 addresses then hold other inputs, so a result cached by buffer address comes back stale and fails
 the comparison.
-
-A launch may time its solution in several placements (`placements` in the timing configuration): the
-worker moves the inputs and the solution's memory to other device addresses between them, each
-placement samples with its share of the budget (`placement_config`), and `pool_placements` merges
-their records into one.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -89,7 +84,7 @@ class Fresh:
     on the replayed inputs' values misses on them). The worker supplies the callables:
     `prepare(k)` makes fresh call k's inputs (outside the clock), `call()` runs the solution on them,
     `record(k, out)` keeps the output for the host to judge (outside the clock). `next` is the k of
-    the next fresh call and carries on across placements; at most `max_calls` are made in a launch."""
+    the next fresh call; at most `max_calls` are made in a launch."""
 
     prepare: Callable[[int], None]
     call: Callable[[], Any]
@@ -374,70 +369,3 @@ class _FreshSchedule:
         """Past the budget: the missing fresh calls alternate with replayed samples."""
         self.stride = 1
         self.next_at = min(self.next_at, samples)
-
-
-# The parts of a timing configuration that a launch's placements share out between them.
-_SHARED_MS = ("warmup_ms", "budget_ms", "min_span_ms")
-
-
-def placement_config(cfg: TimingConfig, placements: int) -> TimingConfig:
-    """The configuration of one of `placements` rounds: its share of the warm-up, budget, minimum
-    span, sample cap (never fewer samples than `min_samples`) and fresh calls it must make before
-    precision may stop it (never fewer than 2)."""
-    if placements <= 1:
-        return cast(TimingConfig, dict(cfg))
-    raw: dict[str, Any] = dict(cfg)
-    share = {k: float(raw[k]) / placements for k in _SHARED_MS if k in raw}
-    cap = max(int(cfg["max_samples"]) // placements, int(cfg["min_samples"]))
-    fresh = {"fresh_min": max(int(cfg["fresh_min"]) // placements, 2)} if "fresh_min" in cfg else {}
-    shared = {
-        **cfg,
-        **share,
-        **fresh,
-        "max_samples": cap,
-        "max_warmup": max(int(cfg["max_warmup"]) // placements, 3),
-    }
-    return cast(TimingConfig, shared)
-
-
-def pool_placements(records: list[TimingRecord]) -> TimingRecord:
-    """One record from the records of a launch's placements: samples concatenated in order (timed-call
-    indices continue across placements), the per-placement medians and sample counts kept. A record
-    that is itself pooled keeps its placements (the host pools a side's launches this way too)."""
-    pooled = cast(TimingRecord, dict(records[-1]))
-    pooled["device_ms"] = [x for r in records for x in r["device_ms"]]
-    pooled["wall_ms"] = [x for r in records for x in r["wall_ms"]]
-    mismatches: list[int] = []
-    offset = 0
-    for r in records:
-        mismatches += [offset + i for i in r.get("timed_output_mismatches", [])]
-        offset += len(r["device_ms"])
-    pooled["timed_output_mismatches"] = mismatches
-    pooled["fresh_ms"] = [x for r in records for x in r.get("fresh_ms", [])]
-    pooled["fresh_wall_ms"] = [x for r in records for x in r.get("fresh_wall_ms", [])]
-    after: list[int] = []
-    offset = 0
-    for r in records:  # each fresh call's following replayed sample, in the pooled samples' indices
-        after += [offset + int(i) for i in r.get("fresh_after", [])]
-        offset += len(r["device_ms"])
-    pooled["fresh_after"] = after
-    pooled["warmup_calls"] = sum(int(r["warmup_calls"]) for r in records)
-    pooled["sampled_ms"] = sum(float(r.get("sampled_ms", 0.0)) for r in records)
-    pooled["alignment_sleep_us"] = max(float(r.get("alignment_sleep_us", 0.0)) for r in records)
-    pooled["placement_medians_ms"] = [
-        m for r in records for m in r.get("placement_medians_ms") or [statistics.median(r["device_ms"])]
-    ]
-    pooled["placement_samples"] = [
-        int(n) for r in records for n in r.get("placement_samples") or [len(r["device_ms"])]
-    ]
-    reasons = [str(r["stop_reason"]) for r in records]
-    counts = {reason: reasons.count(reason) for reason in dict.fromkeys(reasons)}
-    if "outputs changed while timing" in counts:
-        pooled["stop_reason"] = "outputs changed while timing"
-    elif len(counts) == 1:
-        pooled["stop_reason"] = reasons[0]
-    else:
-        pooled["stop_reason"] = ", ".join(
-            f"{k} in {n} of {len(records)} placements" for k, n in counts.items()
-        )
-    return pooled

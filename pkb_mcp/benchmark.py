@@ -7,9 +7,9 @@ import contextlib
 import secrets
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from harness import tensorfile, timing
+from harness import tensorfile
 from harness.contracts import TimingConfig, TimingRecord
 from pkb_mcp import conventions, roofline, stats
 from pkb_mcp.errors import UserError
@@ -25,7 +25,6 @@ from pkb_mcp.verdicts import (
     seen_inputs_message,
 )
 
-MAX_PLACEMENTS = 16
 MAX_LAUNCHES = 8
 # what `launches` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
 LAUNCHES_HELP = (
@@ -79,6 +78,26 @@ def timing_config(device: str) -> TimingConfig:
     return CPU_TIMING.copy()
 
 
+# The parts of a timing configuration that a side's launches share out between them.
+_SHARED_MS = ("warmup_ms", "budget_ms", "min_span_ms")
+
+
+def launch_share(cfg: TimingConfig, launches: int) -> TimingConfig:
+    """The configuration of one of a side's `launches`: its share of the warm-up, budget, minimum
+    span, sample cap (never fewer samples than `min_samples`) and fresh calls it must make before
+    precision may stop it (never fewer than 2)."""
+    shared: dict[str, Any] = dict(cfg)
+    if launches > 1:
+        for key in _SHARED_MS:
+            if key in shared:
+                shared[key] = float(shared[key]) / launches
+        shared["max_samples"] = max(int(cfg["max_samples"]) // launches, int(cfg["min_samples"]))
+        shared["max_warmup"] = max(int(cfg["max_warmup"]) // launches, 3)
+        if "fresh_min" in cfg:
+            shared["fresh_min"] = max(int(cfg["fresh_min"]) // launches, 2)
+    return cast(TimingConfig, shared)
+
+
 def bench(
     ref: int | str,
     solution: Path,
@@ -91,19 +110,15 @@ def bench(
     progress: Progress = no_progress,
     cancel: threading.Event | None = None,
     gpus: list[int] | None = None,
-    placements: int = 1,
     launches: int = 1,
     convention: str = "auto",
 ) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
 
-    `placements` > 1 times each side in that many memory placements within its launch, sharing the
-    same sampling budget (docs/plan-fidelity.md). `launches` > 1 times each side in that many separate
-    launches, reference and candidate alternating, which share the budget too: identical code spreads
-    more between launches than within one, and the median of several launches' medians spreads less. The
-    defaults (one of each) are the measured method of docs/gpu-results.md."""
-    if not 1 <= placements <= MAX_PLACEMENTS:
-        raise UserError(f"placements must be between 1 and {MAX_PLACEMENTS}, not {placements}")
+    `launches` > 1 times each side in that many separate launches, reference and candidate
+    alternating, which share the side's sampling budget: identical code spreads more between
+    launches than within one, and the median of several launches' medians spreads less. The default
+    (one a side) is the measured method of docs/gpu-results.md."""
     if not 1 <= launches <= MAX_LAUNCHES:
         raise UserError(f"launches must be between 1 and {MAX_LAUNCHES}, not {launches}")
     run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
@@ -115,8 +130,7 @@ def bench(
         return result("fail", cannot[0], ranks=cannot[1])
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]
-    # a side's launches share its sampling budget the way a launch's placements do
-    tcfg = TimingConfig(**timing.placement_config(timing_config(run.device), launches), placements=placements)
+    tcfg = launch_share(timing_config(run.device), launches)  # a side's launches share its budget
     ran, ref_records = _time_sides(run, seeds, tcfg, launches, progress, cancel)
     run.notes += conventions.notes(ran[0][1])
     ref_stats, ref_warnings = stats.summarize(stats.pool_launches(ref_records))
@@ -129,7 +143,7 @@ def bench(
         return result(*refused, **fields)
     cand_stats, warnings = stats.summarize(stats.pool_launches(cand_records))
     run.warnings.extend(warnings)
-    verdict, message, speed = _credit(run, ref_stats, cand_stats, placements, launches, fields)
+    verdict, message, speed = _credit(run, ref_stats, cand_stats, launches, fields)
     steps = 2 * launches + 1
     progress(steps, steps, f"speedup {speed:.3f}x")
     return result(verdict, message, candidate=cand_stats, **fields)
@@ -240,7 +254,6 @@ def _credit(
     run: Run,
     ref_stats: TimingStats,
     cand_stats: TimingStats,
-    placements: int,
     launches: int,
     fields: dict[str, Any],
 ) -> tuple[str, str, float]:
@@ -259,12 +272,6 @@ def _credit(
         f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
         f"reference {ref_stats.median_ms:.4g} ms"
     )
-    if placements > 1:
-        spreads = [s.placement_spread or 0.0 for s in (cand_stats, ref_stats)]
-        message += (
-            f"; {placements} memory placements per side, their medians spread "
-            f"{spreads[0]:.1%} (candidate) and {spreads[1]:.1%} (reference)"
-        )
     if launches > 1:
         spreads = [s.launch_spread or 0.0 for s in (cand_stats, ref_stats)]
         message += (

@@ -169,8 +169,6 @@ class TimingStats(Result):
     input_sets: int
     clock: str
     wall_median_ms: float = Field(description="host clock cross-check")
-    placements: int = 1
-    placement_spread: float | None = None
     launches: int = 1
     launch_spread: float | None = Field(None, description="sd of log(median) between launches")
     fresh_calls: int = 0

@@ -1,19 +1,18 @@
 """Timing statistics from the harness's samples, and the speedup between two of them.
 
 A sample is one timed call: the slowest rank's time (device events on GPU, host clock on CPU).
-The reported time is the median (with several placements, the median of their medians; with
-several launches, the median of the launches' medians); the spread is the interquartile range over all
-samples. Speedup = reference median / candidate median, with a range from the quartiles (reference
-q1 / candidate q3 up to reference q3 / candidate q1).
+The reported time is the median (with several launches, the median of the launches' medians); the
+spread is the interquartile range over all samples. Speedup = reference median / candidate median,
+with a range from the quartiles (reference q1 / candidate q3 up to reference q3 / candidate q1).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from typing import cast
 
 from harness.contracts import TimingRecord
-from harness.timing import pool_placements
 from pkb_mcp.models import TimingStats
 
 # How far from 1.00x a benchmark of identical code lands on H200s (reference and candidate in
@@ -41,7 +40,8 @@ WIDE_SPREAD = 0.25
 # sides reached 1.91 (1.76 relative to their reference), with p down to 0.0003: CPU caches are
 # not flushed between calls and the host was loaded, so the CPU limit is high; memoizers measured
 # 24-27x. On GPUs the calls being paired are microseconds apart in one process, with L2 flushed
-# before each (within a launch, placements of identical code spread under 1%): 1.10 leaves a memoizer
+# before each (on 4 H200s, memory placements of identical code within a process spread under 1%,
+# run G): 1.10 leaves a memoizer
 # at most 10%; the H200 figures are to be recorded in docs/gpu-results.md (issue 17).
 REPLAY_ADVANTAGE_LIMIT = {"cuda": 1.10, "cpu": 4.0}
 REPLAY_P = 0.01
@@ -62,52 +62,46 @@ def log_spread(values: list[float]) -> float | None:
     return statistics.stdev(math.log(v) for v in values)
 
 
-def placement_median(samples: list[float], counts: list[int]) -> tuple[float, float | None]:
-    """(median, spread) of samples taken in consecutive placements of `counts` samples each: the
-    median of the placements' medians, and the standard deviation of their logarithms (None for
-    one placement)."""
+def launch_median(samples: list[float], launches: list[int]) -> tuple[float, float | None]:
+    """(median, spread) of samples from consecutive launches of `launches` samples each: the median
+    of the launches' medians, and the standard deviation of their logarithms (None for one launch)."""
     medians = []
     start = 0
-    for n in counts:
+    for n in launches:
         medians.append(statistics.median(samples[start : start + n]))
         start += n
     return statistics.median(medians), log_spread(medians)
 
 
-def launch_median(
-    samples: list[float], placements: list[int], launches: list[int]
-) -> tuple[float, float | None, float | None]:
-    """(median, placement spread, launch spread) of samples from consecutive launches of
-    `launches` samples, each launch's in consecutive placements (`placements`, all launches' in
-    order): the median of the launches' medians (each the median of its placements' medians), the
-    placements' spread inside a launch (averaged over launches; None with one placement a launch)
-    and the launches' spread (None for one launch)."""
-    medians: list[float] = []
-    spreads: list[float] = []
-    start = 0
-    counts = iter(placements)
-    for n in launches:
-        mine: list[int] = []
-        while sum(mine) < n:
-            mine.append(next(counts))
-        if sum(mine) != n:
-            raise ValueError("the timing record's placements straddle its launches")
-        med, spread = placement_median(samples[start : start + n], mine)
-        medians.append(med)
-        if spread is not None:
-            spreads.append(spread)
-        start += n
-    return statistics.median(medians), (statistics.fmean(spreads) if spreads else None), log_spread(medians)
-
-
 def pool_launches(records: list[TimingRecord]) -> TimingRecord:
-    """One timing record from the records of a side's launches, in the order they ran, pooled the way a
-    launch pools its placements (samples and placements concatenated), each launch's sample count kept
+    """One timing record from the records of a side's launches, in the order they ran: samples
+    concatenated (timed-call indices continue across launches), each launch's sample count kept
     (`launch_samples`)."""
-    pooled = pool_placements(records)
+    pooled = cast(TimingRecord, dict(records[-1]))
+    offsets = [0]
+    for r in records:
+        offsets.append(offsets[-1] + len(r["device_ms"]))
+    pooled["device_ms"] = [x for r in records for x in r["device_ms"]]
+    pooled["wall_ms"] = [x for r in records for x in r["wall_ms"]]
+    pooled["timed_output_mismatches"] = [
+        off + int(i)
+        for r, off in zip(records, offsets, strict=False)
+        for i in r.get("timed_output_mismatches", [])
+    ]
+    pooled["fresh_ms"] = [x for r in records for x in r.get("fresh_ms", [])]
+    pooled["fresh_wall_ms"] = [x for r in records for x in r.get("fresh_wall_ms", [])]
+    # each fresh call's following replayed sample, in the pooled samples' indices
+    pooled["fresh_after"] = [
+        off + int(i) for r, off in zip(records, offsets, strict=False) for i in r.get("fresh_after", [])
+    ]
+    pooled["warmup_calls"] = sum(int(r["warmup_calls"]) for r in records)
+    pooled["sampled_ms"] = sum(float(r.get("sampled_ms", 0.0)) for r in records)
+    pooled["alignment_sleep_us"] = max(float(r.get("alignment_sleep_us", 0.0)) for r in records)
     pooled["launch_samples"] = [len(r["device_ms"]) for r in records]
     reasons = [str(r["stop_reason"]) for r in records]
-    if len(set(reasons)) > 1:
+    if "outputs changed while timing" in reasons:
+        pooled["stop_reason"] = "outputs changed while timing"
+    elif len(set(reasons)) > 1:
         pooled["stop_reason"] = "; ".join(f"launch {i + 1}: {why}" for i, why in enumerate(reasons))
     return pooled
 
@@ -140,17 +134,11 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
     walls = [float(x) for x in record["wall_ms"]]
     if not events:
         raise ValueError("the timing record holds no samples")
-    counts = [int(n) for n in record.get("placement_samples") or [len(events)]]
     launches = [int(n) for n in record.get("launch_samples") or [len(events)]]
-    if (
-        sum(counts) != len(events)
-        or len(walls) != len(events)
-        or min(counts) < 1
-        or sum(launches) != len(events)
-    ):
-        raise ValueError("the timing record's placements do not add up to its samples")
+    if sum(launches) != len(events) or len(walls) != len(events) or min(launches) < 1:
+        raise ValueError("the timing record's launches do not add up to its samples")
     q1, _, q3 = quartiles(events)
-    med, spread, launch_spread = launch_median(events, counts, launches)
+    med, launch_spread = launch_median(events, launches)
     wall_med = statistics.median(walls)
     fresh = [float(x) for x in record.get("fresh_ms") or []]
     fresh_walls = [float(x) for x in record.get("fresh_wall_ms") or []]
@@ -164,7 +152,7 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
             "side stream or thread? The wall-clock figures are reported instead."
         )
         q1, _, q3 = quartiles(walls)
-        med, spread, launch_spread = launch_median(walls, counts, launches)
+        med, launch_spread = launch_median(walls, launches)
         events = walls
         fresh = fresh_walls
     elif record["clock"] == "cuda events" and q3 - q1 > WIDE_SPREAD * med:
@@ -185,8 +173,6 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
         input_sets=int(record["input_sets"]),
         clock=str(record["clock"]),
         wall_median_ms=wall_med,
-        placements=len(counts) // len(launches),
-        placement_spread=spread,
         launches=len(launches),
         launch_spread=launch_spread,
     )

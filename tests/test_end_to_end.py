@@ -137,32 +137,18 @@ def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     assert r.reference and r.candidate and r.speedup is not None
     assert r.candidate.samples >= 10 and r.candidate.input_sets >= 2
     assert r.speedup_low <= r.speedup <= r.speedup_high
-    assert r.candidate.placements == 1 and r.candidate.placement_spread is None
-    assert "placements" not in r.message
+    assert r.candidate.launches == 1 and r.candidate.launch_spread is None
+    assert "launches per side" not in r.message
     assert_clean(isolated_dirs)
 
 
-def test_benchmark_in_several_memory_placements_on_cpu(isolated_dirs):
-    p = problems.suite()[1]
-    r = service.bench(1, p.path, world_size=2, device="cpu", placements=3)
-    assert r.verdict == "pass", r.message
-    for side in (r.reference, r.candidate):
-        assert side.placements == 3 and side.placement_spread is not None and side.placement_spread >= 0
-        assert side.samples >= 3 * 10, "each placement takes at least the minimum sample count"
-    assert "3 memory placements per side" in r.message
-    assert_clean(isolated_dirs)
-    for bad in (0, 17):
-        with pytest.raises(service.UserError, match="placements must be between 1 and 16"):
-            service.bench(1, p.path, world_size=2, device="cpu", placements=bad)
-
-
-def test_benchmark_in_several_jobs_per_side_on_cpu(isolated_dirs):
+def test_benchmark_in_several_launches_per_side_on_cpu(isolated_dirs):
     p = problems.suite()[1]
     steps = []
     r = service.bench(1, p.path, world_size=2, device="cpu", launches=2, progress=lambda *a: steps.append(a))
     assert r.verdict == "pass", r.message
     for side in (r.reference, r.candidate):
-        assert side.launches == 2 and side.launch_spread is not None and side.placements == 1
+        assert side.launches == 2 and side.launch_spread is not None
         assert side.samples >= 2 * 10, "each launch takes at least the minimum sample count"
     assert "2 launches per side" in r.message
     assert [s[0] for s in steps] == [0, 1, 2, 3, 5] and all(s[1] == 5 for s in steps)

@@ -166,123 +166,43 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
         assert not stats.within_noise(s), s
 
 
-def test_a_job_s_placements_share_one_budget_and_pool_into_one_record():
-    from harness.timing import placement_config, pool_placements
+def test_a_side_s_launches_share_one_budget():
     from pkb_mcp.benchmark import GPU_TIMING as cfg
+    from pkb_mcp.benchmark import launch_share
 
-    assert placement_config(cfg, 1) == cfg
-    four = placement_config(cfg, 4)
+    assert launch_share(cfg, 1) == cfg
+    four = launch_share(cfg, 4)
     for k in ("warmup_ms", "budget_ms", "min_span_ms"):
         assert four[k] == cfg[k] / 4, k
     assert (four["max_samples"], four["max_warmup"]) == (cfg["max_samples"] // 4, cfg["max_warmup"] // 4)
     assert four["min_samples"] == cfg["min_samples"] and four["precision"] == cfg["precision"]
-    many = placement_config(cfg, cfg["max_samples"])
+    assert four["fresh_min"] == cfg["fresh_min"] // 4
+    many = launch_share(cfg, cfg["max_samples"])
     assert many["max_samples"] == cfg["min_samples"], "never fewer samples than the minimum"
-
-    def rec(samples, stop="precision reached", bad=()):
-        return {
-            "device_ms": samples,
-            "wall_ms": [x + 0.01 for x in samples],
-            "timed_output_mismatches": list(bad),
-            "warmup_calls": 7,
-            "sampled_ms": 100.0,
-            "alignment_sleep_us": 60.0,
-            "stop_reason": stop,
-            "input_sets": 2,
-            "clock": "cuda events",
-        }
-
-    one = pool_placements([rec([1.0, 2.0, 3.0])])
-    assert one["placement_medians_ms"] == [2.0] and one["placement_samples"] == [3]
-    pooled = pool_placements(
-        [rec([1.0, 3.0]), rec([2.0, 2.0, 4.0], bad=[1]), rec([5.0], "time budget spent")]
-    )
-    assert pooled["device_ms"] == [1.0, 3.0, 2.0, 2.0, 4.0, 5.0]
-    assert pooled["timed_output_mismatches"] == [3], "call indices continue across placements"
-    assert pooled["placement_medians_ms"] == [2.0, 2.0, 5.0] and pooled["placement_samples"] == [2, 3, 1]
-    assert (pooled["warmup_calls"], pooled["sampled_ms"]) == (21, 300.0)
-    assert (
-        pooled["stop_reason"]
-        == "precision reached in 2 of 3 placements, time budget spent in 1 of 3 placements"
-    )
-    changed = pool_placements([rec([1.0]), rec([1.0], "outputs changed while timing")])
-    assert changed["stop_reason"] == "outputs changed while timing"
+    assert many["fresh_min"] == 2, "never fewer than 2 fresh calls a launch"
 
 
-def test_a_side_timed_in_placements_is_the_median_of_their_medians():
+def test_a_side_timed_in_several_launches_is_the_median_of_their_medians():
     import math
 
-    r = {**record([1.0, 1.1, 1.2, 2.0, 2.0, 2.2, 2.1]), "placement_samples": [3, 4]}
-    s, _ = stats.summarize(r)
-    assert s.placements == 2 and s.median_ms == (1.1 + 2.05) / 2
-    assert s.samples == 7 and s.q1_ms == 1.15, "quartiles come from every sample"
-    assert math.isclose(s.placement_spread, math.log(2.05 / 1.1) / math.sqrt(2))
-    plain, _ = stats.summarize(record([1.0, 2.0, 3.0]))
-    assert plain.placements == 1 and plain.placement_spread is None
-    with pytest.raises(ValueError, match="do not add up"):
-        stats.summarize({**record([1.0, 2.0, 3.0]), "placement_samples": [2, 2]})
-
-
-def test_a_side_timed_in_several_jobs_is_the_median_of_their_medians():
-    import math
-
-    first = {**record([1.0, 1.1, 1.2, 1.3]), "placement_samples": [2, 2], "stop_reason": "sample cap"}
-    second = {**record([2.0, 2.2, 2.1]), "placement_samples": [1, 2], "warmup_calls": 7}
+    first = {**record([1.0, 1.1, 1.2, 1.3]), "stop_reason": "sample cap", "timed_output_mismatches": []}
+    second = {**record([2.0, 2.2, 2.1]), "warmup_calls": 7, "timed_output_mismatches": [1]}
     pooled = stats.pool_launches([first, second])
-    assert pooled["device_ms"] == [1.0, 1.1, 1.2, 1.3, 2.0, 2.2, 2.1]
-    assert pooled["placement_samples"] == [2, 2, 1, 2] and pooled["launch_samples"] == [4, 3]
+    assert pooled["device_ms"] == [1.0, 1.1, 1.2, 1.3, 2.0, 2.2, 2.1] and pooled["launch_samples"] == [4, 3]
+    assert pooled["timed_output_mismatches"] == [5], "call indices continue across launches"
     assert pooled["stop_reason"] == "launch 1: sample cap; launch 2: precision reached"
     s, _ = stats.summarize(pooled)
-    # launch medians: median(1.05, 1.25) = 1.15 and median(2.0, 2.15) = 2.075
-    assert s.launches == 2 and s.placements == 2
-    assert math.isclose(s.median_ms, (1.15 + 2.075) / 2)
-    assert math.isclose(s.launch_spread, math.log(2.075 / 1.15) / math.sqrt(2))
-    within = [math.log(1.25 / 1.05) / math.sqrt(2), math.log(2.15 / 2.0) / math.sqrt(2)]
-    assert math.isclose(s.placement_spread, sum(within) / 2), "placements' spread inside each launch"
-    assert s.samples == 7 and s.warmup_calls == record([1.0])["warmup_calls"] + 7
+    # launch medians: 1.15 and 2.1
+    assert s.launches == 2 and math.isclose(s.median_ms, (1.15 + 2.1) / 2)
+    assert math.isclose(s.launch_spread, math.log(2.1 / 1.15) / math.sqrt(2))
+    assert s.samples == 7 and s.q1_ms == 1.15, "quartiles come from every sample"
+    assert s.warmup_calls == record([1.0])["warmup_calls"] + 7
     one = stats.pool_launches([record([1.0, 3.0, 2.0])])
     assert stats.summarize(one)[0].launches == 1 and stats.summarize(one)[0].launch_spread is None
-    with pytest.raises(ValueError, match="straddle"):
-        stats.summarize({**pooled, "launch_samples": [3, 4]})
-
-
-@pytest.mark.parametrize("move_memory", [False, True])
-def test_a_benchmark_job_times_its_side_in_several_placements(isolated_dirs, move_memory):
-    """One median per placement, every placement's timed outputs checked against the judged ones
-    (moved inputs keep their data); the noise study's spread arithmetic."""
-    import math
-    import statistics
-    import sys
-    from pathlib import Path
-
-    from pkb_mcp import service
-    from pkb_mcp.launches import run_launch
-    from sandbox.process import ProcessBackend
-
-    from .conftest import cpu_launch
-
-    tcfg = {
-        **service.timing_config("cpu"),
-        "placements": 3,
-        "move_memory": move_memory,
-    }
-    outcome = run_launch(cpu_launch("benchmark", timing=tcfg, timeout_s=120), ProcessBackend())
-    assert outcome.ok
-    timing = outcome.timing
-    assert timing["timed_output_mismatches"] == [], "moved inputs still match their judged outputs"
-    medians, counts = timing["placement_medians_ms"], timing["placement_samples"]
-    assert len(medians) == len(counts) == 3 and all(m > 0 for m in medians)
-    assert sum(counts) == len(timing["device_ms"]) and all(n >= tcfg["min_samples"] for n in counts)
-    assert medians[0] == statistics.median(timing["device_ms"][: counts[0]])
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "scripts"))
-    import noise
-
-    launches = [[1.0, 1.0 * math.e**0.02], [2.0, 2.0 * math.e**0.02]]
-    s = noise.summarize(7, launches)
-    assert math.isclose(s["within_pct"], math.sqrt(2) * 1.0, abs_tol=1e-3)  # each pair: sd of (0, 0.02)
-    assert math.isclose(s["between_pct"], math.log(2) / math.sqrt(2) * 100, abs_tol=1e-3)
-    assert math.isclose(s["jobs_pct"], s["between_pct"], abs_tol=1e-3)
+    with pytest.raises(ValueError, match="do not add up"):
+        stats.summarize({**pooled, "launch_samples": [3, 3]})
+    changed = stats.pool_launches([first, {**second, "stop_reason": "outputs changed while timing"}])
+    assert changed["stop_reason"] == "outputs changed while timing"
 
 
 # ---------------------------------------------------------------- fresh input sets (issue 17)
@@ -314,7 +234,6 @@ def test_a_side_much_faster_on_seen_inputs_is_flagged_relative_to_the_reference(
 
 
 def test_fresh_calls_pool_with_the_replayed_samples_indices():
-    from harness.timing import pool_placements
 
     def rec(n, fresh, after):
         return {
@@ -326,7 +245,7 @@ def test_fresh_calls_pool_with_the_replayed_samples_indices():
             "timed_output_mismatches": [],
         }
 
-    pooled = pool_placements([rec(3, [2.0], [1]), rec(4, [3.0, 4.0], [1, 3])])
+    pooled = stats.pool_launches([rec(3, [2.0], [1]), rec(4, [3.0, 4.0], [1, 3])])
     assert pooled["fresh_ms"] == [2.0, 3.0, 4.0] and pooled["fresh_after"] == [1, 4, 6]
     s, _ = stats.summarize(pooled)
     assert s.fresh_calls == 3 and s.fresh_median_ms == 3.0 and s.replay_advantage == 3.0

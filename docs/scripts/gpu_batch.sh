@@ -14,25 +14,14 @@
 #   fidelity2, fidelity3         issue 5: fidelity calls 2 and 3 (every reference at pkb again)
 #   examples2  issues 2, 4: the examples checked and benchmarked at world size 2 (and 018 at large)
 #   examples4  issue 4: the examples at world size 4 in containers
-#   noise      issue 5: the spread of identical code, within a job's processes and between jobs,
-#              then with memory moved between rounds (docs/scripts/noise.py, world size $WS, else 2)
-#   placed1, placed2, placed3    issue 5: every reference at pkb against itself with each side timed
-#              in $PLACEMENTS (else 4) memory placements (docs/plan-fidelity.md); world size $WS, else 4
-#   placed-noisy  issue 5, in one call: the 16 references whose self-benchmarks spread most in run F,
-#              three rounds of benchmarks in $PLACEMENTS (else 4) placements; world size $WS, else 2
-#   jobs-noisy issue 5, in one call: the references whose jobs spread most in run G, benchmarked
-#              against themselves with $JOBS (else 2) jobs per side, reference and candidate
+#   launches-noisy issue 5, in one call: the references whose launches spread most in run G, benchmarked
+#              against themselves with $LAUNCHES (else 2) launches per side, reference and candidate
 #              alternating, twice; world size $WS, else 4
-#   bench12    issue 5: the benchmark of examples/012 on problem 12, three calls, with $JOBS (else 1)
-#              jobs per side (target: <= 20 s each); world size $WS, else 4
-#   jobs-a, jobs-b   issue 5: every reference against itself at size pkb, with $JOBS (else 4) jobs
+#   bench12    issue 5: the benchmark of examples/012 on problem 12, three calls, with $LAUNCHES (else 1)
+#              launches per side (target: <= 20 s each); world size $WS, else 4
+#   launches-a, launches-b   issue 5: every reference against itself at size pkb, with $LAUNCHES (else 4) launches
 #              per side, first and second half of the suite (one fidelity call is both halves; $TAG,
 #              else 1, names it); world size $WS, else 4
-#   bisect     issue 5: what a process keeps that makes identical code spread between jobs (run G):
-#              the noise study on $BISECT (else 45,43,52) with ranks pinned to their own cores, not
-#              pinned, with a new communicator every round, and with a 2 ms alignment sleep;
-#              world size $WS, else 4 (each variant about 2 minutes, at most $BISECT_LIMIT s, else
-#              140); $VARIANTS picks some of pinned,unpinned,sleep
 #   memo17     issue 17: the memoizers of problem 1 (plain, burning GPU time on a hit) and the honest
 #              control, at pkb and large, $REPEATS (else 2) times each; world size $WS, else 2
 #   refs17-a, refs17-b   issue 17: every reference against itself at size pkb (replay advantages of
@@ -41,7 +30,7 @@
 #   refs17-large         issue 17: the references whose work changed (23, 86) and problem 1 at large
 #   pytest17   issue 17: the GPU tests (every reference at a world size its rule allows, the examples,
 #              the GPU hacks including the memoizers); 2 GPUs
-# GPU jobs pin each rank to CPU cores of its own unless PKB_PIN_CPUS=0 (sandbox/cpus.py).
+# GPU launches pin each rank to CPU cores of its own unless PKB_PIN_CPUS=0 (sandbox/cpus.py).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -50,13 +39,13 @@ git status --short > "$OUT/status.txt" 2>/dev/null
 ALL=$(python3 -c "from pkb_mcp import problems; print(','.join(str(i) for i in sorted(problems.suite())))")
 HALF_A=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 1' | paste -sd,)
 HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
-# every problem with a self-benchmark outside 1.00 +- 3% or a job-to-job spread of 0.9% or more in run F
+# every problem with a self-benchmark outside 1.00 +- 3% or a launch-to-launch spread of 0.9% or more in run F
 NOISY=16,17,18,19,21,22,23,40,41,42,43,45,47,53,73,86
-# every problem whose six jobs (three calls, two sides) spread 1.0% or more in run G, but problem 10
+# every problem whose six launches (three calls, two sides) spread 1.0% or more in run G, but problem 10
 NOISY_G=12,15,17,23,40,41,42,43,45,52,86
-refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE [PLACEMENTS]]: references against themselves, $JOBS jobs a side
+refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves, $LAUNCHES launches a side
   timeout "${LIMIT:-590}" python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
-    --sizes "$2" --problems "$3" --no-refs-check --warm --placements "${5:-1}" --jobs "${JOBS:-1}" \
+    --sizes "$2" --problems "$3" --no-refs-check --warm --launches "${LAUNCHES:-1}" \
     --device "${DEVICE:-cuda}" > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
@@ -72,43 +61,24 @@ for part in "$@"; do
       ws=4; [ "$part" = warm2 ] && ws=2
       timeout 300 python3 docs/scripts/turnaround.py --out "$OUT/$part.jsonl" --parts check --world-size $ws \
         --check-repeats 7 --think-s 8 --log "$OUT/${part}_log.jsonl" | tail -3
-      grep -E '"warm\.(take|died|expired|start_failed)"|"job\.end"' "$OUT/${part}_log.jsonl" | cut -c1-900 | head -40 ;;
+      grep -E '"warm\.(take|died|expired|start_failed)"|"launch\.end"' "$OUT/${part}_log.jsonl" | cut -c1-900 | head -40 ;;
     refs-pkb) refs refs_pkb pkb "$ALL" ;;
     refs-w2) refs refs_w2 pkb "$ALL" 2 ;;
     refs-large-a) refs refs_large_a large "$HALF_A" ;;
     refs-large-b) refs refs_large_b large "$HALF_B" ;;
     fidelity2) refs fidelity_2 pkb "$ALL" ;;
     fidelity3) refs fidelity_3 pkb "$ALL" ;;
-    placed1|placed2|placed3) refs "${part}_p${PLACEMENTS:-4}" pkb "$ALL" "${WS:-4}" "${PLACEMENTS:-4}" ;;
-    placed-noisy)
-      for i in 1 2 3; do LIMIT=190 refs "placed_noisy_${i}" pkb "$NOISY" "${WS:-2}" "${PLACEMENTS:-4}" | tail -20; done ;;
     examples2) examples 2 ;;
     examples4) examples 4 ;;
-    noise)  # the same study twice: memory where it landed, then moved every round
-      timeout 290 python3 docs/scripts/noise.py --out "$OUT/noise.jsonl" --world-size "${WS:-2}" \
-        --processes 3 > "$OUT/noise.log" 2>&1
-      timeout 290 python3 docs/scripts/noise.py --out "$OUT/noise_moved.jsonl" --world-size "${WS:-2}" \
-        --processes 3 --move-memory > "$OUT/noise_moved.log" 2>&1
-      grep -h '"summary"' "$OUT/noise.log" "$OUT/noise_moved.log" ;;
     bench12)
-      name=bench12_w${WS:-4}_j${JOBS:-1}
+      name=bench12_w${WS:-4}_j${LAUNCHES:-1}
       timeout 200 python3 docs/scripts/turnaround.py --out "$OUT/$name.jsonl" --parts bench12 \
-        --world-size "${WS:-4}" --jobs "${JOBS:-1}" --device "${DEVICE:-cuda}" --log "$OUT/${name}_log.jsonl" | tail -4 ;;
-    jobs-a) JOBS=${JOBS:-4} refs "jobs${JOBS:-4}_${TAG:-1}_a" pkb "$HALF_A" | tail -22 ;;
-    jobs-b) JOBS=${JOBS:-4} refs "jobs${JOBS:-4}_${TAG:-1}_b" pkb "$HALF_B" | tail -22 ;;
-    jobs-noisy)
+        --world-size "${WS:-4}" --launches "${LAUNCHES:-1}" --device "${DEVICE:-cuda}" --log "$OUT/${name}_log.jsonl" | tail -4 ;;
+    launches-a) LAUNCHES=${LAUNCHES:-4} refs "launches${LAUNCHES:-4}_${TAG:-1}_a" pkb "$HALF_A" | tail -22 ;;
+    launches-b) LAUNCHES=${LAUNCHES:-4} refs "launches${LAUNCHES:-4}_${TAG:-1}_b" pkb "$HALF_B" | tail -22 ;;
+    launches-noisy)
       for i in 1 2; do
-        JOBS=${JOBS:-2} LIMIT=280 refs "jobs_noisy_${i}" pkb "$NOISY_G" "${WS:-4}" | tail -14
-      done ;;
-    bisect)
-      for variant in "pinned:--pin-cpus" "unpinned:--no-pin-cpus" "sleep:--no-pin-cpus --min-sleep-us 2000"; do
-        name=${variant%%:*}
-        [[ ",${VARIANTS:-pinned,unpinned,sleep}," == *",$name,"* ]] || continue
-        # shellcheck disable=SC2086  # the flags are words
-        timeout "${BISECT_LIMIT:-140}" python3 docs/scripts/noise.py --out "$OUT/bisect_$name.jsonl" --world-size "${WS:-4}" \
-          --problems "${BISECT:-45,43,52}" --processes 4 --rounds 2 --move-memory --device "${DEVICE:-cuda}" \
-          ${variant#*:} > "$OUT/bisect_$name.log" 2>&1
-        echo "$name:"; grep -h '"summary"' "$OUT/bisect_$name.log"
+        LAUNCHES=${LAUNCHES:-2} LIMIT=280 refs "launches_noisy_${i}" pkb "$NOISY_G" "${WS:-4}" | tail -14
       done ;;
     memo17)
       timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/memo17_w${WS:-2}.jsonl" --world-sizes "${WS:-2}" \

@@ -61,8 +61,7 @@ def emit(out: Path, row: dict) -> None:
 
 DEVICE = "cuda"
 SANDBOX = "auto"
-PLACEMENTS = 1
-JOBS = 1
+LAUNCHES = 1
 
 
 def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
@@ -81,8 +80,7 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
             size=size,
             device=DEVICE,
             sandbox=SANDBOX,
-            placements=PLACEMENTS,
-            jobs=JOBS,
+            launches=LAUNCHES,
         )
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
@@ -352,14 +350,13 @@ def main() -> None:
     ap.add_argument("--no-refs-check", action="store_true", help="refs: bench only (check done elsewhere)")
     ap.add_argument("--no-refs-bench", action="store_true", help="refs: check only")
     ap.add_argument("--trials", type=int, default=3, help="trials of each refs check")
-    ap.add_argument("--placements", type=int, default=1, help="memory placements per benchmark side")
-    ap.add_argument("--jobs", type=int, default=1, help="separate jobs per benchmark side")
+    ap.add_argument("--launches", type=int, default=1, help="separate launches per benchmark side")
     args = ap.parse_args()
     if args.summarize:
         print(summarize(args.summarize))
         return
-    global DEVICE, SANDBOX, PLACEMENTS, JOBS
-    DEVICE, SANDBOX, PLACEMENTS, JOBS = args.device, args.sandbox, args.placements, args.jobs
+    global DEVICE, SANDBOX, LAUNCHES
+    DEVICE, SANDBOX, LAUNCHES = args.device, args.sandbox, args.launches
     emit(args.out, {"part": "machine", **machine(), "argv": sys.argv[1:]})
     if args.warm:
         from pkb_mcp.launches import enable_warm_pool

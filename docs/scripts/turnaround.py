@@ -9,7 +9,7 @@ would use it. Parts, in order (each row is appended to the JSONL file as soon as
   calibrate   `pkb calibrate` on all GPUs (saved: the roofline uses it from then on)
   check       run_correctness of problem 1, 5 trials, 4 GPUs (--world-size), repeated; the first call is cold
   bench12     benchmark of examples/012 on problem 12, three calls (end-to-end wall, speedup spread);
-              `--jobs J` times each side in J jobs. On CPU: problem 1's reference against itself
+              `--launches L` times each side in L launches. On CPU: problem 1's reference against itself
   throughput  8 clients submit 40 run_correctness jobs (world size 2) at once: none lost, per-client
               completion times, checks per minute
   fidelity    every reference benchmarked against itself in three separate calls, while budget lasts
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, help="ranks of the checks and benchmarks (cuda: 4, cpu: 2)")
     ap.add_argument("--log", type=Path, help="write the server's info-level logs (JSON lines) here")
     ap.add_argument(
-        "--jobs", type=int, default=1, help="jobs per side of every benchmark (bench12, fidelity)"
+        "--launches", type=int, default=1, help="launches per side of every benchmark (bench12, fidelity)"
     )
     args = ap.parse_args()
     if args.log:
@@ -165,7 +165,7 @@ def main() -> None:
                             "source": source,
                             "world_size": ws,
                             "device": args.device,
-                            "jobs": args.jobs,
+                            "launches": args.launches,
                         },
                     )
                     speeds.append(res.get("speedup"))
@@ -175,7 +175,7 @@ def main() -> None:
                         {
                             "part": "bench12",
                             "problem": pid,
-                            "jobs": args.jobs,
+                            "launches": args.launches,
                             "repeat": i,
                             "verdict": res.get("verdict"),
                             "speedup": res.get("speedup"),
@@ -218,7 +218,7 @@ def main() -> None:
                                 "source": p.path.read_text(),
                                 "world_size": ws,
                                 "device": args.device,
-                                "jobs": args.jobs,
+                                "launches": args.launches,
                             },
                         )
                         emit(
