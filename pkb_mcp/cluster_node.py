@@ -322,7 +322,8 @@ def _exit_soon() -> None:
 
     time.sleep(0.5)
     with contextlib.suppress(Exception):
-        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)  # an end Ray expects
+        time.sleep(30.0)
     os._exit(0)
 
 
