@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS ray_jobs (
     actor TEXT NOT NULL,
     placement TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,  -- how many times its node was lost
-    starts INTEGER NOT NULL DEFAULT 1,  -- actors started for it (an attached one is not started)
+    starts INTEGER NOT NULL DEFAULT 1,  -- leases started for it (an attached one is not started)
     node TEXT,
     gpus TEXT,
     warm INTEGER  -- its launches that ran in a warm sandbox of the node (known once it ended)
@@ -247,9 +247,9 @@ class RayCluster:
         progress: Callable[[float, float | None, str], None],
         placed_at: Callable[[], None] = lambda: None,
     ) -> RemoteEnd:
-        """Attach to the job's actor (a previous server's) or start one, and follow it to its end;
+        """Attach to the job's lease (a previous server's) or start one, and follow it to its end;
         `placed_at()` once it holds its node (a deadline counts from there, not from the wait for
-        room). Raises NodeLost when the actor or its node dies first."""
+        room). Raises NodeLost when the lease, its node actor or its node dies first."""
         ray = _ray()
         actor = self._find(job_id)
         if actor is not None:
