@@ -1,12 +1,13 @@
 """Scheduler jobs on a Ray cluster (`pkb serve --ray`, `pkb eval --ray`): docs/scale-out.md.
 
 One scheduler job (check, bench) runs on one node of the cluster: a one-bundle STRICT_PACK placement
-group holds its GPUs there, and a detached, named actor in that bundle runs the same service function
-the server would, with that node's sandbox backend, warm pool and extension cache. The candidate's
-source travels as text. The actor keeps its result until the server has fetched it, so a restarted
-server collects jobs that ran on. Ray is imported only here, and only on this path (the `ray` extra).
+group holds its GPUs there, and a detached, named actor in that bundle (the job's lease) hands the job
+to its node's long-lived actor (pkb_mcp/cluster_node.py), which runs the same service function the
+server would, with that node's sandbox backend, warm pool and extension cache. The candidate's source
+travels as text. The node keeps the job's end until the server has fetched it through the lease, so a
+restarted server collects jobs that ran on. Ray is imported only on this path (the `ray` extra).
 
-Imports the scheduler's runners and the service on the node; on the server, the store's file.
+On the server: the store's file; the reaper runs beside each node's actor.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import contextlib
 import json
 import os
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pkb_mcp.errors import Cancelled, UserError
+from pkb_mcp.errors import UserError
 from pkb_mcp.log import get
 
 log = get(__name__)
@@ -45,11 +44,13 @@ CREATE TABLE IF NOT EXISTS ray_jobs (
     actor TEXT NOT NULL,
     placement TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,  -- how many times its node was lost
-    starts INTEGER NOT NULL DEFAULT 1,  -- actors started for it (an attached one is not started)
+    starts INTEGER NOT NULL DEFAULT 1,  -- leases started for it (an attached one is not started)
     node TEXT,
-    gpus TEXT
+    gpus TEXT,
+    warm INTEGER  -- its launches that ran in a warm sandbox of the node (known once it ended)
 )
 """
+WARM_COLUMN = "ALTER TABLE ray_jobs ADD COLUMN warm INTEGER"  # a store made before the column
 
 
 class NodeLost(RuntimeError):
@@ -93,6 +94,8 @@ class RayJobTable:
             db = sqlite3.connect(path, timeout=30, isolation_level=None)
             try:
                 db.execute(SCHEMA)
+                with contextlib.suppress(sqlite3.OperationalError):  # it has the column already
+                    db.execute(WARM_COLUMN)
             finally:
                 db.close()
 
@@ -108,7 +111,7 @@ class RayJobTable:
         """Record the job's Ray names (a new attempt clears where the last one ran)."""
         self._do(
             "INSERT INTO ray_jobs (job_id, actor, placement) VALUES (?, ?, ?) "
-            "ON CONFLICT(job_id) DO UPDATE SET node = NULL, gpus = NULL, starts = starts + 1",
+            "ON CONFLICT(job_id) DO UPDATE SET node = NULL, gpus = NULL, warm = NULL, starts = starts + 1",
             (job_id, actor_name(job_id), placement_name(job_id)),
         )
 
@@ -129,75 +132,20 @@ class RayJobTable:
     def placed(self, job_id: str, node: str, gpus: list[int]) -> None:
         self._do("UPDATE ray_jobs SET node=?, gpus=? WHERE job_id=?", (node, json.dumps(gpus), job_id))
 
+    def warmed(self, job_id: str, launches: int) -> None:
+        self._do("UPDATE ray_jobs SET warm=? WHERE job_id=?", (launches, job_id))
+
+    def warm(self, job_id: str) -> int | None:
+        """How many of the job's launches ran in a warm sandbox (None before it ended)."""
+        rows = self._do("SELECT warm FROM ray_jobs WHERE job_id=?", (job_id,))
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
     def where(self, job_id: str) -> tuple[str | None, list[int]]:
         """The node id and node-local GPU ids of the job's latest attempt (None before it started)."""
         rows = self._do("SELECT node, gpus FROM ray_jobs WHERE job_id=?", (job_id,))
         if not rows or rows[0][0] is None:
             return None, []
         return rows[0][0], json.loads(rows[0][1] or "[]")
-
-
-class _Driver:
-    """The actor on a node: runs one scheduler job there, in a thread, and keeps how it ended."""
-
-    def __init__(self, kind: str, params: dict[str, Any], source: str | None, source_name: str) -> None:
-        import ray
-
-        self.cancel_event = threading.Event()
-        self.progress: tuple[float, float | None, str] = (0.0, None, "started on a cluster node")
-        self.end: dict[str, Any] | None = None
-        self.node = ray.get_runtime_context().get_node_id()
-        self.gpus = [int(g) for g in ray.get_gpu_ids()]
-        # outlives this process: if the node's Ray kills it, its sandboxes are killed too
-        self.reaper = subprocess.Popen(
-            [sys.executable, "-m", "pkb_mcp.cluster", "reap", str(os.getpid())],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
-        threading.Thread(
-            target=self._run, args=(kind, dict(params), source, source_name), daemon=True
-        ).start()
-
-    def _run(self, kind: str, params: dict[str, Any], source: str | None, source_name: str) -> None:
-        from pkb_mcp.scheduler import RUNNERS
-
-        folder = Path(tempfile.mkdtemp(prefix="pkb-ray-src-"))
-        try:
-            if source is not None:
-                path = folder / Path(source_name).name
-                path.write_text(source, encoding="utf-8")
-                params["path"] = str(path)
-            else:
-                params["path"] = str(folder / "missing" / Path(source_name).name)
-            world_size = int(params.get("world_size", 1))
-            if params.get("device") == "cuda":
-                params["gpus"] = self.gpus[:world_size]
-            else:
-                params.pop("gpus", None)
-
-            def progress(done: float, total: float | None, message: str) -> None:
-                self.progress = (done, total, message)
-
-            try:
-                result = RUNNERS[kind](params, progress, self.cancel_event)
-                self.end = {"state": "done", "result": result.model_dump(mode="json")}
-            except Cancelled as exc:
-                self.end = {"state": "cancelled", "error": str(exc)}
-            except UserError as exc:
-                self.end = {"state": "failed", "error": str(exc)}
-            except Exception as exc:  # a bug of ours on the node: say so, keep the actor answering
-                why = f"internal error on a cluster node: {type(exc).__name__}: {exc}"
-                self.end = {"state": "failed", "error": why}
-        finally:
-            for p in folder.rglob("*"):
-                p.unlink(missing_ok=True)
-            folder.rmdir()
-
-    def poll(self) -> dict[str, Any]:
-        return {"progress": self.progress, "end": self.end, "node": self.node, "gpus": self.gpus}
-
-    def cancel(self) -> None:
-        self.cancel_event.set()
 
 
 class RayCluster:
@@ -212,7 +160,9 @@ class RayCluster:
         root = str(Path(__file__).resolve().parent.parent)
         passed = {k: v for k, v in os.environ.items() if k.startswith("PKB_") and k not in PRIVATE_SETTINGS}
         self.env = {**passed, "PYTHONPATH": root, **(env or {})}
-        self._driver_class = ray.remote(max_restarts=0, max_concurrency=4)(_Driver)
+        from pkb_mcp.cluster_node import Lease
+
+        self._lease_class = ray.remote(max_restarts=0, max_concurrency=4)(Lease)
 
     # ------------------------------------------------------------ admission
 
@@ -274,7 +224,7 @@ class RayCluster:
                 return None
         path = params.get("path")
         source = _read_source(Path(path)) if path else None
-        return self._driver_class.options(
+        return self._lease_class.options(
             name=actor_name(job_id),
             namespace=NAMESPACE,
             lifetime="detached",
@@ -284,7 +234,7 @@ class RayCluster:
                 placement_group=group, placement_group_bundle_index=0
             ),
             runtime_env={"env_vars": self.env},
-        ).remote(kind, params, source, Path(path).name if path else "solution.py")
+        ).remote(job_id, kind, params, source, Path(path).name if path else "solution.py", self.env)
 
     def run(
         self,
@@ -297,9 +247,9 @@ class RayCluster:
         progress: Callable[[float, float | None, str], None],
         placed_at: Callable[[], None] = lambda: None,
     ) -> RemoteEnd:
-        """Attach to the job's actor (a previous server's) or start one, and follow it to its end;
+        """Attach to the job's lease (a previous server's) or start one, and follow it to its end;
         `placed_at()` once it holds its node (a deadline counts from there, not from the wait for
-        room). Raises NodeLost when the actor or its node dies first."""
+        room). Raises NodeLost when the lease, its node actor or its node dies first."""
         ray = _ray()
         actor = self._find(job_id)
         if actor is not None:
@@ -324,6 +274,7 @@ class RayCluster:
             try:
                 state = ray.get(actor.poll.remote(), timeout=60)
             except Exception as exc:  # ActorDiedError, ActorUnavailableError, GetTimeoutError, node death
+                self._stop_on_node(job_id, table)  # its GPUs are freed next: nothing of it may run on
                 self._release(job_id, actor)
                 raise NodeLost(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
             if not placed:
@@ -333,11 +284,35 @@ class RayCluster:
             progress(*state["progress"])
             end = state["end"]
             if end is not None:
+                table.warmed(job_id, int(state.get("warm") or 0))
                 self._release(job_id, actor)
                 if end["state"] == "done":
                     return _validated(kind, end.get("result"))
                 return RemoteEnd(end["state"], None, str(end.get("error") or "")[:4000])
             time.sleep(POLL_S)
+
+    def node_name(self, node_id: str) -> str:
+        """The name of the node's actor that runs this server's jobs there."""
+        from pkb_mcp.cluster_node import node_actor_name
+
+        return node_actor_name(node_id, self.env)
+
+    def _stop_on_node(self, job_id: str, table: RayJobTable) -> None:
+        """The job's lease (or its node) is lost: have the node's actor cancel the job and wait for its
+        launches to end (the actor also does so by itself once it sees the lease gone). A node not
+        known yet: every node's actor of this server is asked."""
+        from pkb_mcp.cluster_node import DROP_WAIT_S, settings_tag
+
+        ray = _ray()
+        node, _ = table.where(job_id)
+        ours = "-" + settings_tag(self.env)
+        names = [self.node_name(node)] if node else [n for n in node_actors() if n.endswith(ours)]
+        calls = []
+        for name in names:
+            with contextlib.suppress(Exception):  # gone with its node: nothing of the job runs there
+                calls.append(ray.get_actor(name, namespace=NAMESPACE).drop.remote(job_id))
+        with contextlib.suppress(Exception):  # a dead node's actor: its reaper kills the job's launches
+            ray.wait(calls, num_returns=len(calls), timeout=DROP_WAIT_S + 10)
 
     def _release(self, job_id: str, actor: Any) -> None:
         with contextlib.suppress(Exception):  # already gone
@@ -349,6 +324,30 @@ class RayCluster:
 
         with contextlib.suppress(Exception):  # none of that name: nothing to free
             remove_placement_group(get_placement_group(placement_name(job_id)))
+
+
+def node_actors() -> list[str]:
+    """The names of every node's actor of pkb on the cluster (every server's settings)."""
+    from pkb_mcp.cluster_node import NODE_PREFIX
+
+    return [
+        a["name"]
+        for a in _ray().util.list_named_actors(all_namespaces=True)
+        if a.get("namespace") == NAMESPACE and a["name"].startswith(NODE_PREFIX)
+    ]
+
+
+def close_nodes(timeout_s: float = 300.0) -> int:
+    """Close every node's actor of pkb on the cluster: their jobs are cancelled, their warm sandboxes
+    stopped, and the actors end (after an upgrade of pkb, or to free the nodes). Returns how many."""
+    ray = _ray()
+    calls = []
+    for name in node_actors():
+        with contextlib.suppress(Exception):  # ended meanwhile
+            calls.append(ray.get_actor(name, namespace=NAMESPACE).close.remote())
+    if calls:
+        ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+    return len(calls)
 
 
 def _validated(kind: str, result: Any) -> RemoteEnd:
@@ -425,3 +424,8 @@ def reap(owner: int, poll_s: float = 0.5) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["reap"]:
     reap(int(sys.argv[2]))
+elif __name__ == "__main__" and sys.argv[1:2] == [
+    "close-nodes"
+]:  # python -m pkb_mcp.cluster close-nodes ADDRESS
+    _ray().init(address=sys.argv[2], namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
+    print(f"closed {close_nodes()} node actors")

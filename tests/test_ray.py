@@ -1,7 +1,9 @@
 """Jobs on a Ray cluster (pkb_mcp/cluster.py, docs/scale-out.md): a local cluster of two worker nodes
 with 4 logical GPUs each runs CPU jobs (process backend, gloo ranks). Checks and a `pkb eval` of the
-examples spread over both nodes and never span two; a node lost mid-job re-queues it; cancellation
-reaches the remote job; a restarted server collects a job that ran on. One cluster for the module."""
+examples spread over both nodes and never span two; a second check on a node takes the warm sandboxes
+of that node's actor; a node lost mid-job re-queues it, and so does a lost lease, whose launches end;
+cancellation reaches the remote job; a restarted server collects a job that ran on. One cluster for
+the module; each test closes the node actors it made (their warm sandboxes with them)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ GPUS_PER_NODE = 4
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from pkb_mcp.cluster import RayCluster, actor_name  # noqa: E402
+from pkb_mcp.cluster import RayCluster, actor_name, close_nodes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,14 @@ def cluster():
     yield c
     ray.shutdown()
     c.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def closed_nodes(cluster):
+    """Each test's node actors are closed at its end: their warm sandboxes would crowd the next one's
+    (and a test with its own PKB_LAUNCH_DIR gets node actors of its own)."""
+    yield
+    close_nodes()
 
 
 @pytest.fixture
@@ -96,6 +106,25 @@ def processes_under(folder: Path) -> list[int]:
     return found
 
 
+def launch_processes(folder: Path, text: str) -> set[int]:
+    """Processes of the launches under `folder` whose candidate contains `text` (a warm sandbox not
+    yet taken has no candidate: its processes do not count)."""
+    found = set()
+    for pid in processes_under(folder):
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+            launch = folder / cwd.relative_to(folder).parts[0]
+            if text in (launch / "src" / "solution.py").read_text():
+                found.add(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def running(pids: set[int]) -> set[int]:
+    return {p for p in pids if Path(f"/proc/{p}").exists()}
+
+
 def alive_nodes() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")}
 
@@ -123,12 +152,67 @@ def test_cancellation_reaches_the_remote_job(server, isolated_dirs):
     s = server()
     job = s.submit("check", check_params(CANDIDATES / "hangs.py", timeout_s=120))
     wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
-    wait_for(lambda: processes_under(isolated_dirs), 60, "the job's ranks to start")
+    wait_for(lambda: launch_processes(isolated_dirs, "Never returns"), 60, "the candidate's ranks to start")
+    ranks = launch_processes(isolated_dirs, "Never returns")
     t0 = time.monotonic()
     s.cancel(job)
     wait_for(lambda: s.get(job).terminal, 60, "the cancellation")
     assert s.get(job).state == "cancelled" and time.monotonic() - t0 < 30
-    wait_for(lambda: not processes_under(isolated_dirs), 20, "the job's processes to end")
+    wait_for(lambda: not running(ranks), 20, "the job's processes to end")
+
+
+@pytest.mark.integration
+def test_a_second_check_on_the_same_node_takes_warm_sandboxes(server, isolated_dirs):
+    """As on one node (tests/test_warm_pool.py), the backend's own report of each launch says whether
+    it ran in a sandbox started ahead of need; the node's actor counts them for each job."""
+    s = server()
+    params = check_params(EXAMPLES / "001_allreduce_torch.py")
+    first = s.submit("check", params)
+    wait_for(lambda: s.get(first).terminal, what="the first check")
+    assert s.get(first).state == "done" and s.result(first)["verdict"] == "pass", s.get(first)  # type: ignore[index]
+    node, _ = s.ray_table.where(first)  # type: ignore[union-attr]
+    # the reference's launch started cold on a node actor of its own (this test's settings); the
+    # candidate's may have taken a sandbox the reference's end started
+    assert s.ray_table.warm(first) in (0, 1)  # type: ignore[union-attr]
+    (other,) = alive_nodes() - {node}
+    holder = hold_node(other)  # the second check can only go where the first ran
+    try:
+        second = s.submit("check", params)
+        wait_for(lambda: s.get(second).terminal, what="the second check")
+    finally:
+        ray.kill(holder)
+    assert s.get(second).state == "done" and s.result(second)["verdict"] == "pass", s.get(second)  # type: ignore[index]
+    assert s.ray_table.where(second)[0] == node  # type: ignore[union-attr]
+    assert s.ray_table.warm(second) == 2, "the reference and the candidate both started warm"  # type: ignore[union-attr]
+
+
+def hold_node(node_id: str):
+    """An actor holding every GPU of the node, so that no job is placed there while it lives."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0, num_gpus=GPUS_PER_NODE)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    return holder
+
+
+@pytest.mark.integration
+def test_a_lost_lease_ends_its_launches_and_requeues_the_job(server, isolated_dirs):
+    s = server()
+    job = s.submit("check", check_params(CANDIDATES / "hangs.py", timeout_s=120))
+    wait_for(lambda: launch_processes(isolated_dirs, "Never returns"), 120, "the candidate's ranks to start")
+    ranks = launch_processes(isolated_dirs, "Never returns")
+    ray.kill(ray.get_actor(actor_name(job), namespace="pkb"), no_restart=True)
+    wait_for(lambda: s.ray_table.losses(job) == 1, 60, "the server to see the lease lost")  # type: ignore[union-attr]
+    wait_for(lambda: not running(ranks), 30, "the lost lease's launches to end")
+    wait_for(lambda: s.ray_table.starts(job) == 2, 60, "the job to run again")  # type: ignore[union-attr]
+    s.cancel(job)
+    wait_for(lambda: s.get(job).terminal, 60, "the cancellation")
+    assert s.get(job).state == "cancelled"
 
 
 @pytest.mark.integration
@@ -162,6 +246,7 @@ def test_a_node_lost_mid_batch_loses_no_result(server, cluster, isolated_dirs):
         assert s.get(j).state == "done" and s.result(j)["verdict"] == "pass", s.get(j)  # type: ignore[index]
     assert s.ray_table.losses(job) == 1 and s.ray_table.starts(job) == 2  # type: ignore[union-attr]
     assert s.ray_table.where(job)[0] != node_id  # type: ignore[union-attr]
+    close_nodes()  # the alive nodes' warm sandboxes end: any process left is the lost node's
     wait_for(lambda: not processes_under(isolated_dirs), 30, "the lost node's sandboxes to be killed")
 
 
@@ -194,8 +279,8 @@ def test_a_killed_actor_leaves_no_container(server):
 
     actor_pids: set[int] = set()
     wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
-    actor = ray.get_actor(actor_name(job), namespace="pkb")
-    actor_pids.add(ray.get(actor.__ray_call__.remote(lambda self: os.getpid())))
+    node_actor = ray.get_actor(s.cluster.node_name(s.ray_table.where(job)[0]), namespace="pkb")  # type: ignore[union-attr]
+    actor_pids.add(ray.get(node_actor.ping.remote()))  # the process that runs the node's launches
     wait_for(lambda: any(c.status == "running" for c in containers()), 120, "the job's containers")
     os.kill(next(iter(actor_pids)), 9)  # as Ray kills a worker (or the OOM killer does)
     wait_for(lambda: not containers(), 60, "the reaper to remove the containers")
