@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pkb_mcp import benchmark, log, render, runs, service
+from pkb_mcp import benchmark, log, render, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.problems import ProblemFormatError
 
@@ -224,7 +224,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         cluster = RayCluster(args.ray)  # the sandboxes are the nodes': no local warm pool below
         args.no_warm = True
-        runs.GPUS_ELSEWHERE = True
     scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus, cluster=cluster)
     server = build_server(scheduler, state / "sources")
     pool = None

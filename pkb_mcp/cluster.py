@@ -22,10 +22,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pkb_mcp.errors import UserError
 from pkb_mcp.log import get
+
+if TYPE_CHECKING:
+    from pkb_mcp.scheduler import JobParams
 
 log = get(__name__)
 
@@ -175,14 +178,14 @@ class RayCluster:
         largest = max(self.node_gpus(), default=0)
         return max(world_size, largest) if kind in WHOLE_NODE_KINDS else world_size
 
-    def admit(self, kind: str, params: dict[str, Any]) -> None:
+    def admit(self, kind: str, params: JobParams) -> None:
         """Refuse at submit what no node can hold: one clear sentence with the fix."""
         if kind == "profile":
             raise UserError(
                 "profile does not run on a Ray cluster yet (its trace files stay on the node); "
                 "run pkb profile on a GPU node without --ray"
             )
-        world_size = int(params.get("world_size", 1))
+        world_size = params.world_size
         sizes = self.node_gpus()
         largest = max(sizes, default=0)
         if world_size > largest:
@@ -211,19 +214,18 @@ class RayCluster:
             lifetime="detached",
         )
 
-    def _start(self, job_id: str, kind: str, params: dict[str, Any], cancel: threading.Event) -> Any:
+    def _start(self, job_id: str, kind: str, params: JobParams, cancel: threading.Event) -> Any:
         """A new placement group and actor for the job; None when cancelled while waiting for room."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        gpus = self.gpus_needed(kind, int(params.get("world_size", 1)))
+        gpus = self.gpus_needed(kind, params.world_size)
         self._remove_placement(job_id)  # one a lost node left behind would hold its GPUs forever
         group = self._placement(job_id, gpus)
         while not _ray().wait([group.ready()], timeout=PLACEMENT_WAIT_S)[0]:
             if cancel.is_set():  # cancelled, or the server stops: nothing started yet
                 self._remove_placement(job_id)
                 return None
-        path = params.get("path")
-        source = _read_source(Path(path)) if path else None
+        path = Path(params.path)
         return self._lease_class.options(
             name=actor_name(job_id),
             namespace=NAMESPACE,
@@ -234,13 +236,13 @@ class RayCluster:
                 placement_group=group, placement_group_bundle_index=0
             ),
             runtime_env={"env_vars": self.env},
-        ).remote(job_id, kind, params, source, Path(path).name if path else "solution.py", self.env)
+        ).remote(job_id, kind, params.model_dump(mode="json"), _read_source(path), path.name, self.env)
 
     def run(
         self,
         job_id: str,
         kind: str,
-        params: dict[str, Any],
+        params: JobParams,
         table: RayJobTable,
         cancel: threading.Event,
         stopping: Callable[[], bool],

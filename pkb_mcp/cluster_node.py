@@ -117,7 +117,7 @@ class NodeActor:
             self.by_cancel[id(job.cancel)] = job
         job.thread = threading.Thread(
             target=self._run,
-            args=(job, kind, dict(params), source, source_name, gpus),
+            args=(job, kind, params, source, source_name, gpus),
             name=f"pkb-job-{job_id}",
             daemon=True,
         )
@@ -217,30 +217,27 @@ class NodeActor:
         source_name: str,
         gpus: list[int],
     ) -> None:
-        from pkb_mcp.scheduler import RUNNERS
+        from pkb_mcp.scheduler import RUNNERS, JobParams
 
         folder = Path(tempfile.mkdtemp(prefix="pkb-ray-src-"))
         try:
+            path = folder / Path(source_name).name
             if source is not None:
-                path = folder / Path(source_name).name
                 path.write_text(source, encoding="utf-8")
-                params["path"] = str(path)
             else:
-                params["path"] = str(folder / "missing" / Path(source_name).name)
-            world_size = int(params.get("world_size", 1))
-            if params.get("device") == "cuda":
-                params["gpus"] = gpus[:world_size]
-            else:
-                params.pop("gpus", None)
+                path = folder / "missing" / Path(source_name).name
 
             def progress(done: float, total: float | None, message: str) -> None:
                 job.progress = (done, total, message)
 
-            backend = self._backend(str(params.get("sandbox", "auto")))
-            whole_node = kind in WHOLE_NODE_KINDS
             try:
+                given = JobParams.model_validate(params)
+                held = gpus[: given.world_size] if given.device == "cuda" else None
+                here = given.model_copy(update={"path": str(path), "gpus": held})
+                backend = self._backend(here.sandbox)
+                whole_node = kind in WHOLE_NODE_KINDS
                 with self._quiet_others(backend) if whole_node else contextlib.ExitStack():
-                    result = RUNNERS[kind](params, progress, job.cancel)
+                    result = RUNNERS[kind](here, progress, job.cancel)
                 job.end = {"state": "done", "result": result.model_dump(mode="json")}
             except Cancelled as exc:
                 job.end = {"state": "cancelled", "error": str(exc)}

@@ -27,10 +27,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pkb_mcp import config, conventions, runs, service
+from pkb_mcp import config, conventions, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.eval_store import EvalStore
 from pkb_mcp.models import BenchResult, CheckResult
+from pkb_mcp.scheduler import JobParams
 
 Outcome = Literal["pass", "wrong", "error", "timeout", "build", "refused", "skipped", "env"]
 # what the candidate did wrong; "skipped" (not run) and "env" (the harness or the environment failed)
@@ -216,19 +217,19 @@ class _Batch:
         self.rerun = rerun
         self.progress = progress
 
-    def params(self, path: Path, pid: int, kind: str) -> dict[str, Any]:
-        common = {
-            "problem": pid,
-            "path": str(path.resolve()),
-            "world_size": self.s.world_size,
-            "size": self.s.size,
-            "device": self.s.device,
-            "sandbox": self.s.sandbox,
-            "convention": self.s.convention,
-        }
-        if kind == "check":
-            return {**common, "trials": self.s.trials, "timeout_s": self.s.timeout_s}
-        return {**common, "timeout_s": self.s.bench_timeout_s, "launches": 1}
+    def params(self, path: Path, pid: int, kind: str) -> JobParams:
+        check = kind == "check"
+        return JobParams(
+            problem=pid,
+            path=str(path.resolve()),
+            world_size=self.s.world_size,
+            size=self.s.size,
+            device=self.s.device,
+            sandbox=self.s.sandbox,
+            convention=self.s.convention,
+            trials=self.s.trials,
+            timeout_s=self.s.timeout_s if check else self.s.bench_timeout_s,
+        )
 
     def start(self, path: Path) -> _Entry:
         data = path.read_bytes()
@@ -246,7 +247,12 @@ class _Batch:
             return entry
         try:
             problem, _ = service.preflight(
-                pid, self.s.world_size, self.s.size, self.s.device, self.s.timeout_s
+                pid,
+                self.s.world_size,
+                self.s.size,
+                self.s.device,
+                self.s.timeout_s,
+                local_gpus=self.scheduler.cluster is None,
             )
         except UserError as exc:
             entry.result = base.model_copy(update={"message": str(exc)})
@@ -420,7 +426,9 @@ def evaluate(
         from pkb_mcp.cluster import RayCluster
 
         cluster = RayCluster(ray)
-        cluster.admit("check", {"world_size": world_size})  # no node large enough: say so before any work
+        cluster.admit(
+            "check", JobParams(path="", world_size=world_size)
+        )  # no node large enough: say so before any work
         device = device or ("cuda" if max(cluster.node_gpus(), default=0) else "cpu")
     device = device or service.default_device()
     if device not in ("cpu", "cuda"):
@@ -449,7 +457,6 @@ def evaluate(
     results_store = EvalStore(store_path)
     results_store.acquire()
     scheduler = None
-    elsewhere, runs.GPUS_ELSEWHERE = runs.GPUS_ELSEWHERE, cluster is not None or runs.GPUS_ELSEWHERE
     try:
         gpus = 0
         if device == "cuda" and cluster is None:
@@ -463,7 +470,6 @@ def evaluate(
             scheduler.stop()
             _wait_stopped(scheduler)
         results_store.release()
-        runs.GPUS_ELSEWHERE = elsewhere
     report = EvalReport(
         settings=settings,
         store=str(store_path),

@@ -83,14 +83,16 @@ def read_solution(path: Path) -> str | None:
     return None
 
 
-# True on a server whose jobs run on a cluster's nodes (pkb_mcp/cluster.py): its own GPUs do not count
-GPUS_ELSEWHERE = False
-
-
 def preflight(
-    ref: int | str, world_size: int, size: str, device: str | None, timeout_s: float = 60.0
+    ref: int | str,
+    world_size: int,
+    size: str,
+    device: str | None,
+    timeout_s: float = 60.0,
+    local_gpus: bool = True,
 ) -> tuple[problems.Problem, str]:
-    """Everything about a run request that can be refused before any work starts."""
+    """Everything about a run request that can be refused before any work starts. `local_gpus`:
+    whether the run will hold this machine's GPUs (not so where a cluster's nodes run it)."""
     problem = problems.resolve(ref)
     check_world_size(problem, world_size, size)
     if timeout_s <= 0:
@@ -98,7 +100,7 @@ def preflight(
     device = device or default_device()
     if device not in ("cpu", "cuda"):
         raise UserError(f"device {device!r} is not cpu or cuda")
-    if not GPUS_ELSEWHERE:
+    if local_gpus:
         gpus_for(device, world_size)
     return problem, device
 

@@ -1,10 +1,10 @@
 """Long work as jobs: a queue in front of the node's GPUs, progress, deadlines and cancellation.
 
-A job is a *kind* (compile, check, bench, profile) with JSON params, run by the service function of that kind
-in a worker thread once its resources are free: the GPUs it needs (world size, for cuda jobs), or the
-one CPU slot (CPU jobs use every core), or a compile slot. Jobs start in submission order as their
-resources allow. Everything about a job is written to the store, so a restarted scheduler re-queues
-jobs that were queued or running and still answers for finished ones.
+A job is a *kind* (compile, check, bench, profile) with its `JobParams`, run by the service function
+of that kind in a worker thread once its resources are free: the GPUs it needs (world size, for cuda
+jobs), or the one CPU slot (CPU jobs use every core), or a compile slot. Jobs start in submission
+order as their resources allow. Everything about a job is written to the store, so a restarted
+scheduler re-queues jobs that were queued or running and still answers for finished ones.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pkb_mcp import service
 from pkb_mcp.errors import Cancelled, UserError
@@ -29,62 +29,86 @@ if TYPE_CHECKING:
 
 log = get(__name__)
 
-Runner = Callable[[dict[str, Any], service.Progress, threading.Event], BaseModel]
+
+class JobParams(BaseModel):
+    """What a job runs on: one model for every kind (a kind leaves alone what it does not use). The
+    store keeps it as JSON; the scheduler and a cluster node read it back through this model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str  # the solution (or .cu file) as the server keeps it
+    problem: int | str = 0  # id or name (compile has none)
+    world_size: int = 1
+    size: str = "pkb"
+    device: str | None = None  # None: cuda where a GPU is present
+    timeout_s: float = 300.0  # each launch's wall-clock limit
+    sandbox: str = "auto"
+    trials: int = 5  # check
+    launches: int = 1  # bench: launches a side
+    convention: str = "auto"
+    profiles_dir: str | None = None  # profile: where its traces go
+    gpus: list[int] | None = None  # set when the job starts: the GPUs it holds
+
+
+Runner = Callable[[JobParams, service.Progress, threading.Event], BaseModel]
 # A backstop above the service's own per-launch deadlines (a bench runs two launches).
 DEADLINE_FACTOR = 2.5
 DEADLINE_SLACK_S = 60.0
 
 
-def _run_compile(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+def _run_compile(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
     progress(0, 1, "compiling")
-    result = service.compile_file(Path(params["path"]), params.get("sandbox", "auto"), cancel)
+    result = service.compile_file(Path(params.path), params.sandbox, cancel)
     progress(1, 1, "compiled" if result.ok else "compile failed")
     return result
 
 
-def _run_args(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> dict[str, Any]:
-    """The keyword arguments that service.check and service.bench share."""
+def _run_args(params: JobParams, progress: service.Progress, cancel: threading.Event) -> dict[str, Any]:
+    """The keyword arguments that service.check, service.bench and profile share."""
     return {
-        "world_size": params["world_size"],
-        "device": params["device"],
-        "size": params["size"],
-        "timeout_s": params["timeout_s"],
-        "sandbox": params["sandbox"],
+        "world_size": params.world_size,
+        "device": params.device,
+        "size": params.size,
+        "timeout_s": params.timeout_s,
+        "sandbox": params.sandbox,
         "progress": progress,
         "cancel": cancel,
-        "gpus": params.get("gpus"),
-        "convention": params.get("convention", "auto"),
+        "gpus": params.gpus,
+        "convention": params.convention,
     }
 
 
-def _run_check(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+def _run_check(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
     return service.check(
-        params["problem"],
-        Path(params["path"]),
-        trials=params["trials"],
-        **_run_args(params, progress, cancel),
+        params.problem, Path(params.path), trials=params.trials, **_run_args(params, progress, cancel)
     )
 
 
-def _run_bench(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+def _run_bench(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
     return service.bench(
-        params["problem"],
-        Path(params["path"]),
-        launches=params.get("launches", 1),
-        **_run_args(params, progress, cancel),
+        params.problem, Path(params.path), launches=params.launches, **_run_args(params, progress, cancel)
     )
 
 
-def _run_profile(params: dict[str, Any], progress: service.Progress, cancel: threading.Event) -> BaseModel:
+def _run_profile(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
     from pkb_mcp import profile
 
-    folder = params.get("profiles_dir")
+    folder = params.profiles_dir
     return profile.profile(
-        params["problem"],
-        Path(params["path"]),
+        params.problem,
+        Path(params.path),
         profiles_dir=Path(folder) if folder else None,
         **_run_args(params, progress, cancel),
     )
+
+
+def job_params(record: JobRecord) -> JobParams:
+    """A stored job's parameters, read back through the model (a store of another version may hold
+    others: the job then fails saying so)."""
+    try:
+        return JobParams.model_validate(record.params)
+    except ValidationError as exc:
+        raise UserError(f"job {record.id} has parameters this version cannot run: {exc}") from exc
 
 
 RUNNERS: dict[str, Runner] = {
@@ -131,13 +155,13 @@ class Scheduler:
 
     # ------------------------------------------------------------ public
 
-    def submit(self, kind: str, params: dict[str, Any]) -> str:
+    def submit(self, kind: str, params: JobParams) -> str:
         if kind not in RUNNERS:
             raise UserError(f"unknown job kind {kind!r}")
         if self.cluster is not None and kind != "compile":
             self.cluster.admit(kind, params)
         job_id = uuid.uuid4().hex[:12]
-        self.store.create(job_id, kind, params)
+        self.store.create(job_id, kind, params.model_dump(mode="json"))
         self._enqueue(job_id)
         log.info("job.submitted", job=job_id, kind=kind)
         return job_id
@@ -188,10 +212,13 @@ class Scheduler:
             return "compile", 1
         if self.cluster is not None:
             return "ray", 0  # the cluster's placement groups wait for room, not this queue
-        device = record.params.get("device") or service.default_device()
-        if device != "cuda":
+        try:
+            params = job_params(record)
+        except UserError:
+            return "cpu", 1  # it fails as soon as it runs, saying why
+        if (params.device or service.default_device()) != "cuda":
             return "cpu", 1
-        world_size = int(record.params["world_size"])
+        world_size = params.world_size
         return "gpu", max(world_size, self.gpu_count) if record.kind in ("bench", "profile") else world_size
 
     def _take(self, need: tuple[str, int]) -> list[int] | None:
@@ -263,9 +290,6 @@ class Scheduler:
 
     def _run(self, record: JobRecord, need: tuple[str, int], taken: list[int]) -> None:
         live = self._live[record.id]
-        params = dict(record.params)
-        if taken:
-            params["gpus"] = taken[: int(params["world_size"])]
         last = [0.0]
 
         def progress(done: float, total: float | None, message: str) -> None:
@@ -274,11 +298,15 @@ class Scheduler:
                 last[0] = now
                 self.store.progress(record.id, done, total, message)
 
-        deadline_s = DEADLINE_FACTOR * float(params.get("timeout_s", 300.0)) + DEADLINE_SLACK_S
-        watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = None
         try:
+            params = job_params(record)
+            if taken:
+                params = params.model_copy(update={"gpus": taken[: params.world_size]})
+            deadline_s = DEADLINE_FACTOR * params.timeout_s + DEADLINE_SLACK_S
+            watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
+            watchdog.daemon = True
+            watchdog.start()
             result = RUNNERS[record.kind](params, progress, live.cancel)
             live.result = result
             self.store.finish(record.id, "done", result=result.model_dump(mode="json"))
@@ -293,7 +321,8 @@ class Scheduler:
             log.exception("job.crashed", job=record.id)
             self.store.finish(record.id, "failed", error=f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            watchdog.cancel()
+            if watchdog is not None:
+                watchdog.cancel()
             self._give(need, taken)
             log.info("job.finished", job=record.id, state=self.get(record.id).state)
 
@@ -307,21 +336,26 @@ class Scheduler:
         def progress(done: float, total: float | None, message: str) -> None:
             self.store.progress(record.id, done, total, message)
 
-        deadline_s = DEADLINE_FACTOR * float(record.params.get("timeout_s", 300.0)) + DEADLINE_SLACK_S
-        # from when the job holds its node: on a busy cluster the wait for room can be long
-        watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
-        watchdog.daemon = True
+        watchdogs: list[threading.Timer] = []
+
+        def placed(deadline_s: float) -> None:
+            # from when the job holds its node: on a busy cluster the wait for room can be long
+            watchdogs.append(threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s)))
+            watchdogs[0].daemon = True
+            watchdogs[0].start()
+
         requeue = False
         try:
+            params = job_params(record)
             end = self.cluster.run(
                 record.id,
                 record.kind,
-                dict(record.params),
+                params,
                 self.ray_table,
                 live.cancel,
                 lambda: self._stopped and not live.reason,
                 progress,
-                watchdog.start,
+                lambda: placed(DEADLINE_FACTOR * params.timeout_s + DEADLINE_SLACK_S),
             )
             if end.state == "detached":
                 self.store.requeue(record.id)  # it runs on; the next server collects it
@@ -354,7 +388,8 @@ class Scheduler:
             log.exception("job.crashed", job=record.id)
             self.store.finish(record.id, "failed", error=f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            watchdog.cancel()  # also when it never started
+            for watchdog in watchdogs:
+                watchdog.cancel()
             if requeue and not self._stopped:
                 self._enqueue(record.id)
             log.info("job.finished", job=record.id, state=self.get(record.id).state)

@@ -34,7 +34,7 @@ from pkb_mcp.models import (
     lean_property,
 )
 from pkb_mcp.profile import ProfileResult, profiles_root
-from pkb_mcp.scheduler import Scheduler
+from pkb_mcp.scheduler import JobParams, Scheduler
 from pkb_mcp.store import JobRecord
 
 MAX_SOURCE_BYTES = 1 << 20
@@ -202,6 +202,8 @@ class Tools:
         self.scheduler = scheduler
         self.sources_dir = sources_dir
         sources_dir.mkdir(parents=True, exist_ok=True)
+        # with a Ray cluster the nodes' GPUs run the jobs: this machine's do not count
+        self.local_gpus = scheduler.cluster is None
 
     def solution_file(self, source: str | None, path: str | None, suffixes: tuple[str, ...]) -> Path:
         """The candidate as a file: given text is stored by content; a given path must exist."""
@@ -370,7 +372,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         solution's load_inline extensions are also built for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
         file = tools.solution_file(source, path, suffixes)
-        job_id = tools.scheduler.submit("compile", {"path": str(file), "timeout_s": 300.0, "sandbox": "auto"})
+        job_id = tools.scheduler.submit("compile", JobParams(path=str(file)))
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=RUNS_CODE)
@@ -390,20 +392,19 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
         file = tools.solution_file(source, path, (".py",))
         with tool_errors():
-            _, dev = service.preflight(problem, world_size, size, device, timeout_s)
+            _, dev = service.preflight(problem, world_size, size, device, timeout_s, tools.local_gpus)
         job_id = tools.scheduler.submit(
             "check",
-            {
-                "problem": problem,
-                "path": str(file),
-                "world_size": world_size,
-                "size": size,
-                "trials": trials,
-                "device": dev,
-                "timeout_s": timeout_s,
-                "sandbox": "auto",
-                "convention": convention,
-            },
+            JobParams(
+                problem=problem,
+                path=str(file),
+                world_size=world_size,
+                size=size,
+                trials=trials,
+                device=dev,
+                timeout_s=timeout_s,
+                convention=convention,
+            ),
         )
         return await tools.finish(job_id, wait, ctx)
 
@@ -431,20 +432,19 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
         file = tools.solution_file(source, path, (".py",))
         with tool_errors():
-            _, dev = service.preflight(problem, world_size, size, device, timeout_s)
+            _, dev = service.preflight(problem, world_size, size, device, timeout_s, tools.local_gpus)
         job_id = tools.scheduler.submit(
             "bench",
-            {
-                "problem": problem,
-                "path": str(file),
-                "world_size": world_size,
-                "size": size,
-                "device": dev,
-                "timeout_s": timeout_s,
-                "sandbox": "auto",
-                "launches": launches,
-                "convention": convention,
-            },
+            JobParams(
+                problem=problem,
+                path=str(file),
+                world_size=world_size,
+                size=size,
+                device=dev,
+                timeout_s=timeout_s,
+                launches=launches,
+                convention=convention,
+            ),
         )
         return await tools.finish(job_id, wait, ctx)
 
@@ -513,19 +513,18 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
         waits, top kernels; trace and timeline as resources. Use when a benchmark disappoints."""
         file = tools.solution_file(source, path, (".py",))
         with tool_errors():
-            _, dev = service.preflight(problem, world_size, size, device, timeout_s)
+            _, dev = service.preflight(problem, world_size, size, device, timeout_s, tools.local_gpus)
         job_id = tools.scheduler.submit(
             "profile",
-            {
-                "problem": problem,
-                "path": str(file),
-                "world_size": world_size,
-                "size": size,
-                "device": dev,
-                "timeout_s": timeout_s,
-                "sandbox": "auto",
-                "profiles_dir": str(profiles),
-            },
+            JobParams(
+                problem=problem,
+                path=str(file),
+                world_size=world_size,
+                size=size,
+                device=dev,
+                timeout_s=timeout_s,
+                profiles_dir=str(profiles),
+            ),
         )
         return await tools.finish(job_id, wait, ctx)
 

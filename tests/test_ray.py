@@ -73,17 +73,16 @@ def server(cluster, tmp_path):
         s.stop()
 
 
-def check_params(path: Path, world_size: int = 2, trials: int = 1, timeout_s: float = 60) -> dict:
-    return {
-        "problem": 1,
-        "path": str(path),
-        "world_size": world_size,
-        "device": "cpu",
-        "size": "pkb",
-        "timeout_s": timeout_s,
-        "sandbox": "process",
-        "trials": trials,
-    }
+def check_params(path: Path, world_size: int = 2, trials: int = 1, timeout_s: float = 60) -> sched.JobParams:
+    return sched.JobParams(
+        problem=1,
+        path=str(path),
+        world_size=world_size,
+        device="cpu",
+        timeout_s=timeout_s,
+        sandbox="process",
+        trials=trials,
+    )
 
 
 def wait_for(predicate, timeout_s: float = 120, what: str = "") -> None:
@@ -263,7 +262,7 @@ def test_a_killed_actor_leaves_no_container(server):
     if client is None:
         pytest.skip("no Docker engine answers")
     s = server()
-    params = {**check_params(CANDIDATES / "hangs.py", timeout_s=120), "sandbox": "docker"}
+    params = check_params(CANDIDATES / "hangs.py", timeout_s=120).model_copy(update={"sandbox": "docker"})
     job = s.submit("check", params)
 
     def containers() -> list:

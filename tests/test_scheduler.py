@@ -14,16 +14,18 @@ from pkb_mcp.store import JobStore
 
 LOG: list[tuple[str, str, float, list[int]]] = []
 LOCK = threading.Lock()
+SECONDS: dict[str, float] = {}  # how long each stand-in job (by its problem name) runs
 
 
 def fake(params, progress, cancel):
+    name = params.problem
     with LOCK:
-        LOG.append(("start", params["name"], time.monotonic(), params.get("gpus", [])))
-    deadline = time.monotonic() + params["seconds"]
+        LOG.append(("start", name, time.monotonic(), params.gpus or []))
+    deadline = time.monotonic() + SECONDS[name]
     while time.monotonic() < deadline and not cancel.is_set():
         time.sleep(0.01)
     with LOCK:
-        LOG.append(("end", params["name"], time.monotonic(), params.get("gpus", [])))
+        LOG.append(("end", name, time.monotonic(), params.gpus or []))
     if cancel.is_set():  # as the service does: a cancelled job raises, it never returns a result
         raise Cancelled("cancelled")
     from pkb_mcp.models import Traffic
@@ -49,9 +51,11 @@ def node(tmp_path, monkeypatch):
 
 
 def submit(s, name, world_size=2, seconds=0.3, kind="check"):
-    return s.submit(
-        kind, {"name": name, "world_size": world_size, "device": "cuda", "seconds": seconds, "timeout_s": 30}
+    SECONDS[name] = seconds
+    params = sched.JobParams(
+        path="stand-in.py", problem=name, world_size=world_size, device="cuda", timeout_s=30
     )
+    return s.submit(kind, params)
 
 
 def wait_all(s, ids, timeout=60):
@@ -152,15 +156,21 @@ def test_jobs_survive_a_restart(node, tmp_path):
 
 
 def test_a_benchmark_s_options_reach_the_service(monkeypatch):
-    """The runner hands every option a benchmark was submitted with to service.bench (jobs included;
-    records from before the option existed run with one job)."""
+    """The runner hands every option a benchmark was submitted with to service.bench (launches
+    included; stored records without them run with one launch a side)."""
     seen: list[dict] = []
     monkeypatch.setattr(sched.service, "bench", lambda problem, path, **kw: seen.append(kw))
-    params = {"problem": "1", "path": "/x.py", "world_size": 2, "device": "cpu", "size": "pkb"}
-    params |= {"timeout_s": 60.0, "sandbox": "auto"}
+    stored = {
+        "problem": "1",
+        "path": "/x.py",
+        "world_size": 2,
+        "device": "cpu",
+        "size": "pkb",
+        "timeout_s": 60.0,
+    }
     cancel = threading.Event()
-    sched._run_bench({**params, "launches": 3}, lambda *a: None, cancel)
-    sched._run_bench(params, lambda *a: None, cancel)
+    sched._run_bench(sched.JobParams(**stored, launches=3), lambda *a: None, cancel)
+    sched._run_bench(sched.JobParams.model_validate(stored), lambda *a: None, cancel)
     assert [kw["launches"] for kw in seen] == [3, 1]
     assert all(kw["world_size"] == 2 and kw["cancel"] is cancel for kw in seen)
 
@@ -174,7 +184,7 @@ class _LosingCluster:
     def __init__(self) -> None:
         self.runs = 0
 
-    def admit(self, kind: str, params: dict) -> None:
+    def admit(self, kind: str, params: sched.JobParams) -> None:
         pass
 
     def run(self, job_id, kind, params, table, cancel, stopping, progress, placed_at) -> RemoteEnd:
@@ -187,7 +197,7 @@ def test_a_job_whose_node_is_lost_twice_is_reported_not_dropped(tmp_path):
     cluster = _LosingCluster()
     s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), 0, cluster=cluster)  # type: ignore[arg-type]
     try:
-        job = s.submit("check", {"world_size": 2, "device": "cpu", "timeout_s": 30})
+        job = s.submit("check", sched.JobParams(path="x.py", world_size=2, device="cpu", timeout_s=30))
         deadline = time.monotonic() + 30
         while not s.get(job).terminal and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -203,3 +213,21 @@ def test_a_node_result_is_read_through_the_servers_model():
 
     bad = _validated("check", {"verdict": "pass"})
     assert bad.state == "failed" and "no valid check result" in bad.error and bad.result is None
+
+
+def test_parameters_are_typed_at_submit_and_when_read_back(tmp_path, node):
+    """A job's parameters are one model: an unknown one is refused at submit, and a stored job whose
+    parameters this version cannot read (a store of another version) fails saying so, not silently."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="jobs"):
+        sched.JobParams(path="x.py", jobs=2)  # type: ignore[call-arg]
+    store = JobStore(tmp_path / "jobs.sqlite")
+    store.create("old", "check", {"path": "x.py", "problem": "a", "jobs": 2})
+    s = node()  # the scheduler re-queues the stored job at start
+    deadline = time.monotonic() + 30
+    while not s.get("old").terminal and time.monotonic() < deadline:
+        time.sleep(0.02)
+    record = s.get("old")
+    assert record.state == "failed" and "parameters this version cannot run" in (record.error or ""), record
+    assert not LOG, "it never reached a runner"
