@@ -205,6 +205,32 @@ class Tools:
         # with a Ray cluster the nodes' GPUs run the jobs: this machine's do not count
         self.local_gpus = scheduler.cluster is None
 
+    def run_params(
+        self,
+        problem: int | str,
+        source: str | None,
+        path: str | None,
+        world_size: int,
+        size: str,
+        device: str | None,
+        timeout_s: float,
+        **more: Any,
+    ) -> JobParams:
+        """A run tool's job: its candidate as a file and its request checked before any work starts
+        (ToolErrors with one sentence), as the job's parameters."""
+        file = self.solution_file(source, path, (".py",))
+        with tool_errors():
+            _, dev = service.preflight(problem, world_size, size, device, timeout_s, self.local_gpus)
+        return JobParams(
+            problem=problem,
+            path=str(file),
+            world_size=world_size,
+            size=size,
+            device=dev,
+            timeout_s=timeout_s,
+            **more,
+        )
+
     def solution_file(self, source: str | None, path: str | None, suffixes: tuple[str, ...]) -> Path:
         """The candidate as a file: given text is stored by content; a given path must exist."""
         if (source is None) == (path is None):
@@ -390,22 +416,10 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
-        file = tools.solution_file(source, path, (".py",))
-        with tool_errors():
-            _, dev = service.preflight(problem, world_size, size, device, timeout_s, tools.local_gpus)
-        job_id = tools.scheduler.submit(
-            "check",
-            JobParams(
-                problem=problem,
-                path=str(file),
-                world_size=world_size,
-                size=size,
-                trials=trials,
-                device=dev,
-                timeout_s=timeout_s,
-                convention=convention,
-            ),
+        params = tools.run_params(
+            problem, source, path, world_size, size, device, timeout_s, trials=trials, convention=convention
         )
+        job_id = tools.scheduler.submit("check", params)
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=RUNS_CODE)
@@ -430,22 +444,18 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         wait: Wait = True,
     ) -> Annotated[CallToolResult, BenchOutput]:
         """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
-        file = tools.solution_file(source, path, (".py",))
-        with tool_errors():
-            _, dev = service.preflight(problem, world_size, size, device, timeout_s, tools.local_gpus)
-        job_id = tools.scheduler.submit(
-            "bench",
-            JobParams(
-                problem=problem,
-                path=str(file),
-                world_size=world_size,
-                size=size,
-                device=dev,
-                timeout_s=timeout_s,
-                launches=launches,
-                convention=convention,
-            ),
+        params = tools.run_params(
+            problem,
+            source,
+            path,
+            world_size,
+            size,
+            device,
+            timeout_s,
+            launches=launches,
+            convention=convention,
         )
+        job_id = tools.scheduler.submit("bench", params)
         return await tools.finish(job_id, wait, ctx)
 
 
@@ -511,21 +521,10 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
     ) -> Annotated[CallToolResult, ProfileOutput]:
         """Each rank's call split into communication, compute, overlap and gaps, beside the reference;
         waits, top kernels; trace and timeline as resources. Use when a benchmark disappoints."""
-        file = tools.solution_file(source, path, (".py",))
-        with tool_errors():
-            _, dev = service.preflight(problem, world_size, size, device, timeout_s, tools.local_gpus)
-        job_id = tools.scheduler.submit(
-            "profile",
-            JobParams(
-                problem=problem,
-                path=str(file),
-                world_size=world_size,
-                size=size,
-                device=dev,
-                timeout_s=timeout_s,
-                profiles_dir=str(profiles),
-            ),
+        params = tools.run_params(
+            problem, source, path, world_size, size, device, timeout_s, profiles_dir=str(profiles)
         )
+        job_id = tools.scheduler.submit("profile", params)
         return await tools.finish(job_id, wait, ctx)
 
     def artifact(job_id: str, name: str) -> Path:
