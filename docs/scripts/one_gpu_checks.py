@@ -68,6 +68,7 @@ def memo(out: Path) -> None:
                     "seen_inputs_advantage": r.seen_inputs_advantage,
                     "faster_on_seen_inputs": r.faster_on_seen_inputs,
                     "below_floor": r.below_floor,
+                    "fresh_calls": [s.fresh_calls if s else None for s in (r.reference, r.candidate)],
                     "pct_of_floor": roof.pct_of_floor if roof else None,
                     "message": r.message,
                     "wall_s": round(time.perf_counter() - t0, 1),
