@@ -2,7 +2,8 @@
 with 4 logical GPUs each runs CPU jobs (process backend, gloo ranks). Checks and a `pkb eval` of the
 examples spread over both nodes and never span two; a second check on a node takes the warm sandboxes
 of that node's actor; a node lost mid-job re-queues it, and so does a lost lease, whose launches end;
-cancellation reaches the remote job; a restarted server collects a job that ran on. One cluster for
+cancellation reaches the remote job; a restarted server collects a job that ran on; a profile's trace
+and timeline come back to the server's profiles folder (to a restarted server too). One cluster for
 the module; each test closes the node actors it made (their warm sandboxes with them)."""
 
 from __future__ import annotations
