@@ -284,9 +284,10 @@ class RayCluster:
             end = state["end"]
             if end is not None:
                 table.warmed(job_id, int(state.get("warm") or 0))
-                outcome = _ended(kind, params, end)  # a profile's artifacts land before the node forgets
-                self._release(job_id, actor)
-                return outcome
+                try:  # a profile's artifacts land before the node forgets them
+                    return _ended(kind, params, end)
+                finally:
+                    self._release(job_id, actor)
             time.sleep(POLL_S)
 
     def node_name(self, node_id: str) -> str:
