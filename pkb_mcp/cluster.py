@@ -1,11 +1,13 @@
 """Scheduler jobs on a Ray cluster (`pkb serve --ray`, `pkb eval --ray`): docs/scale-out.md.
 
-One scheduler job (check, bench) runs on one node of the cluster: a one-bundle STRICT_PACK placement
-group holds its GPUs there, and a detached, named actor in that bundle (the job's lease) hands the job
-to its node's long-lived actor (pkb_mcp/cluster_node.py), which runs the same service function the
-server would, with that node's sandbox backend, warm pool and extension cache. The candidate's source
-travels as text. The node keeps the job's end until the server has fetched it through the lease, so a
-restarted server collects jobs that ran on. Ray is imported only on this path (the `ray` extra).
+One scheduler job (check, bench, profile) runs on one node of the cluster: a one-bundle STRICT_PACK
+placement group holds its GPUs there, and a detached, named actor in that bundle (the job's lease)
+hands the job to its node's long-lived actor (pkb_mcp/cluster_node.py), which runs the same service
+function the server would, with that node's sandbox backend, warm pool and extension cache. The
+candidate's source travels as text. The node keeps the job's end (a profile's trace and timeline as
+bytes with it) until the server has fetched it through the lease, so a restarted server collects jobs
+that ran on; the server writes a profile's artifacts under its own profiles folder. Ray is imported
+only on this path (the `ray` extra).
 
 On the server: the store's file; the reaper runs beside each node's actor.
 """
@@ -35,7 +37,7 @@ log = get(__name__)
 NAMESPACE = "pkb"
 POLL_S = 0.5
 MAX_NODE_LOSSES = 2  # a node lost mid-job re-queues it once; the second loss is reported
-REMOTE_KINDS = ("check", "bench")
+REMOTE_KINDS = ("check", "bench", "profile")
 WHOLE_NODE_KINDS = ("bench", "profile")  # timed: the node's GPUs to themselves, as on one node
 MAX_SOURCE_BYTES = 1 << 20  # service.MAX_SOLUTION_BYTES; a larger file is refused by the service anyway
 PLACEMENT_WAIT_S = 5.0
@@ -180,11 +182,6 @@ class RayCluster:
 
     def admit(self, kind: str, params: JobParams) -> None:
         """Refuse at submit what no node can hold: one clear sentence with the fix."""
-        if kind == "profile":
-            raise UserError(
-                "profile does not run on a Ray cluster yet (its trace files stay on the node); "
-                "run pkb profile on a GPU node without --ray"
-            )
         world_size = params.world_size
         sizes = self.node_gpus()
         largest = max(sizes, default=0)
@@ -287,10 +284,10 @@ class RayCluster:
             end = state["end"]
             if end is not None:
                 table.warmed(job_id, int(state.get("warm") or 0))
-                self._release(job_id, actor)
-                if end["state"] == "done":
-                    return _validated(kind, end.get("result"))
-                return RemoteEnd(end["state"], None, str(end.get("error") or "")[:4000])
+                try:  # a profile's artifacts land before the node forgets them
+                    return _ended(kind, params, end)
+                finally:
+                    self._release(job_id, actor)
             time.sleep(POLL_S)
 
     def node_name(self, node_id: str) -> str:
@@ -352,13 +349,30 @@ def close_nodes(timeout_s: float = 300.0) -> int:
     return len(calls)
 
 
+def _ended(kind: str, params: JobParams, end: dict[str, Any]) -> RemoteEnd:
+    """How the job ended, as the server stores it. A profile's trace and timeline came as bytes with
+    the end: they are written under the server's own profiles folder (the job's `profiles_dir`), and
+    the result's paths rewritten to point there (pkb_mcp/profile.py's land_artifacts)."""
+    if end.get("state") != "done":
+        return RemoteEnd(str(end.get("state")), None, str(end.get("error") or "")[:4000])
+    outcome = _validated(kind, end.get("result"))
+    if kind == "profile" and outcome.result is not None:
+        from pkb_mcp.profile import land_artifacts
+
+        folder = Path(params.profiles_dir) if params.profiles_dir else None
+        outcome.result = land_artifacts(outcome.result, end.get("artifacts"), folder)
+    return outcome
+
+
 def _validated(kind: str, result: Any) -> RemoteEnd:
     """A node's result, re-read through the server's own model of it: anything else is a failure."""
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
     from pkb_mcp.models import BenchResult, CheckResult
+    from pkb_mcp.profile import ProfileResult
 
-    model: type[CheckResult] | type[BenchResult] = CheckResult if kind == "check" else BenchResult
+    models: dict[str, type[BaseModel]] = {"check": CheckResult, "profile": ProfileResult}
+    model = models.get(kind, BenchResult)
     try:
         return RemoteEnd("done", model.model_validate(result).model_dump(mode="json"))
     except ValidationError as exc:

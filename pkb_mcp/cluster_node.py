@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -219,7 +220,7 @@ class NodeActor:
     ) -> None:
         from pkb_mcp.scheduler import RUNNERS, JobParams
 
-        folder = Path(tempfile.mkdtemp(prefix="pkb-ray-src-"))
+        folder = Path(tempfile.mkdtemp(prefix="pkb-ray-job-"))  # the source, a profile's artifacts
         try:
             path = folder / Path(source_name).name
             if source is not None:
@@ -233,12 +234,19 @@ class NodeActor:
             try:
                 given = JobParams.model_validate(params)
                 held = gpus[: given.world_size] if given.device == "cuda" else None
-                here = given.model_copy(update={"path": str(path), "gpus": held})
+                # a profile writes its artifacts here, never into the server's folder it names
+                profiles = {"profiles_dir": str(folder / "profiles")} if kind == "profile" else {}
+                here = given.model_copy(update={"path": str(path), "gpus": held, **profiles})
                 backend = self._backend(here.sandbox)
                 whole_node = kind in WHOLE_NODE_KINDS
                 with self._quiet_others(backend) if whole_node else contextlib.ExitStack():
                     result = RUNNERS[kind](here, progress, job.cancel)
-                job.end = {"state": "done", "result": result.model_dump(mode="json")}
+                end: dict[str, Any] = {"state": "done", "result": result.model_dump(mode="json")}
+                if kind == "profile":  # the bytes travel with the end; kept until the server fetched it
+                    from pkb_mcp.profile import pack_artifacts
+
+                    end["artifacts"] = pack_artifacts(end["result"], folder)
+                job.end = end
             except Cancelled as exc:
                 job.end = {"state": "cancelled", "error": str(exc)}
             except UserError as exc:
@@ -247,9 +255,7 @@ class NodeActor:
                 why = f"internal error on a cluster node: {type(exc).__name__}: {exc}"
                 job.end = {"state": "failed", "error": why}
         finally:
-            for p in folder.rglob("*"):
-                p.unlink(missing_ok=True)
-            folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)
             self.idle_since = time.monotonic()
             log.info("node.job_ended", job=job.job_id, state=(job.end or {}).get("state"), warm=job.warm)
 

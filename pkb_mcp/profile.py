@@ -34,6 +34,11 @@ MAX_CALLS = 20
 KEEP_PROFILES = 20  # artifact folders kept in the state directory, newest first
 TRACE_FILE = "trace.json"
 TIMELINE_FILE = "timeline.png"
+# the artifacts of a profile that ran on a cluster node travel as bytes, each at most this long: the
+# merged trace's cap with room for its process and thread names, and a generous PNG
+ARTIFACT_CAPS = {"trace": traces.MERGED_CAP + (1 << 20), "timeline": 8 << 20}
+ARTIFACT_FILES = {"trace": TRACE_FILE, "timeline": TIMELINE_FILE}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------- results
@@ -260,6 +265,81 @@ def write_artifacts(
     why = timeline.draw(bars, png)
     drawn = Artifact(path=str(png), bytes=png.stat().st_size) if why is None and png.is_file() else None
     return trace, drawn, why
+
+
+# ---------------------------------------------------------------- artifacts from a cluster node
+
+
+def pack_artifacts(result: dict[str, Any], folder: Path) -> dict[str, bytes | str]:
+    """On a cluster node: the bytes of a profile result's trace and timeline, read from `folder` (the
+    node-local folder the profile wrote into) at most their cap, to travel with the job's end; for
+    one that cannot travel, why not (the server says so in the result)."""
+    packed: dict[str, bytes | str] = {}
+    for name, cap in ARTIFACT_CAPS.items():
+        entry = result.get(name)
+        if not isinstance(entry, dict) or not entry.get("path"):
+            continue
+        path = Path(entry["path"]).resolve()
+        if not path.is_relative_to(folder.resolve()):
+            packed[name] = "the node wrote it outside the job's folder"
+            continue
+        try:
+            with open(path, "rb") as f:
+                data = f.read(cap + 1)
+        except OSError as exc:
+            packed[name] = f"the node could not read it: {exc.strerror or exc}"
+            continue
+        packed[name] = data if len(data) <= cap else f"it is over the limit of {cap >> 20} MiB"
+    return packed
+
+
+def _refused(name: str, data: Any) -> str | None:
+    """Why a cluster node's bytes for an artifact are not written (None: they are)."""
+    if isinstance(data, str):
+        return data[:300]  # the node's reason, as data
+    if not isinstance(data, bytes):
+        return "no bytes came with the job's end"
+    if len(data) > ARTIFACT_CAPS[name]:
+        return f"{len(data)} bytes, over the limit of {ARTIFACT_CAPS[name]}"
+    if name == "timeline" and not data.startswith(PNG_SIGNATURE):
+        return "the bytes are not a PNG"
+    if name == "trace":
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "the bytes are not UTF-8 text"
+    return None
+
+
+def land_artifacts(result: dict[str, Any], packed: Any, profiles_dir: Path | None) -> dict[str, Any]:
+    """On the server: a cluster node's profile result (already read through ProfileResult) with the
+    bytes that came with it written into a new folder under `profiles_dir` (default `profiles_root()`),
+    under the server's own file names, and its artifact paths pointing there. A node path never
+    stays in the result: an artifact whose bytes did not come, or are refused, is left out, saying
+    why in the result's warnings."""
+    packed = packed if isinstance(packed, dict) else {}
+    out = dict(result)
+    warnings = list(out.get("warnings") or [])
+    folder: Path | None = None
+    for name, file in ARTIFACT_FILES.items():
+        entry = out.get(name)
+        if entry is None:
+            continue
+        why = _refused(name, packed.get(name))
+        if why is None:
+            try:
+                folder = folder or artifact_dir(None, profiles_dir)
+                (folder / file).write_bytes(packed[name])
+            except OSError as exc:
+                why = f"the server could not write it: {exc.strerror or exc}"
+        if why is not None:
+            out[name] = None
+            warnings.append(f"the {name} of the cluster node was left out: {why}")
+            continue
+        assert folder is not None
+        out[name] = {**entry, "path": str(folder / file), "bytes": len(packed[name])}
+    out["warnings"] = warnings
+    return out
 
 
 # ---------------------------------------------------------------- the verb

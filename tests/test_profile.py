@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -179,6 +180,40 @@ def test_timeline_png_or_the_reason_there_is_none(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     why = timeline.draw({"candidate": (bars, "")}, tmp_path / "u.png")
     assert why is not None and "matplotlib is not installed" in why
+
+
+def test_a_cluster_node_s_artifacts_land_under_the_server_s_folder_or_are_left_out(tmp_path, monkeypatch):
+    """pkb_mcp/cluster.py: the node sends its trace and timeline as bytes; the server writes them under
+    its own folder and file names, and leaves out (saying why) what is missing, oversized or forged."""
+    node = tmp_path / "node"
+    (node / "p").mkdir(parents=True)
+    (node / "p" / "trace.json").write_text('{"traceEvents": []}')
+    (node / "p" / "timeline.png").write_bytes(profile.PNG_SIGNATURE + b"drawn")
+    result = {
+        "trace": {"path": str(node / "p" / "trace.json"), "bytes": 19, "events": 0, "cut_events": 0},
+        "timeline": {"path": str(node / "p" / "timeline.png"), "bytes": 13},
+        "warnings": [],
+    }
+    packed = profile.pack_artifacts(result, node)
+    assert packed == {"trace": b'{"traceEvents": []}', "timeline": profile.PNG_SIGNATURE + b"drawn"}
+    server = tmp_path / "server"
+    landed = profile.land_artifacts(result, packed, server)
+    for name, file in profile.ARTIFACT_FILES.items():
+        path = Path(landed[name]["path"])
+        assert path.parent.parent == server and path.name == file and path.read_bytes() == packed[name]
+        assert landed[name]["bytes"] == len(packed[name])
+    assert landed["warnings"] == [] and result["trace"]["path"].startswith(str(node)), "a copy"
+
+    outside = {**result, "trace": {**result["trace"], "path": "/etc/hostname"}}
+    assert profile.pack_artifacts(outside, node)["trace"] == "the node wrote it outside the job's folder"
+    monkeypatch.setitem(profile.ARTIFACT_CAPS, "timeline", 8)
+    assert "over the limit" in str(profile.pack_artifacts(result, node)["timeline"])
+    refused = profile.land_artifacts(result, {"trace": b"\xff{", "timeline": b"GIF89a"}, server)
+    missing = profile.land_artifacts(result, None, server)
+    assert refused["trace"] is None and refused["timeline"] is None and missing["trace"] is None
+    assert ["not UTF-8" in refused["warnings"][0], "not a PNG" in refused["warnings"][1]] == [True, True]
+    assert "no bytes came" in missing["warnings"][0]
+    assert len(list(server.iterdir())) == 1, "a folder only for what was written"
 
 
 def test_lean_input_schema_keeps_meaning():

@@ -2,7 +2,8 @@
 with 4 logical GPUs each runs CPU jobs (process backend, gloo ranks). Checks and a `pkb eval` of the
 examples spread over both nodes and never span two; a second check on a node takes the warm sandboxes
 of that node's actor; a node lost mid-job re-queues it, and so does a lost lease, whose launches end;
-cancellation reaches the remote job; a restarted server collects a job that ran on. One cluster for
+cancellation reaches the remote job; a restarted server collects a job that ran on; a profile's trace
+and timeline come back to the server's profiles folder (to a restarted server too). One cluster for
 the module; each test closes the node actors it made (their warm sandboxes with them)."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pkb_mcp.store import JobStore
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "original"
 CANDIDATES = ROOT / "tests" / "candidates"
+REFERENCE_1 = ROOT / "problems" / "001_allreduce.py"
 GPUS_PER_NODE = 4
 
 # ---------------------------------------------------------------- a real local cluster
@@ -183,6 +185,79 @@ def test_a_second_check_on_the_same_node_takes_warm_sandboxes(server, isolated_d
     assert s.get(second).state == "done" and s.result(second)["verdict"] == "pass", s.get(second)  # type: ignore[index]
     assert s.ray_table.where(second)[0] == node  # type: ignore[union-attr]
     assert s.ray_table.warm(second) == 2, "the reference and the candidate both started warm"  # type: ignore[union-attr]
+
+
+def profile_params(profiles: Path) -> sched.JobParams:
+    """Problem 1's reference profiled against itself, the server's profiles folder named as the MCP
+    server names it (the state directory's profiles/, beside sources/)."""
+    return sched.JobParams(
+        problem=1,
+        path=str(REFERENCE_1),
+        world_size=2,
+        device="cpu",
+        timeout_s=120,
+        sandbox="process",
+        profiles_dir=str(profiles),
+    )
+
+
+def assert_artifacts_landed(result: dict, profiles: Path) -> None:
+    """The result's trace and timeline are files of the server, under its profiles folder."""
+    assert result["verdict"] == "ok", result["message"]
+    for name in ("trace", "timeline"):
+        path = Path(result[name]["path"])
+        assert path.is_file() and path.resolve().is_relative_to(profiles.resolve()), path
+        assert path.stat().st_size == result[name]["bytes"] > 0
+    trace = json.loads(Path(result["trace"]["path"]).read_text())
+    assert [e for e in trace["traceEvents"] if e["ph"] == "X"], "the trace has events"
+    assert Path(result["timeline"]["path"]).read_bytes()[:4] == b"\x89PNG"
+    assert not any("cluster node was left out" in w for w in result["warnings"]), result["warnings"]
+
+
+@pytest.mark.integration
+def test_a_profile_brings_its_trace_and_timeline_back_to_the_server(server, tmp_path):
+    import anyio
+    from mcp import Client
+
+    from pkb_mcp.server import build_server
+
+    s = server()
+    state = tmp_path / "state"
+    job = s.submit("profile", profile_params(state / "profiles"))  # no longer refused on a cluster
+    wait_for(lambda: s.get(job).terminal, 240, "the profile")
+    assert s.get(job).state == "done", s.get(job)
+    assert_artifacts_landed(s.result(job), state / "profiles")  # type: ignore[arg-type]
+    node, gpus = s.ray_table.where(job)  # type: ignore[union-attr]
+    assert node in alive_nodes() and len(gpus) == GPUS_PER_NODE, "a profile holds the whole node"
+
+    async def resources() -> None:  # the MCP resources serve them as on one node
+        async with Client(build_server(s, state / "sources")) as c:
+            trace = await c.read_resource(f"pkb://jobs/{job}/trace")
+            assert json.loads(trace.contents[0].text)["traceEvents"]
+            png = await c.read_resource(f"pkb://jobs/{job}/timeline")
+            assert png.contents[0].mime_type == "image/png" and png.contents[0].blob
+
+    anyio.run(resources)
+
+
+@pytest.mark.integration
+def test_a_restarted_server_collects_a_profile_with_its_artifacts(server, tmp_path):
+    """The node's actor keeps the end, the artifacts' bytes with it, until a server fetched it."""
+    first = server()
+    profiles = tmp_path / "state" / "profiles"
+    job = first.submit("profile", profile_params(profiles))
+    wait_for(lambda: first.ray_table.where(job)[0] is not None, what="the profile to be placed")  # type: ignore[union-attr]
+    first.stop()
+    wait_for(lambda: first.get(job).state == "queued", 30, "the stopping server to leave the job")
+    lease = ray.get_actor(actor_name(job), namespace="pkb")
+    wait_for(lambda: ray.get(lease.poll.remote(), timeout=30)["end"] is not None, 240, "the profile's end")
+    assert not list(profiles.glob("*/*")), "nothing landed while no server collected it"
+
+    second = server()
+    wait_for(lambda: second.get(job).terminal, what="the restarted server to collect the profile")
+    assert second.get(job).state == "done", second.get(job)
+    assert second.ray_table.starts(job) == 1, "collected, not run again"  # type: ignore[union-attr]
+    assert_artifacts_landed(second.result(job), profiles)  # type: ignore[arg-type]
 
 
 def hold_node(node_id: str):
