@@ -248,16 +248,16 @@ def test_a_profile_has_the_node_to_itself_and_its_options_reach_the_service(tmp_
 
     s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), gpus=4)
     try:
-        params = {"world_size": 2, "device": "cuda"}
+        params = {"path": "/x.py", "world_size": 2, "device": "cuda"}
         record = JobRecord(id="p", kind="profile", state="queued", created=0.0, params=params)
         assert s._needs(record) == ("gpu", 4)  # timed like a benchmark: every GPU of the node
     finally:
         s.stop()
     seen: list[dict] = []
     monkeypatch.setattr(profile, "profile", lambda problem, path, **kw: seen.append(kw))
-    params = {"problem": "12", "path": "/x.py", "world_size": 2, "device": "cpu", "size": "large"}
-    params |= {"timeout_s": 60.0, "sandbox": "auto", "profiles_dir": str(tmp_path)}
-    sched._run_profile(params, lambda *a: None, threading.Event())
+    stored = {"problem": "12", "path": "/x.py", "world_size": 2, "device": "cpu", "size": "large"}
+    stored |= {"timeout_s": 60.0, "profiles_dir": str(tmp_path)}
+    sched._run_profile(sched.JobParams.model_validate(stored), lambda *a: None, threading.Event())
     assert seen[0]["profiles_dir"] == tmp_path and seen[0]["size"] == "large"
 
 
@@ -272,7 +272,7 @@ def test_reference_all_reduce_is_communication(tmp_path):
         assert side is not None and side.calls == 3 and len(side.ranks) == 2
         assert side.comm_ms > 0 and all(k.comm_ms > 0 for k in side.ranks)
         assert ("gloo:all_reduce", "comm") in {(k.name, k.category) for k in side.top}
-    assert r.counters == "hardware counters unavailable here: the job ran on CPU"
+    assert r.counters == "hardware counters unavailable here: the launch ran on CPU"
     assert r.trace is not None and r.timeline is not None
     merged = json.loads((tmp_path / "trace.json").read_text())
     processes = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"] if e["name"] == "process_name"}
