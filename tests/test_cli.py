@@ -59,6 +59,10 @@ def run(*args):
             ],
             "launches must be between 1 and 8",
         ),
+        (  # --jobs: the option's name before launches were called launches
+            ["bench", "1", str(CANDIDATES / "hangs.py"), "--device", "cpu", "--jobs", "0"],
+            "launches must be between 1 and 8",
+        ),
         (["roofline", "1", "--time-ms", "-1"], "not positive"),
         (["show", "1", "--size", "huge"], "no size preset 'huge'"),
         (["bogus"], "invalid choice"),
