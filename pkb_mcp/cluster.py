@@ -392,10 +392,11 @@ def _read_source(path: Path) -> str | None:
 # ---------------------------------------------------------------- the reaper beside each actor
 
 
-def _children_sessions(owner: int) -> dict[int, str]:
+def _scan(owner: int) -> tuple[dict[int, str], set[int]]:
     """The owner's children that lead a session of their own (the process backend's launchers), with
-    the job marker each carries."""
+    the launch marker each carries; and the session of every process now alive."""
     found: dict[int, str] = {}
+    sessions: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -403,19 +404,21 @@ def _children_sessions(owner: int) -> dict[int, str]:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2 :].split()
             pid, ppid, session = int(entry.name), int(fields[1]), int(fields[3])
+            sessions.add(session)
             if ppid != owner or session != pid:
                 continue
             env = (entry / "environ").read_bytes().split(b"\0")
-            marker = next((v.decode() for v in env if v.startswith(b"PKB_LAUNCH=")), "")
-            found[pid] = marker
+            found[pid] = next((v.decode() for v in env if v.startswith(b"PKB_LAUNCH=")), "")
         except (OSError, ValueError, IndexError):
             continue
-    return found
+    return found, sessions
 
 
 def reap(owner: int, poll_s: float = 0.5) -> None:
     """Wait for the actor process `owner` to end; then kill what its launches left: the process
-    backend's sessions (by session and job marker) and the Docker containers whose owner is gone."""
+    backend's sessions (by session and launch marker) and the Docker containers whose owner is gone.
+    A session none of whose processes is alive any more is forgotten: a node's actor lives long, and
+    its number may then be given to someone else's session."""
     seen: dict[int, str] = {}
     while True:
         try:
@@ -424,7 +427,8 @@ def reap(owner: int, poll_s: float = 0.5) -> None:
             break
         except PermissionError:
             pass
-        seen.update(_children_sessions(owner))
+        launchers, alive = _scan(owner)
+        seen = {session: marker for session, marker in {**seen, **launchers}.items() if session in alive}
         time.sleep(poll_s)
     from sandbox.process import kill_launch
 

@@ -231,3 +231,32 @@ def test_parameters_are_typed_at_submit_and_when_read_back(tmp_path, node):
     record = s.get("old")
     assert record.state == "failed" and "parameters this version cannot run" in (record.error or ""), record
     assert not LOG, "it never reached a runner"
+
+
+def test_the_reaper_kills_only_sessions_still_alive(monkeypatch):
+    """A node's actor lives long: the reaper beside it forgets a launcher's session once none of its
+    processes is alive (its number may then belong to someone else), and kills the rest at the end."""
+    from pkb_mcp import cluster
+    from sandbox import docker as docker_backend
+    from sandbox import process
+
+    scans = iter(
+        [
+            ({100: "PKB_LAUNCH=a", 200: "PKB_LAUNCH=b"}, {100, 200}),
+            ({}, {200}),  # every process of session 100 has ended
+            ({}, {100, 200}),  # and 100 is someone else's session now
+        ]
+    )
+    polls = iter([True, True, True, False])  # the actor's process, alive until the fourth look
+
+    def owner_alive(pid, sig):
+        if not next(polls):
+            raise ProcessLookupError
+
+    killed: list[tuple[int, str]] = []
+    monkeypatch.setattr(cluster, "_scan", lambda owner: next(scans))
+    monkeypatch.setattr(cluster.os, "kill", owner_alive)
+    monkeypatch.setattr(process, "kill_launch", lambda session, marker: killed.append((session, marker)))
+    monkeypatch.setattr(docker_backend, "sweep", lambda client: None)  # no real engine touched here
+    cluster.reap(owner=1, poll_s=0)
+    assert killed == [(200, "PKB_LAUNCH=b")]
