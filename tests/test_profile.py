@@ -287,7 +287,13 @@ def test_compute_between_collectives_shows_as_compute_and_overlap(tmp_path):
     r = profile.profile(1, cand, world_size=2, device="cpu", out_dir=tmp_path, timeout_s=180)
     assert r.verdict == "ok", r.message
     assert r.candidate is not None and r.reference is not None
-    assert r.candidate.compute_ms > 2 * r.reference.compute_ms
+    # its matmuls are compute only it has (a ratio of CPU times fails on a loaded machine)
+
+    def matmuls(side):
+        return [k for k in side.top if k.category == "compute" and ("mm" in k.name or "matmul" in k.name)]
+
+    assert matmuls(r.candidate) and not matmuls(r.reference), (r.candidate.top, r.reference.top)
+    assert r.candidate.compute_ms > r.reference.compute_ms
     assert r.candidate.overlap_ms > 0 and r.reference.overlap_ms == 0
     assert any(k.category == "compute" and k.name.startswith("aten::") for k in r.candidate.top)
     assert any("overlapped with compute" in f for f in r.findings)
