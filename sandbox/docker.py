@@ -42,6 +42,7 @@ from sandbox.pool import Pooled, WarmSlot
 from sandbox.toolchain import extra_mounts, jit_env
 
 LABEL = "pkb.sandbox"
+LAUNCH_LABEL = "pkb.launch"  # the id of the launch, or of the warm slot, that the container serves
 LAUNCH_MOUNT = "/launch"
 HARNESS_MOUNT = "/opt/pkb"
 EXTENSIONS_MOUNT = "/opt/pkb/extensions"
@@ -234,7 +235,7 @@ class DockerBackend(Pooled):
             shm_size=_limit("PKB_SANDBOX_SHM"),
             init=True,
             ipc_mode="private",
-            labels={LABEL: "1", "pkb.launch": launch_id, OWNER_LABEL: owner_id()},
+            labels={LABEL: "1", LAUNCH_LABEL: launch_id, OWNER_LABEL: owner_id()},
             cpuset_cpus=cpus_union(cpus) or None,  # a rank cannot widen its cores beyond the launch's
             devices=gpu.get("devices"),
             device_requests=gpu.get("device_requests"),

@@ -329,7 +329,7 @@ def test_a_node_lost_mid_batch_loses_no_result(server, cluster, isolated_dirs):
 def test_a_killed_actor_leaves_no_container(server):
     import docker
 
-    from sandbox.docker import LABEL, OWNER_LABEL
+    from sandbox.docker import LABEL, LAUNCH_LABEL, OWNER_LABEL
 
     from .conftest import docker_client
 
@@ -346,7 +346,8 @@ def test_a_killed_actor_leaves_no_container(server):
                 return [
                     c
                     for c in client.containers.list(all=True, filters={"label": LABEL})
-                    if c.labels.get("pkb.job", "") and _owner_pid(c.labels.get(OWNER_LABEL, "")) in actor_pids
+                    if c.labels.get(LAUNCH_LABEL, "")
+                    and _owner_pid(c.labels.get(OWNER_LABEL, "")) in actor_pids
                 ]
             except docker.errors.NotFound:
                 continue
