@@ -216,7 +216,15 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tmp_path, isolated_dirs):
     cmd += ["--trials", "1", "--no-bench", "--store", str(store), "--out", str(tmp_path / "out"), "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C as in a terminal: a shell's background job (pytest started with `&`) ignores SIGINT,
+        # and so would the batch, which inherits it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 300
     while _done_rows(store) < 1 and first.poll() is None and time.monotonic() < deadline:
@@ -224,8 +232,8 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tmp_path, isolated_dirs):
     assert first.poll() is None, "the batch ended before it could be interrupted"
     first.send_signal(signal.SIGINT)
     _, err = first.communicate(timeout=120)
-    assert first.returncode == 130 and "interrupted" in err
     done_before = _done_rows(store)
+    assert first.returncode == 130 and "interrupted" in err, (first.returncode, done_before, err[-3000:])
     assert 1 <= done_before < 3
 
     second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
