@@ -9,11 +9,14 @@ P_r = pos_base + r % 3. Every rank must return the ranks of all positive edges o
 then computes.
 
 The rank is defined on the logits. The model's probabilities are sigmoid(logit), which keeps the
-order (the logits lie within +-6, where float32's sigmoid is strictly increasing on bf16 values), so
-a solution may compare probabilities in float32 or the logits themselves; a sigmoid rounded to bf16
-merges neighbouring logits and miscounts ties. Positives score higher than negatives on average
-(logits N(1.5, 1) against N(0, 1), clamped to +-6), so ranks spread from 1 to K + 1; integer
-outputs are judged exactly. Each rank knows only its own P_r.
+order, so a solution may compare probabilities in float32 or the logits themselves; a sigmoid
+rounded to bf16 merges neighbouring logits and miscounts. The inputs leave no room for the rounding
+of a float32 sigmoid to decide a rank: no negative equals its positive (a float32 sigmoid may round
+equal logits apart: torch's CPU kernel differs by an ulp between its vector and scalar paths), and
+every logit lies within 2^-9 <= |logit| <= 6, where neighbouring bf16 logits are at least 32 float32
+ulps apart after the sigmoid (closer to 0 they merge). Positives score higher than negatives on
+average (logits N(1.5, 1) against N(0, 1)), so ranks spread from 1 to K + 1; integer outputs are
+judged exactly. Each rank knows only its own P_r.
 
 Source: distributed link-prediction evaluation in GNN training (ParallelKernelBench problem 69). The
 call is the original's: (local_pos_scores, local_neg_scores, None), and so are the pkb shapes
@@ -43,6 +46,7 @@ SIZES = {
 # Integer outputs: exact.
 TOLERANCE = {"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0}
 LOGIT_LIMIT = 6.0
+LOGIT_FLOOR = 2.0**-9  # the least |logit|: below about 2^-10 a float32 sigmoid merges bf16 neighbours
 
 
 def check_world_size(world_size, size):
@@ -54,12 +58,22 @@ def positives(rank, size):
     return size["pos_base"] + rank % 3
 
 
+def _logits(values, dtype):
+    """In bf16 with LOGIT_FLOOR <= |logit| <= LOGIT_LIMIT (a value of 0 goes to +LOGIT_FLOOR)."""
+    magnitude = values.abs().clamp_(LOGIT_FLOOR, LOGIT_LIMIT)
+    return torch.where(values < 0, -magnitude, magnitude).to(dtype)
+
+
 def make_inputs(ctx):
-    """Positive logits N(1.5, 1), negative logits N(0, 1), both clamped to +-LOGIT_LIMIT, in bf16."""
+    """Positive logits N(1.5, 1), negative logits N(0, 1), in bf16 within LOGIT_FLOOR..LOGIT_LIMIT in
+    magnitude; a negative equal to its positive moves one bf16 step towards 0 (it stays above 2^-10),
+    so no rank depends on how a tie is broken."""
     p, k = positives(ctx.rank, ctx.size), ctx.size["negatives"]
-    pos = ctx.randn(p, dtype=torch.float32).add_(1.5).clamp_(-LOGIT_LIMIT, LOGIT_LIMIT)
-    neg = ctx.randn(p, k, dtype=torch.float32).clamp_(-LOGIT_LIMIT, LOGIT_LIMIT)
-    return pos.to(ctx.dtype), neg.to(ctx.dtype), None
+    pos = _logits(ctx.randn(p, dtype=torch.float32).add_(1.5), ctx.dtype)
+    neg = _logits(ctx.randn(p, k, dtype=torch.float32), ctx.dtype)
+    if ctx.dtype == torch.bfloat16:  # sign and magnitude: one less in the bits is one step towards 0
+        neg.view(torch.int16).sub_((neg == pos.unsqueeze(-1)).to(torch.int16))
+    return pos, neg, None
 
 
 def solution(local_pos_scores, local_neg_scores, group=None):

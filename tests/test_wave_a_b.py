@@ -201,9 +201,36 @@ def test_request_counts_agree_between_ranks(pid, world_size):
 def test_69_scores_keep_their_order_under_float32_sigmoid():
     pos, neg, _ = cpu_inputs(69, 2, 1)
     assert pos.shape == (129,) and neg.shape == (129, 1000)
+    assert not bool((neg == pos.unsqueeze(-1)).any()), "a tie would leave the rank to a sigmoid's rounding"
     grid = torch.unique(torch.cat([pos, neg.flatten()])).float()  # sorted bf16 values
-    assert grid.abs().max() <= 6.0
-    assert bool((torch.sigmoid(grid).diff() > 0).all())
+    assert grid.abs().max() <= 6.0 and grid.abs().min() >= 2.0**-9
+    # neighbouring logits stay apart by more than the ulp a float32 sigmoid's code paths differ by
+    sig = torch.sigmoid(grid)
+    ulp = torch.nextafter(sig[1:], torch.tensor(2.0)) - sig[1:]
+    assert bool((sig.diff() >= 8 * ulp).all())
+
+
+def test_69_ties_move_towards_zero():
+    """The tie rule never decides: a negative drawn equal to its positive is one bf16 step nearer 0,
+    and a logit nearer 0 than the floor goes to the floor (its sign kept)."""
+
+    def below(v: float) -> float:  # the bf16 value one step nearer 0
+        return (torch.tensor([v], dtype=torch.bfloat16).view(torch.int16) - 1).view(torch.bfloat16).item()
+
+    floor = 2.0**-9
+    ctx = problem(69).context(2, "pkb", rank=0, device="cpu")
+    ctx.size = {"pos_base": 3, "negatives": 3}
+    draws = iter(
+        [
+            torch.tensor([0.0, -0.25, 0.0]),  # plus 1.5: 1.5, 1.25, 1.5
+            torch.tensor([[1.5, 0.5, 1.5], [1.25, -3.0, 1e-6], [0.0, -1e-6, 1.0]]),
+        ]
+    )
+    ctx.randn = lambda *shape, dtype=None: next(draws)
+    pos, neg, _ = problem(69).module.make_inputs(ctx)
+    assert pos.tolist() == [1.5, 1.25, 1.5]
+    assert neg.tolist() == [[below(1.5), 0.5, below(1.5)], [below(1.25), -3.0, floor], [floor, -floor, 1.0]]
+    assert not bool((neg == pos.unsqueeze(-1)).any())
 
 
 def test_72_fft_convolution_is_the_causal_direct_one():
