@@ -23,7 +23,8 @@ call is the original's: (local_pos_scores, local_neg_scores, None), and so are t
 (P_r = 128 + r % 3 positives with 1000 negatives each).
 
 Differences from the original: none in the call or the shapes. The rank is defined explicitly
-(ties count against the positive); the inputs are random and differ per rank and per trial.
+(ties count against the positive); the inputs are random, differ per rank and per trial, and
+have no ties.
 """
 
 import torch
@@ -71,8 +72,8 @@ def make_inputs(ctx):
     p, k = positives(ctx.rank, ctx.size), ctx.size["negatives"]
     pos = _logits(ctx.randn(p, dtype=torch.float32).add_(1.5), ctx.dtype)
     neg = _logits(ctx.randn(p, k, dtype=torch.float32), ctx.dtype)
-    if ctx.dtype == torch.bfloat16:  # sign and magnitude: one less in the bits is one step towards 0
-        neg.view(torch.int16).sub_((neg == pos.unsqueeze(-1)).to(torch.int16))
+    # bf16 is sign and magnitude: one less in a value's bits is one step towards 0
+    neg.view(torch.int16).sub_((neg == pos.unsqueeze(-1)).to(torch.int16))
     return pos, neg, None
 
 
@@ -118,6 +119,6 @@ ORIGINAL = {
     "args": lambda inputs, env: inputs,
     "differences": (
         "none in the call or the shapes. The rank is defined explicitly (ties count against the "
-        "positive); the inputs are random and differ per rank and per trial."
+        "positive); the inputs are random, differ per rank and per trial, and have no ties."
     ),
 }
