@@ -13,8 +13,8 @@ order, so a solution may compare probabilities in float32 or the logits themselv
 rounded to bf16 merges neighbouring logits and miscounts. The inputs leave no room for the rounding
 of a float32 sigmoid to decide a rank: no negative equals its positive (a float32 sigmoid may round
 equal logits apart: torch's CPU kernel differs by an ulp between its vector and scalar paths), and
-every logit lies within 2^-9 <= |logit| <= 6, where neighbouring bf16 logits are at least 32 float32
-ulps apart after the sigmoid (closer to 0 they merge). Positives score higher than negatives on
+every |logit| lies within 2^-9 (a moved tie: one bf16 step less) and 6, where neighbouring bf16
+logits are at least 32 float32 ulps apart after the sigmoid (below about 2^-10 they merge). Positives score higher than negatives on
 average (logits N(1.5, 1) against N(0, 1)), so ranks spread from 1 to K + 1; integer outputs are
 judged exactly. Each rank knows only its own P_r.
 
