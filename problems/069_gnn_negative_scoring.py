@@ -14,9 +14,9 @@ rounded to bf16 merges neighbouring logits and miscounts. The inputs leave no ro
 of a float32 sigmoid to decide a rank: no negative equals its positive (a float32 sigmoid may round
 equal logits apart: torch's CPU kernel differs by an ulp between its vector and scalar paths), and
 every |logit| lies within 2^-9 (a moved tie: one bf16 step less) and 6, where neighbouring bf16
-logits are at least 32 float32 ulps apart after the sigmoid (below about 2^-10 they merge). Positives score higher than negatives on
-average (logits N(1.5, 1) against N(0, 1)), so ranks spread from 1 to K + 1; integer outputs are
-judged exactly. Each rank knows only its own P_r.
+logits are at least 32 float32 ulps apart after the sigmoid (below about 2^-10 they merge).
+Positives score higher than negatives on average (logits N(1.5, 1) against N(0, 1)), so ranks spread
+from 1 to K + 1; integer outputs are judged exactly. Each rank knows only its own P_r.
 
 Source: distributed link-prediction evaluation in GNN training (ParallelKernelBench problem 69). The
 call is the original's: (local_pos_scores, local_neg_scores, None), and so are the pkb shapes
