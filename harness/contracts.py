@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 
 
 class TimingConfig(TypedDict, total=False):
-    """How one side of a benchmark is sampled (pkb_mcp/benchmark.py's GPU_TIMING and CPU_TIMING,
+    """How one side of a benchmark is sampled (pkb_mcp/runs/benchmark.py's GPU_TIMING and CPU_TIMING,
     docs/measurement.md); the keys after `fresh_bytes` are set per launch."""
 
     warmup_ms: float

@@ -8,7 +8,7 @@ plus the toolchain it is built with; its `key` (sha256) names the build. Three p
   once for all of its ranks (the first rank to take the lock builds, the others wait and load);
 - in a build launch (harness/build.py, no candidate code), `build()` compiles a request into a directory
   without loading it (loading runs the extension's initializers, which are candidate code);
-- on the host, pkb_mcp/extensions.py computes the same keys to decide what to build before a run.
+- on the host, pkb_mcp/compile/extensions.py computes the same keys to decide what to build before a run.
 
 Only a build launch writes what lands in the cache, so a candidate's launch never changes what another launch
 loads (docs/sandbox.md). Stdlib + torch only: this runs inside the sandbox.

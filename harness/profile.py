@@ -10,7 +10,7 @@ Each rank writes into `profile/` of the launch directory:
   r{rank}.trace.json   torch's Chrome trace export of the profiled calls
   r{rank}.info.json    the device-event milliseconds of each call; on rank 0, why hardware counters
                        (Nsight Compute) cannot be read here
-The host reads both as untrusted input (pkb_mcp/traces.py): nothing here is a verdict or a credit.
+The host reads both as untrusted input (pkb_mcp/profiling/traces.py): nothing here is a verdict or a credit.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from harness import tensorfile
 from harness.contracts import LaunchConfig, TimingConfig, TimingRecord
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
-from pkb_mcp.judge import Outputs
 from pkb_mcp.log import get
+from pkb_mcp.runs.judge import Outputs
 from sandbox import cpus
 from sandbox.base import Backend, SandboxLaunch, tail
 from sandbox.pool import WarmKey, WarmPool
@@ -403,6 +403,6 @@ def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
 
 
 def _use_extension_cache(backend: Backend) -> None:
-    """Every launch mounts the node's extension cache read-only (pkb_mcp/extensions.py fills it)."""
+    """Every launch mounts the node's extension cache read-only (pkb_mcp/compile/extensions.py fills it)."""
     if hasattr(backend, "extensions_dir"):
         backend.extensions_dir = config.extensions_dir()  # type: ignore[attr-defined]

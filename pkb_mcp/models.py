@@ -128,7 +128,7 @@ class SandboxInfo(Result):
 
 
 class StaticReport(Result):
-    # What the source calls, read from its text without running it (pkb_mcp/static_report.py).
+    # What the source calls, read from its text without running it (pkb_mcp/runs/static_report.py).
 
     collectives: list[str]
     compute_ops: list[str]

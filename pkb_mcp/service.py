@@ -2,8 +2,8 @@
 
 Each function validates its input (raising UserError with one actionable sentence), runs the
 needed launches through a sandbox backend, judges on the host and returns a model from pkb_mcp.models.
-The problems' catalogue and check are here; a run's set-up is pkb_mcp/runs.py, judging
-pkb_mcp/verdicts.py, the benchmark pkb_mcp/benchmark.py.
+The problems' catalogue and check are here; a run's set-up is pkb_mcp/runs/run.py, judging
+pkb_mcp/runs/verdicts.py, the benchmark pkb_mcp/runs/benchmark.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import tensorfile
-from pkb_mcp import config, conventions, problems, roofline
-from pkb_mcp.benchmark import bench, timing_config
+from pkb_mcp import config, problems, roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import ToolLaunches, run_launch
 from pkb_mcp.models import (
@@ -30,7 +29,9 @@ from pkb_mcp.models import (
     RooflineResult,
     Traffic,
 )
-from pkb_mcp.runs import (
+from pkb_mcp.runs import conventions
+from pkb_mcp.runs.benchmark import bench, timing_config
+from pkb_mcp.runs.run import (
     Progress,
     Run,
     check_world_size,
@@ -39,7 +40,7 @@ from pkb_mcp.runs import (
     preflight,
     reference_failed,
 )
-from pkb_mcp.verdicts import decide, judge_ranks
+from pkb_mcp.runs.verdicts import decide, judge_ranks
 from sandbox import SandboxUnavailable, select_backend
 
 __all__ = [

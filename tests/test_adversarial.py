@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import benchmark, render, roofline, service, stats, verdicts
+from pkb_mcp import roofline, service
+from pkb_mcp.frontends import render
 from pkb_mcp.models import BenchResult, SandboxInfo
+from pkb_mcp.runs import benchmark, stats, verdicts
 
 from .conftest import CANDIDATES, CEIL, docker_client, launch_processes
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pkb_mcp import roofline, service
-from pkb_mcp.cli import main
+from pkb_mcp.frontends.cli import main
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pkb_mcp.cli import main
+from pkb_mcp.frontends.cli import main
 
 from .conftest import CANDIDATES, ROOT
 
@@ -16,7 +16,11 @@ pytestmark = pytest.mark.integration
 
 def run(*args):
     proc = subprocess.run(
-        [sys.executable, "-m", "pkb_mcp.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=300
+        [sys.executable, "-m", "pkb_mcp", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
     return proc.returncode, proc.stdout, proc.stderr
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from pkb_mcp.scheduler import Scheduler
-from pkb_mcp.server import build_server
-from pkb_mcp.store import JobStore
+from pkb_mcp.frontends.server import build_server
+from pkb_mcp.jobs.scheduler import Scheduler
+from pkb_mcp.jobs.store import JobStore
 
 pytestmark = [pytest.mark.contract, pytest.mark.anyio]
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"

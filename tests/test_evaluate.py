@@ -1,4 +1,4 @@
-"""`pkb eval` (pkb_mcp/evaluate.py, pkb_mcp/eval_report.py): files found by name, outcomes classified,
+"""`pkb eval` (pkb_mcp/evaluation/): files found by name, outcomes classified,
 scores as docs/measurement.md defines them, every report format, and the example directory
 (examples/original) end to end on CPU: right verdicts, a resume that reruns nothing, an interrupted
 run that resumes, and errors of the environment kept apart from the candidates' failures."""
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import eval_report
 from pkb_mcp.errors import UserError
-from pkb_mcp.evaluate import (
+from pkb_mcp.evaluation import report as eval_report
+from pkb_mcp.evaluation.evaluate import (
     EvalReport,
     EvalSettings,
     FileResult,
@@ -212,7 +212,17 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tmp_path, isolated_dirs):
     for name in ("001_allreduce_torch.py", "007_reducescatter_torch.py", "018_tp_rms_norm_torch.py"):
         shutil.copy(EXAMPLES / name, batch / name)
     store = tmp_path / "eval.sqlite"
-    cmd = [sys.executable, "-m", "pkb_mcp.cli", "eval", str(batch), "--world-size", "2", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pkb_mcp",
+        "eval",
+        str(batch),
+        "--world-size",
+        "2",
+        "--device",
+        "cpu",
+    ]
     cmd += ["--trials", "1", "--no-bench", "--store", str(store), "--out", str(tmp_path / "out"), "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen(
@@ -288,7 +298,7 @@ def test_environment_errors_are_kept_apart_from_candidate_failures(tmp_path, mon
 
 
 def test_a_second_batch_on_the_same_store_is_refused(tmp_path):
-    from pkb_mcp.eval_store import EvalStore
+    from pkb_mcp.evaluation.store import EvalStore
 
     holder = EvalStore(tmp_path / "eval.sqlite")
     holder.acquire()

@@ -18,10 +18,10 @@ from mcp import Client
 
 from harness import extensions as requests
 from pkb_mcp import config, service
+from pkb_mcp.frontends.server import build_server
+from pkb_mcp.jobs.scheduler import Scheduler
+from pkb_mcp.jobs.store import JobStore
 from pkb_mcp.launches import ToolLaunches
-from pkb_mcp.scheduler import Scheduler
-from pkb_mcp.server import build_server
-from pkb_mcp.store import JobStore
 from sandbox import select_backend
 
 from .conftest import CANDIDATES, docker_client
@@ -94,7 +94,16 @@ def test_pkb_compile_runs_the_candidate_only_in_the_sandbox(planted, tmp_path: P
     outputs = []
     for path in (solution, cuda):
         done = subprocess.run(
-            [sys.executable, "-m", "pkb_mcp.cli", "compile", str(path), "--sandbox", "docker", "--json"],
+            [
+                sys.executable,
+                "-m",
+                "pkb_mcp",
+                "compile",
+                str(path),
+                "--sandbox",
+                "docker",
+                "--json",
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -189,7 +198,7 @@ def test_a_candidate_cannot_put_a_build_in_the_cache_for_others(tmp_path: Path) 
     found = service.compile_file(forger, sandbox="docker")
     assert found.ok
     assert list(config.extensions_dir().iterdir()) == []
-    from pkb_mcp import extensions
+    from pkb_mcp.compile import extensions
 
     prepared, result = extensions.build_requests([request], tools, 300)
     assert prepared.built == ["victim"] and result is not None
@@ -199,7 +208,7 @@ def test_a_candidate_cannot_put_a_build_in_the_cache_for_others(tmp_path: Path) 
 
 
 def test_failed_builds_are_kept_and_not_rebuilt() -> None:
-    from pkb_mcp import extensions
+    from pkb_mcp.compile import extensions
 
     tools = ToolLaunches(select_backend("docker"))
     broken = requests.request_of("broken_ext", "int broken = ;\n")

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from pkb_mcp.judge import Outputs, compare
+from pkb_mcp.runs.judge import Outputs, compare
 
 TOL = {"atol": 0.01, "rtol": 0.01, "rel_norm": 0.01}
 EXACT = {"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0}
@@ -72,7 +72,7 @@ def test_aliasing_and_mutation_flags_fail_whatever_the_values():
 
 def test_the_verdict_leads_with_the_root_cause_not_the_rank_that_lost_its_peer():
     from pkb_mcp.models import RankResult
-    from pkb_mcp.verdicts import decide as _verdict
+    from pkb_mcp.runs.verdicts import decide as _verdict
 
     collateral = RankResult(
         rank=0,
@@ -88,9 +88,9 @@ def test_the_verdict_leads_with_the_root_cause_not_the_rank_that_lost_its_peer()
 
 def test_error_norm_counts_every_chunk_identical_or_not(monkeypatch):
     """Bit-identical chunks take a shortcut; the relative error norm is still over the whole output."""
-    import pkb_mcp.judge
+    import pkb_mcp.runs.judge
 
-    monkeypatch.setattr(pkb_mcp.judge, "CHUNK", 4)
+    monkeypatch.setattr(pkb_mcp.runs.judge, "CHUNK", 4)
     ref = torch.randn(12, dtype=torch.float64)
     got = ref.clone()
     got[8:] *= 1.001  # only the last chunk differs

@@ -1,7 +1,8 @@
 import pytest
 
 from harness.timing import median_ci_halfwidth
-from pkb_mcp import roofline, stats
+from pkb_mcp import roofline
+from pkb_mcp.runs import stats
 
 from .conftest import CEIL
 
@@ -157,7 +158,7 @@ def test_precision_is_judged_only_after_the_minimum_sampling_span(monkeypatch):
 
 
 def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
-    from pkb_mcp import stats
+    from pkb_mcp.runs import stats
 
     assert stats.RUN_TO_RUN_SPREAD == 0.05
     for s in (1.0, 1.049, 1 / 1.049, 0.96):
@@ -167,8 +168,8 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
 
 
 def test_a_side_s_launches_share_one_budget():
-    from pkb_mcp.benchmark import GPU_TIMING as cfg
-    from pkb_mcp.benchmark import launch_share
+    from pkb_mcp.runs.benchmark import GPU_TIMING as cfg
+    from pkb_mcp.runs.benchmark import launch_share
 
     assert launch_share(cfg, 1) == cfg
     four = launch_share(cfg, 4)

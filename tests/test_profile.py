@@ -12,8 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from pkb_mcp import profile, timeline, traces
-from pkb_mcp.server import lean_input
+from pkb_mcp.frontends.server import lean_input
+from pkb_mcp.profiling import profile, timeline, traces
 
 from .conftest import CANDIDATES, ROOT
 
@@ -183,7 +183,7 @@ def test_timeline_png_or_the_reason_there_is_none(tmp_path, monkeypatch):
 
 
 def test_a_cluster_node_s_artifacts_land_under_the_server_s_folder_or_are_left_out(tmp_path, monkeypatch):
-    """pkb_mcp/cluster.py: the node sends its trace and timeline as bytes; the server writes them under
+    """pkb_mcp/jobs/cluster.py: the node sends its trace and timeline as bytes; the server writes them under
     its own folder and file names, and leaves out (saying why) what is missing, oversized or forged."""
     node = tmp_path / "node"
     (node / "p").mkdir(parents=True)
@@ -233,7 +233,7 @@ def test_lean_input_schema_keeps_meaning():
 
 
 def test_calls_out_of_range_is_one_sentence(capsys):
-    from pkb_mcp.cli import main
+    from pkb_mcp.frontends.cli import main
 
     args = ["profile", "1", str(REFERENCE_1), "--device", "cpu", "--world-size", "2", "--calls", "0"]
     assert main(args) == 2
@@ -243,8 +243,8 @@ def test_calls_out_of_range_is_one_sentence(capsys):
 def test_a_profile_has_the_node_to_itself_and_its_options_reach_the_service(tmp_path, monkeypatch):
     import threading
 
-    from pkb_mcp import scheduler as sched
-    from pkb_mcp.store import JobRecord, JobStore
+    from pkb_mcp.jobs import scheduler as sched
+    from pkb_mcp.jobs.store import JobRecord, JobStore
 
     s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), gpus=4)
     try:
@@ -304,9 +304,9 @@ def test_profile_through_the_mcp_server(tmp_path):
     from mcp import Client
     from mcp.shared.exceptions import MCPError
 
-    from pkb_mcp.scheduler import Scheduler
-    from pkb_mcp.server import build_server
-    from pkb_mcp.store import JobStore
+    from pkb_mcp.frontends.server import build_server
+    from pkb_mcp.jobs.scheduler import Scheduler
+    from pkb_mcp.jobs.store import JobStore
 
     async def go():
         scheduler = Scheduler(JobStore(tmp_path / "state" / "jobs.sqlite"), gpus=0)
@@ -340,7 +340,16 @@ def test_profile_through_the_mcp_server(tmp_path):
 def test_cli_profile_json_and_files(tmp_path):
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "pkb_mcp.cli", "profile", "1", str(REFERENCE_1), "--device", "cpu"),
+            *(
+                sys.executable,
+                "-m",
+                "pkb_mcp",
+                "profile",
+                "1",
+                str(REFERENCE_1),
+                "--device",
+                "cpu",
+            ),
             *("--world-size", "2", "--calls", "2", "--json", "--out", str(tmp_path)),
         ],
         capture_output=True,

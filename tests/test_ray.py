@@ -1,4 +1,4 @@
-"""Jobs on a Ray cluster (pkb_mcp/cluster.py, docs/scale-out.md): a local cluster of two worker nodes
+"""Jobs on a Ray cluster (pkb_mcp/jobs/cluster.py, docs/scale-out.md): a local cluster of two worker nodes
 with 4 logical GPUs each runs CPU jobs (process backend, gloo ranks). Checks and a `pkb eval` of the
 examples spread over both nodes and never span two; a second check on a node takes the warm sandboxes
 of that node's actor; a node lost mid-job re-queues it, and so does a lost lease, whose launches end;
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import scheduler as sched
 from pkb_mcp.errors import UserError
-from pkb_mcp.store import JobStore
+from pkb_mcp.jobs import scheduler as sched
+from pkb_mcp.jobs.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "original"
@@ -34,7 +34,7 @@ GPUS_PER_NODE = 4
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from pkb_mcp.cluster import RayCluster, actor_name, close_nodes  # noqa: E402
+from pkb_mcp.jobs.cluster import RayCluster, actor_name, close_nodes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +219,7 @@ def test_a_profile_brings_its_trace_and_timeline_back_to_the_server(server, tmp_
     import anyio
     from mcp import Client
 
-    from pkb_mcp.server import build_server
+    from pkb_mcp.frontends.server import build_server
 
     s = server()
     state = tmp_path / "state"
@@ -370,7 +370,7 @@ def _owner_pid(owner: str) -> int:
 
 @pytest.mark.integration
 def test_an_eval_too_wide_for_every_node_is_refused_before_any_work(cluster, tmp_path):
-    from pkb_mcp.evaluate import evaluate
+    from pkb_mcp.evaluation.evaluate import evaluate
 
     with pytest.raises(UserError, match=r"world size 8 needs 8 GPUs on one node .* has 4"):
         evaluate([EXAMPLES], ray=cluster.address, world_size=8, device="cpu", store=tmp_path / "e.sqlite")
@@ -397,7 +397,7 @@ def test_pkb_eval_of_the_examples_spreads_over_both_nodes(cluster, tmp_path):
         assert EXPECTED[name] == outcome
         shutil.copy(EXAMPLES / name, batch / name)
     store = tmp_path / "eval.sqlite"
-    cmd = [sys.executable, "-m", "pkb_mcp.cli", "eval", str(batch), "--ray", cluster.address]
+    cmd = [sys.executable, "-m", "pkb_mcp", "eval", str(batch), "--ray", cluster.address]
     cmd += ["--world-size", "2", "--device", "cpu", "--trials", "1", "--timeout", "60"]
     cmd += ["--sandbox", "process", "--store", str(store), "--out", str(tmp_path / "out"), "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -428,7 +428,7 @@ async def test_pkb_serve_on_the_cluster_answers_a_check_run_on_a_node(cluster, t
     env["PYTHONPATH"] = str(ROOT)
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "pkb_mcp.cli", "serve", "--ray", cluster.address],
+        args=["-m", "pkb_mcp", "serve", "--ray", cluster.address],
         env=env,
         cwd=str(ROOT),
     )

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from pkb_mcp import scheduler as sched
-from pkb_mcp.cluster import NodeLost, RemoteEnd
 from pkb_mcp.errors import Cancelled
-from pkb_mcp.store import JobStore
+from pkb_mcp.jobs import scheduler as sched
+from pkb_mcp.jobs.cluster import NodeLost, RemoteEnd
+from pkb_mcp.jobs.store import JobStore
 
 LOG: list[tuple[str, str, float, list[int]]] = []
 LOCK = threading.Lock()
@@ -175,7 +175,7 @@ def test_a_benchmark_s_options_reach_the_service(monkeypatch):
     assert all(kw["world_size"] == 2 and kw["cancel"] is cancel for kw in seen)
 
 
-# ---------------------------------------------------------------- on a cluster (pkb_mcp/cluster.py)
+# ---------------------------------------------------------------- on a cluster (pkb_mcp/jobs/cluster.py)
 
 
 class _LosingCluster:
@@ -209,7 +209,7 @@ def test_a_job_whose_node_is_lost_twice_is_reported_not_dropped(tmp_path):
 
 
 def test_a_node_result_is_read_through_the_servers_model():
-    from pkb_mcp.cluster import _validated
+    from pkb_mcp.jobs.cluster import _validated
 
     bad = _validated("check", {"verdict": "pass"})
     assert bad.state == "failed" and "no valid check result" in bad.error and bad.result is None
@@ -236,7 +236,7 @@ def test_parameters_are_typed_at_submit_and_when_read_back(tmp_path, node):
 def test_the_reaper_kills_only_sessions_still_alive(monkeypatch):
     """A node's actor lives long: the reaper beside it forgets a launcher's session once none of its
     processes is alive (its number may then belong to someone else), and kills the rest at the end."""
-    from pkb_mcp import cluster
+    from pkb_mcp.jobs import cluster
     from sandbox import docker as docker_backend
     from sandbox import process
 

@@ -7,9 +7,9 @@ import anyio
 import pytest
 from mcp import Client
 
-from pkb_mcp.scheduler import Scheduler
-from pkb_mcp.server import build_server
-from pkb_mcp.store import JobStore
+from pkb_mcp.frontends.server import build_server
+from pkb_mcp.jobs.scheduler import Scheduler
+from pkb_mcp.jobs.store import JobStore
 
 from .conftest import CANDIDATES, ROOT, launch_processes
 

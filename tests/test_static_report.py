@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import static_report
-from pkb_mcp.static_report import analyze
+from pkb_mcp.runs import static_report
+from pkb_mcp.runs.static_report import analyze
 
 from .conftest import ROOT
 

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from pkb_mcp.cli import main
+from pkb_mcp.frontends.cli import main
 
 from .conftest import ROOT
 
@@ -33,7 +33,10 @@ def server_env(tmp_path):
 
 async def test_stdio_subprocess_lists_tools_and_runs_a_check(tmp_path):
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "pkb_mcp.cli", "serve"], env=server_env(tmp_path), cwd=str(ROOT)
+        command=sys.executable,
+        args=["-m", "pkb_mcp", "serve"],
+        env=server_env(tmp_path),
+        cwd=str(ROOT),
     )
     async with Client(params) as client:
         names = {t.name for t in (await client.list_tools()).tools}
@@ -63,7 +66,7 @@ async def test_http_needs_the_bearer_token(tmp_path):
         [
             sys.executable,
             "-m",
-            "pkb_mcp.cli",
+            "pkb_mcp",
             "serve",
             "--transport",
             "http",

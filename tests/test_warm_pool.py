@@ -138,7 +138,8 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
     a sandbox that finished warming up, started before the timing began."""
     from structlog.testing import capture_logs
 
-    from pkb_mcp import log, problems, runs, service
+    from pkb_mcp import log, problems, service
+    from pkb_mcp.runs import run as runs
 
     log.configure("info")  # warm.take is an info event
     pool = enable_warm_pool(backend)

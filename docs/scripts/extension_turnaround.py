@@ -62,10 +62,10 @@ def main() -> None:
     import torch
     from mcp import Client
 
+    from pkb_mcp.frontends.server import build_server
+    from pkb_mcp.jobs.scheduler import Scheduler
+    from pkb_mcp.jobs.store import JobStore
     from pkb_mcp.launches import enable_warm_pool, warm_key
-    from pkb_mcp.scheduler import Scheduler
-    from pkb_mcp.server import build_server
-    from pkb_mcp.store import JobStore
     from sandbox import select_backend
 
     backend = select_backend("auto")

@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pkb_mcp import problems, stats  # noqa: E402
+from pkb_mcp import problems  # noqa: E402
+from pkb_mcp.runs import stats  # noqa: E402
 
 SIDES = ("reference", "candidate")
 

@@ -189,7 +189,7 @@ def run_wall(out: Path, repeats: int, sandboxes: list[str], world_size: int) -> 
         cmd = [
             sys.executable,
             "-m",
-            "pkb_mcp.cli",
+            "pkb_mcp",
             "check",
             "1",
             "problems/001_allreduce.py",
@@ -232,9 +232,9 @@ def run_mcp(out: Path, world_size: int) -> None:
     import torch
     from mcp import Client
 
-    from pkb_mcp.scheduler import Scheduler
-    from pkb_mcp.server import build_server
-    from pkb_mcp.store import JobStore
+    from pkb_mcp.frontends.server import build_server
+    from pkb_mcp.jobs.scheduler import Scheduler
+    from pkb_mcp.jobs.store import JobStore
 
     state = out.parent / "mcp-state"
     gpus = torch.cuda.device_count() if DEVICE == "cuda" else 0

@@ -1,4 +1,4 @@
-"""How long the host takes to judge one rank's outputs in one trial (pkb_mcp.judge.compare).
+"""How long the host takes to judge one rank's outputs in one trial (pkb_mcp.runs.judge.compare).
 
     python docs/scripts/judge_speed.py [--repeats 5]
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 
-from pkb_mcp.judge import Outputs, compare
+from pkb_mcp.runs.judge import Outputs, compare
 
 TOL = {"atol": 5e-2, "rtol": 5e-2, "rel_norm": 5e-2}
 

@@ -77,7 +77,7 @@ def memo(out: Path) -> None:
 
 
 def profile(out: Path) -> None:
-    from pkb_mcp import profile as pkb_profile
+    from pkb_mcp.profiling import profile as pkb_profile
 
     for name in ("problems/001_allreduce.py", "examples/001_allreduce_cuda_oneshot.py"):
         t0 = time.perf_counter()

@@ -17,7 +17,7 @@ grep -i profiling /proc/driver/nvidia/params >> "$OUT/ncu.txt" 2>&1
 prof() {  # prof NAME PROBLEM FILE SIZE
   local t0 t1
   t0=$(date +%s%N)
-  timeout 280 python3 -m pkb_mcp.cli profile "$2" "$3" --world-size "$WS" --size "$4" --device cuda \
+  timeout 280 python3 -m pkb_mcp profile "$2" "$3" --world-size "$WS" --size "$4" --device cuda \
     --json --out "$OUT/profiles/$1" > "$OUT/$1.json" 2> "$OUT/$1.err"
   local rc=$?
   t1=$(date +%s%N)
@@ -26,7 +26,7 @@ prof() {  # prof NAME PROBLEM FILE SIZE
     python3 - "$OUT/$1.json" <<'PY'
 import sys
 from pkb_mcp import render
-from pkb_mcp.profile import ProfileResult
+from pkb_mcp.profiling.profile import ProfileResult
 print(render.profile(ProfileResult.model_validate_json(open(sys.argv[1]).read())))
 PY
   } > "$OUT/$1.txt" 2>&1

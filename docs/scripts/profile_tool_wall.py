@@ -11,9 +11,9 @@ from pathlib import Path
 import anyio
 from mcp import Client
 
-from pkb_mcp.scheduler import Scheduler
-from pkb_mcp.server import build_server
-from pkb_mcp.store import JobStore
+from pkb_mcp.frontends.server import build_server
+from pkb_mcp.jobs.scheduler import Scheduler
+from pkb_mcp.jobs.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

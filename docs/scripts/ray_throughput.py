@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_eval(batch: str, extra: list[str], args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="pkb-tput-") as tmp:
-        cmd = [sys.executable, "-m", "pkb_mcp.cli", "eval", batch, "--device", args.device]
+        cmd = [sys.executable, "-m", "pkb_mcp", "eval", batch, "--device", args.device]
         cmd += ["--world-size", str(args.world_size), "--trials", str(args.trials)]
         cmd += ["--timeout", str(args.timeout), "--sandbox", args.sandbox, "--json"]
         cmd += ["--store", f"{tmp}/eval.sqlite", "--out", f"{tmp}/out", *extra]

@@ -6,7 +6,7 @@ Run on CPU from the repository root, e.g.
 
 For each problem, world size and seed, every rank (gloo, one process each) builds its inputs, runs the
 reference and each variant on them, and compares each output with the reference's the way
-pkb_mcp.judge does: per output, the worst element's |out - ref| / (atol + rtol |ref|) ("elem", fails
+pkb_mcp.runs.judge does: per output, the worst element's |out - ref| / (atol + rtol |ref|) ("elem", fails
 above 1) and ‖out - ref‖ / ‖ref‖ against its rel_norm bound ("norm x bound", fails above 1). The
 variants: `wider` (the reference itself on its floating inputs upcast, bf16 to float32 and float32
 to float64, outputs rounded back to the reference's dtypes: a more precise correct solution) and

@@ -13,7 +13,7 @@ build time and whether the result came from the cache.
   solution()'s first call; what it reports is parsed as untrusted data. Each recorded extension is then
   built: its CUDA sources with nvcc, its C++ sources with a syntax-only host compiler check. Diagnostics in
   inline source strings are mapped back to lines of the `.py` file. Where the node can build the
-  extension itself (pkb_mcp/extensions.py), the same build launch puts it in the extension cache, so a
+  extension itself (pkb_mcp/compile/extensions.py), the same build launch puts it in the extension cache, so a
   check that follows does not build it again.
 - Every compiler runs in a build launch in the sandbox (harness/build.py); the host plans the commands
   (flags from an allow-list, sources written as text into the launch directory) and parses their output.
@@ -24,7 +24,7 @@ build time and whether the result came from the cache.
 Sandbox launches are run through a `Tools` object (pkb_mcp.launches.ToolLaunches): the caller chooses
 the backend.
 May import the standard library, pydantic, torch (for its header locations) and, for the launches,
-pkb_mcp.extensions.
+pkb_mcp.compile.extensions.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class _Recording(BaseModel):
 
 def _record_extensions(text: str, tools: Tools, deadline: float, timeout_s: float) -> _Recording | Diagnostic:
     """The solution's builder calls, from a discovery launch in the sandbox (kept per solution text)."""
-    from pkb_mcp import extensions
+    from pkb_mcp.compile import extensions
 
     found = extensions.discover(text, tools, _remaining(deadline))
     if isinstance(found, str):
@@ -263,7 +263,7 @@ def _recording_notes(recorded: _Recording, text: str) -> list[str]:
 def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
     """The recorded load_inline calls this node can build for the extension cache: C++ everywhere,
     CUDA where torch was built with CUDA."""
-    from pkb_mcp import extensions
+    from pkb_mcp.compile import extensions
 
     wanted, _ = extensions.parse_requests(calls)
     if extensions.toolchain()["torch_cuda"] != "None":

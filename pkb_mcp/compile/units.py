@@ -51,7 +51,7 @@ def _execute(
     """Each plan's compiler runs: from the cache, or from one build launch in `work` (the launch directory
     the plans wrote their sources into), which also builds `prebuild` extension requests. Returns per
     plan [(record or None when the launch left none, cache hit)], and what the extension builds did."""
-    from pkb_mcp import extensions
+    from pkb_mcp.compile import extensions
 
     keyed = []
     for plan in plans:

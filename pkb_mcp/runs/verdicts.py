@@ -5,11 +5,12 @@ memoized outputs)."""
 from __future__ import annotations
 
 from harness import tensorfile
-from pkb_mcp import judge, problems, stats
+from pkb_mcp import problems
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import RankResult, RooflineResult, TimingStats
-from pkb_mcp.runs import rank_result
+from pkb_mcp.runs import judge, stats
+from pkb_mcp.runs.run import rank_result
 
 RANK_STATE_ORDER = ["pass", "wrong", "exited", "aborted", "error", "crashed", "timeout"]
 # A median below this fraction of the roofline's bandwidth/compute floor is physically impossible

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.contracts import TimingConfig
-from pkb_mcp import conventions, problems, static_report
+from pkb_mcp import problems
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
 from pkb_mcp.models import RankResult, SandboxInfo, StaticReport
+from pkb_mcp.runs import conventions, static_report
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
 
@@ -150,8 +151,8 @@ class Run:
 
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
         """Build the solution's load_inline extensions into the node's cache before its launches run
-        (pkb_mcp/extensions.py); a solution without any costs nothing here."""
-        from pkb_mcp import extensions
+        (pkb_mcp/compile/extensions.py); a solution without any costs nothing here."""
+        from pkb_mcp.compile import extensions
 
         text = self.solution.read_text(encoding="utf-8", errors="replace")
         if not extensions.may_build(text):

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pkb_mcp import __version__
-from pkb_mcp.cluster import NAMESPACE, WHOLE_NODE_KINDS
 from pkb_mcp.errors import Cancelled, UserError
+from pkb_mcp.jobs.cluster import NAMESPACE, WHOLE_NODE_KINDS
 from pkb_mcp.log import get
 
 log = get(__name__)
@@ -88,7 +88,7 @@ class NodeActor:
         self.closing = False
         # outlives this process: if the node's Ray kills it, its sandboxes (warm ones too) are killed
         self.reaper = subprocess.Popen(
-            [sys.executable, "-m", "pkb_mcp.cluster", "reap", str(os.getpid())],
+            [sys.executable, "-m", "pkb_mcp.jobs.cluster", "reap", str(os.getpid())],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
         )
@@ -218,7 +218,7 @@ class NodeActor:
         source_name: str,
         gpus: list[int],
     ) -> None:
-        from pkb_mcp.scheduler import RUNNERS, JobParams
+        from pkb_mcp.jobs.scheduler import RUNNERS, JobParams
 
         folder = Path(tempfile.mkdtemp(prefix="pkb-ray-job-"))  # the source, a profile's artifacts
         try:
@@ -243,7 +243,7 @@ class NodeActor:
                     result = RUNNERS[kind](here, progress, job.cancel)
                 end: dict[str, Any] = {"state": "done", "result": result.model_dump(mode="json")}
                 if kind == "profile":  # the bytes travel with the end; kept until the server fetched it
-                    from pkb_mcp.profile import pack_artifacts
+                    from pkb_mcp.profiling.profile import pack_artifacts
 
                     end["artifacts"] = pack_artifacts(end["result"], folder)
                 job.end = end

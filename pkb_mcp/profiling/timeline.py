@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pkb_mcp.traces import Bar
+from pkb_mcp.profiling.traces import Bar
 
 COLOURS = {"comm": "#d62728", "compute": "#1f77b4", "other": "#7f7f7f"}
 LABELS = {"comm": "communication", "compute": "compute", "other": "other (memset, host copies)"}

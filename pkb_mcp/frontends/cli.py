@@ -17,9 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pkb_mcp import benchmark, log, render, service
+from pkb_mcp import log, service
 from pkb_mcp.errors import UserError
+from pkb_mcp.frontends import render
 from pkb_mcp.problems import ProblemFormatError
+from pkb_mcp.runs import benchmark
 
 EXIT_PASS, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -108,7 +110,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from pkb_mcp import profile
+    from pkb_mcp.profiling import profile
 
     result = profile.profile(
         args.problem,
@@ -148,8 +150,8 @@ class _Bar:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pkb_mcp import eval_report
-    from pkb_mcp.evaluate import CANDIDATE_FAILURES, evaluate
+    from pkb_mcp.evaluation import report as eval_report
+    from pkb_mcp.evaluation.evaluate import CANDIDATE_FAILURES, evaluate
 
     report = evaluate(
         args.paths,
@@ -197,9 +199,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
     from pkb_mcp import config
-    from pkb_mcp.scheduler import Scheduler
-    from pkb_mcp.server import build_server
-    from pkb_mcp.store import JobStore
+    from pkb_mcp.frontends.server import build_server
+    from pkb_mcp.jobs.scheduler import Scheduler
+    from pkb_mcp.jobs.store import JobStore
 
     token = args.token or os.environ.get("PKB_TOKEN")
     if args.transport == "http" and not token and args.host not in LOOPBACK:
@@ -220,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         gpus = torch.cuda.device_count()
     cluster = None
     if args.ray:
-        from pkb_mcp.cluster import RayCluster
+        from pkb_mcp.jobs.cluster import RayCluster
 
         cluster = RayCluster(args.ray)  # the sandboxes are the nodes': no local warm pool below
         args.no_warm = True
@@ -242,7 +244,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else:
             import uvicorn
 
-            from pkb_mcp.httpauth import BearerAuth
+            from pkb_mcp.frontends.httpauth import BearerAuth
 
             app: Any = server.streamable_http_app(host=args.host)
             if token:

@@ -20,7 +20,7 @@ from pkb_mcp.models import (
 )
 
 if TYPE_CHECKING:
-    from pkb_mcp.profile import ProfileResult
+    from pkb_mcp.profiling.profile import ProfileResult
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

@@ -1,16 +1,16 @@
 """`pkb eval`: a batch of solution files, each checked and, if correct, benchmarked; one report.
 
 Files are named by problem: the original benchmark's `{id}_{name}_{backend}.py` or ours
-`NNN_slug.py`. Each file's check, then its benchmark, is a job of the scheduler (pkb_mcp/scheduler.py),
+`NNN_slug.py`. Each file's check, then its benchmark, is a job of the scheduler (pkb_mcp/jobs/scheduler.py),
 so the files' jobs spread over the node's GPUs as the scheduler allows and each runs in sandboxed launches
 of its own. Per-file results are kept in a table beside the scheduler's jobs, in one SQLite file
-(pkb_mcp/eval_store.py): a re-run skips what is done, and jobs an interrupted run left behind are
+(pkb_mcp/evaluation/store.py): a re-run skips what is done, and jobs an interrupted run left behind are
 adopted, not submitted again. A crash, a hang or a failed build is that file's verdict; errors of the
 harness or the environment are a category of their own, reported apart and left out of the scores
 (docs/measurement.md defines correct %, fast_p and the geometric mean).
 
 `evaluate` is the Python entry point (an evaluation script calls it without the CLI);
-pkb_mcp/eval_report.py summarizes and writes the report formats.
+pkb_mcp/evaluation/report.py summarizes and writes the report formats.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pkb_mcp import config, conventions, service
+from pkb_mcp import config, service
 from pkb_mcp.errors import UserError
-from pkb_mcp.eval_store import EvalStore
+from pkb_mcp.evaluation.store import EvalStore
+from pkb_mcp.jobs.scheduler import JobParams
 from pkb_mcp.models import BenchResult, CheckResult
-from pkb_mcp.scheduler import JobParams
+from pkb_mcp.runs import conventions
 
 Outcome = Literal["pass", "wrong", "error", "timeout", "build", "refused", "skipped", "env"]
 # what the candidate did wrong; "skipped" (not run) and "env" (the harness or the environment failed)
@@ -414,16 +415,16 @@ def evaluate(
     """Check, and benchmark where correct, every solution file under `paths`; summarize; write the
     report formats into `out_dir` when given. Resumes from `store` (default $PKB_STATE_DIR/eval.sqlite).
     `ray`: the address of a Ray cluster whose nodes run the jobs (docs/scale-out.md)."""
-    from pkb_mcp import eval_report
-    from pkb_mcp.scheduler import Scheduler
-    from pkb_mcp.store import JobStore
+    from pkb_mcp.evaluation import report as eval_report
+    from pkb_mcp.jobs.scheduler import Scheduler
+    from pkb_mcp.jobs.store import JobStore
     from sandbox import SandboxUnavailable, select_backend
 
     t0 = time.monotonic()
     files = collect_files(paths)
     cluster = None
     if ray is not None:
-        from pkb_mcp.cluster import RayCluster
+        from pkb_mcp.jobs.cluster import RayCluster
 
         cluster = RayCluster(ray)
         cluster.admit(

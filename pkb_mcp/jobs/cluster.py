@@ -2,7 +2,7 @@
 
 One scheduler job (check, bench, profile) runs on one node of the cluster: a one-bundle STRICT_PACK
 placement group holds its GPUs there, and a detached, named actor in that bundle (the job's lease)
-hands the job to its node's long-lived actor (pkb_mcp/cluster_node.py), which runs the same service
+hands the job to its node's long-lived actor (pkb_mcp/jobs/cluster_node.py), which runs the same service
 function the server would, with that node's sandbox backend, warm pool and extension cache. The
 candidate's source travels as text. The node keeps the job's end (a profile's trace and timeline as
 bytes with it) until the server has fetched it through the lease, so a restarted server collects jobs
@@ -30,7 +30,7 @@ from pkb_mcp.errors import UserError
 from pkb_mcp.log import get
 
 if TYPE_CHECKING:
-    from pkb_mcp.scheduler import JobParams
+    from pkb_mcp.jobs.scheduler import JobParams
 
 log = get(__name__)
 
@@ -165,7 +165,7 @@ class RayCluster:
         root = str(Path(__file__).resolve().parent.parent)
         passed = {k: v for k, v in os.environ.items() if k.startswith("PKB_") and k not in PRIVATE_SETTINGS}
         self.env = {**passed, "PYTHONPATH": root, **(env or {})}
-        from pkb_mcp.cluster_node import Lease
+        from pkb_mcp.jobs.cluster_node import Lease
 
         self._lease_class = ray.remote(max_restarts=0, max_concurrency=4)(Lease)
 
@@ -292,7 +292,7 @@ class RayCluster:
 
     def node_name(self, node_id: str) -> str:
         """The name of the node's actor that runs this server's jobs there."""
-        from pkb_mcp.cluster_node import node_actor_name
+        from pkb_mcp.jobs.cluster_node import node_actor_name
 
         return node_actor_name(node_id, self.env)
 
@@ -300,7 +300,7 @@ class RayCluster:
         """The job's lease (or its node) is lost: have the node's actor cancel the job and wait for its
         launches to end (the actor also does so by itself once it sees the lease gone). A node not
         known yet: every node's actor of this server is asked."""
-        from pkb_mcp.cluster_node import DROP_WAIT_S, settings_tag
+        from pkb_mcp.jobs.cluster_node import DROP_WAIT_S, settings_tag
 
         ray = _ray()
         node, _ = table.where(job_id)
@@ -327,7 +327,7 @@ class RayCluster:
 
 def node_actors() -> list[str]:
     """The names of every node's actor of pkb on the cluster (every server's settings)."""
-    from pkb_mcp.cluster_node import NODE_PREFIX
+    from pkb_mcp.jobs.cluster_node import NODE_PREFIX
 
     return [
         a["name"]
@@ -352,12 +352,12 @@ def close_nodes(timeout_s: float = 300.0) -> int:
 def _ended(kind: str, params: JobParams, end: dict[str, Any]) -> RemoteEnd:
     """How the job ended, as the server stores it. A profile's trace and timeline came as bytes with
     the end: they are written under the server's own profiles folder (the job's `profiles_dir`), and
-    the result's paths rewritten to point there (pkb_mcp/profile.py's land_artifacts)."""
+    the result's paths rewritten to point there (pkb_mcp/profiling/profile.py's land_artifacts)."""
     if end.get("state") != "done":
         return RemoteEnd(str(end.get("state")), None, str(end.get("error") or "")[:4000])
     outcome = _validated(kind, end.get("result"))
     if kind == "profile" and outcome.result is not None:
-        from pkb_mcp.profile import land_artifacts
+        from pkb_mcp.profiling.profile import land_artifacts
 
         folder = Path(params.profiles_dir) if params.profiles_dir else None
         outcome.result = land_artifacts(outcome.result, end.get("artifacts"), folder)
@@ -369,7 +369,7 @@ def _validated(kind: str, result: Any) -> RemoteEnd:
     from pydantic import BaseModel, ValidationError
 
     from pkb_mcp.models import BenchResult, CheckResult
-    from pkb_mcp.profile import ProfileResult
+    from pkb_mcp.profiling.profile import ProfileResult
 
     models: dict[str, type[BaseModel]] = {"check": CheckResult, "profile": ProfileResult}
     model = models.get(kind, BenchResult)
@@ -446,6 +446,6 @@ if __name__ == "__main__" and sys.argv[1:2] == ["reap"]:
     reap(int(sys.argv[2]))
 elif __name__ == "__main__" and sys.argv[1:2] == [
     "close-nodes"
-]:  # python -m pkb_mcp.cluster close-nodes ADDRESS
+]:  # python -m pkb_mcp.jobs.cluster close-nodes ADDRESS
     _ray().init(address=sys.argv[2], namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
     print(f"closed {close_nodes()} node actors")

@@ -21,9 +21,12 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from mcp_types import Tool as PublishedTool
 from pydantic import BaseModel, Field
 
-from pkb_mcp import benchmark, render, service
+from pkb_mcp import service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
+from pkb_mcp.frontends import render
+from pkb_mcp.jobs.scheduler import JobParams, Scheduler
+from pkb_mcp.jobs.store import JobRecord
 from pkb_mcp.models import (
     BenchResult,
     CheckResult,
@@ -33,9 +36,8 @@ from pkb_mcp.models import (
     RooflineResult,
     lean_property,
 )
-from pkb_mcp.profile import ProfileResult, profiles_root
-from pkb_mcp.scheduler import JobParams, Scheduler
-from pkb_mcp.store import JobRecord
+from pkb_mcp.profiling.profile import ProfileResult, profiles_root
+from pkb_mcp.runs import benchmark
 
 MAX_SOURCE_BYTES = 1 << 20
 TRACEBACK_CHARS = 1500

@@ -11,12 +11,13 @@ from typing import Any, cast
 
 from harness import tensorfile
 from harness.contracts import TimingConfig, TimingRecord
-from pkb_mcp import conventions, roofline, stats
+from pkb_mcp import roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, prestart, run_launch, warm_pool
 from pkb_mcp.models import BenchResult, TimingStats
-from pkb_mcp.runs import Progress, Run, no_progress, reference_failed
-from pkb_mcp.verdicts import (
+from pkb_mcp.runs import conventions, stats
+from pkb_mcp.runs.run import Progress, Run, no_progress, reference_failed
+from pkb_mcp.runs.verdicts import (
     below_floor,
     decide,
     floor_message,

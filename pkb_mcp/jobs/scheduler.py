@@ -21,11 +21,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pkb_mcp import service
 from pkb_mcp.errors import Cancelled, UserError
+from pkb_mcp.jobs.store import JobRecord, JobStore
 from pkb_mcp.log import get
-from pkb_mcp.store import JobRecord, JobStore
 
 if TYPE_CHECKING:
-    from pkb_mcp.cluster import RayCluster
+    from pkb_mcp.jobs.cluster import RayCluster
 
 log = get(__name__)
 
@@ -91,7 +91,7 @@ def _run_bench(params: JobParams, progress: service.Progress, cancel: threading.
 
 
 def _run_profile(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
-    from pkb_mcp import profile
+    from pkb_mcp.profiling import profile
 
     folder = params.profiles_dir
     return profile.profile(
@@ -131,11 +131,11 @@ class _Live:
 class Scheduler:
     def __init__(self, store: JobStore, gpus: int, compile_slots: int = 2, cluster: RayCluster | None = None):
         self.store = store
-        # with a Ray cluster, check and bench jobs run on its nodes (pkb_mcp/cluster.py); compiles stay
+        # with a Ray cluster, check and bench jobs run on its nodes (pkb_mcp/jobs/cluster.py); compiles stay
         self.cluster = cluster
         self.ray_table = None
         if cluster is not None:
-            from pkb_mcp.cluster import RayJobTable
+            from pkb_mcp.jobs.cluster import RayJobTable
 
             self.ray_table = RayJobTable(store.path)
         self.gpu_count = gpus
@@ -328,7 +328,7 @@ class Scheduler:
 
     def _run_remote(self, record: JobRecord, need: tuple[str, int], taken: list[int]) -> None:
         """A job on the Ray cluster: attach to its actor or start one, follow it, store how it ended."""
-        from pkb_mcp.cluster import MAX_NODE_LOSSES, NodeLost
+        from pkb_mcp.jobs.cluster import MAX_NODE_LOSSES, NodeLost
 
         assert self.cluster is not None and self.ray_table is not None
         live = self._live[record.id]

@@ -2,7 +2,7 @@
 
 Runs the reference and the candidate on the same inputs, each in a sandbox launch of mode `profile`
 (harness/profile.py: torch.profiler over a few aligned calls after warm-up), reads every rank's trace
-as untrusted input (pkb_mcp/traces.py), and returns a compact result: per side and rank the split
+as untrusted input (pkb_mcp/profiling/traces.py), and returns a compact result: per side and rank the split
 of a call into communication, compute, overlap and gaps, launches, waits, the slowest rank, the top
 kernels, a few findings; plus the merged Chrome trace and a PNG timeline in an artifact folder.
 Every figure is defined in docs/measurement.md ("Profile").
@@ -22,13 +22,14 @@ from typing import Any, Literal
 from pydantic import Field
 
 from harness.contracts import TimingConfig
-from pkb_mcp import config, timeline, traces
-from pkb_mcp.benchmark import timing_config
+from pkb_mcp import config
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch
 from pkb_mcp.models import RankResult, Result, SandboxInfo, StaticReport
-from pkb_mcp.runs import Progress, Run, no_progress, rank_result, reference_failed
-from pkb_mcp.verdicts import decide
+from pkb_mcp.profiling import timeline, traces
+from pkb_mcp.runs.benchmark import timing_config
+from pkb_mcp.runs.run import Progress, Run, no_progress, rank_result, reference_failed
+from pkb_mcp.runs.verdicts import decide
 
 MAX_CALLS = 20
 KEEP_PROFILES = 20  # artifact folders kept in the state directory, newest first
