@@ -19,15 +19,8 @@ import pytest
 
 from pkb_mcp.errors import UserError
 from pkb_mcp.evaluation import report as eval_report
-from pkb_mcp.evaluation.evaluate import (
-    EvalReport,
-    EvalSettings,
-    FileResult,
-    classify,
-    collect_files,
-    evaluate,
-    name_parts,
-)
+from pkb_mcp.evaluation.batch import classify, collect_files, evaluate, name_parts
+from pkb_mcp.evaluation.records import EvalReport, EvalSettings, FileResult
 from pkb_mcp.models import CheckResult, RankResult, SandboxInfo
 
 from .conftest import ROOT

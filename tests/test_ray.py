@@ -370,7 +370,7 @@ def _owner_pid(owner: str) -> int:
 
 @pytest.mark.integration
 def test_an_eval_too_wide_for_every_node_is_refused_before_any_work(cluster, tmp_path):
-    from pkb_mcp.evaluation.evaluate import evaluate
+    from pkb_mcp.evaluation.batch import evaluate
 
     with pytest.raises(UserError, match=r"world size 8 needs 8 GPUs on one node .* has 4"):
         evaluate([EXAMPLES], ray=cluster.address, world_size=8, device="cpu", store=tmp_path / "e.sqlite")

@@ -11,10 +11,8 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from pkb_mcp.evaluation.evaluate import EvalReport, EvalSummary, FileResult
+from pkb_mcp.evaluation.records import NOT_ATTEMPTED, EvalReport, EvalSummary, FileResult
 
 FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 CSV_COLUMNS = [
@@ -41,8 +39,6 @@ NO_MATPLOTLIB = "PNG not written: matplotlib is not installed (pip install 'pkb-
 
 def attempted(results: list[FileResult]) -> list[FileResult]:
     """Files run to a verdict: neither skipped nor stopped by an error of the harness or environment."""
-    from pkb_mcp.evaluation.evaluate import NOT_ATTEMPTED
-
     return [r for r in results if r.outcome not in NOT_ATTEMPTED]
 
 
@@ -59,8 +55,6 @@ def fast_p(results: list[FileResult], p: float) -> float | None:
 
 
 def summarize(results: list[FileResult]) -> EvalSummary:
-    from pkb_mcp.evaluation.evaluate import EvalSummary
-
     tried = attempted(results)
     correct = sum(r.correct for r in tried)
     benched = any(r.speedup is not None for r in tried)

@@ -151,7 +151,8 @@ class _Bar:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from pkb_mcp.evaluation import report as eval_report
-    from pkb_mcp.evaluation.evaluate import CANDIDATE_FAILURES, evaluate
+    from pkb_mcp.evaluation.batch import evaluate
+    from pkb_mcp.evaluation.records import CANDIDATE_FAILURES
 
     report = evaluate(
         args.paths,

@@ -9,8 +9,9 @@ adopted, not submitted again. A crash, a hang or a failed build is that file's v
 harness or the environment are a category of their own, reported apart and left out of the scores
 (docs/measurement.md defines correct %, fast_p and the geometric mean).
 
-`evaluate` is the Python entry point (an evaluation script calls it without the CLI);
-pkb_mcp/evaluation/report.py summarizes and writes the report formats.
+`evaluate` is the Python entry point: an evaluation script calls it without the CLI
+(`from pkb_mcp.evaluation.batch import evaluate`). pkb_mcp/evaluation/report.py summarizes and writes
+the report formats; pkb_mcp/evaluation/records.py holds the records they share.
 """
 
 from __future__ import annotations
@@ -23,85 +24,26 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from pkb_mcp import config, service
 from pkb_mcp.errors import UserError
+from pkb_mcp.evaluation import report as eval_report
+from pkb_mcp.evaluation.records import (
+    EvalReport,
+    EvalSettings,
+    FileResult,
+    Outcome,
+)
 from pkb_mcp.evaluation.store import EvalStore
 from pkb_mcp.jobs.scheduler import JobParams
 from pkb_mcp.models import BenchResult, CheckResult
 from pkb_mcp.runs import conventions
 
-Outcome = Literal["pass", "wrong", "error", "timeout", "build", "refused", "skipped", "env"]
-# what the candidate did wrong; "skipped" (not run) and "env" (the harness or the environment failed)
-# say nothing about the candidate
-CANDIDATE_FAILURES = ("wrong", "error", "timeout", "build", "refused")
-NOT_ATTEMPTED = ("skipped", "env")
 FILE_NAME = re.compile(r"^(\d{1,3})_([A-Za-z0-9_]*?)(?:_([A-Za-z0-9]+))?\.py$")
 POLL_S = 0.25
 
 Progress = Callable[[int, int, str, str], None]  # (files done, files in all, file, what is happening)
-
-
-class EvalSettings(BaseModel):
-    world_size: int = 4
-    device: str = "cpu"
-    size: str = "pkb"
-    trials: int = 5
-    timeout_s: float = Field(120.0, description="limit of each check job")
-    bench_timeout_s: float = Field(300.0, description="limit of each benchmark job")
-    sandbox: str = "auto"
-    convention: str = "auto"
-    bench: bool = True
-
-
-class FileResult(BaseModel):
-    file: str
-    sha256: str
-    problem_id: int | None = None
-    problem: str | None = None
-    backend: str | None = Field(
-        None, description="the last word of an original-format name (cuda, triton...)"
-    )
-    convention: str | None = Field(None, description="how solution() was called: ours or original")
-    outcome: Outcome
-    correct: bool = False
-    message: str = ""
-    speedup: float | None = None
-    speedup_low: float | None = None
-    speedup_high: float | None = None
-    credited: bool = Field(False, description="the speedup counts in fast_p and the geometric mean")
-    candidate_ms: float | None = None
-    reference_ms: float | None = None
-    floor_ms: float | None = Field(None, description="the roofline floor (GPU only)")
-    pct_of_floor: float | None = None
-    floor_speedup: float | None = Field(None, description="reference time / floor: the speedup at the floor")
-    check_job: str | None = None
-    bench_job: str | None = None
-    reused: bool = Field(False, description="taken from an earlier run of the same file and settings")
-
-
-class EvalSummary(BaseModel):
-    files: int
-    attempted: int = Field(description="files run to a verdict: not skipped, no environment error")
-    correct: int
-    correct_pct: float | None
-    fast_p: dict[str, float | None] = Field(description="threshold p -> fraction of attempted files")
-    geomean_speedup: float | None = Field(description="over correct files with a credited speedup")
-    outcomes: dict[str, int]
-
-
-class EvalReport(BaseModel):
-    settings: EvalSettings
-    store: str
-    wall_s: float
-    resumed: int = Field(description="files whose result came from an earlier run")
-    results: list[FileResult]
-    summary: EvalSummary
-    reports: dict[str, str] = Field(default_factory=dict, description="format -> path written")
-    notes: list[str] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- files
@@ -415,7 +357,6 @@ def evaluate(
     """Check, and benchmark where correct, every solution file under `paths`; summarize; write the
     report formats into `out_dir` when given. Resumes from `store` (default $PKB_STATE_DIR/eval.sqlite).
     `ray`: the address of a Ray cluster whose nodes run the jobs (docs/scale-out.md)."""
-    from pkb_mcp.evaluation import report as eval_report
     from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobStore
     from sandbox import SandboxUnavailable, select_backend
