@@ -1,4 +1,5 @@
-"""Result models of the service layer: what the CLI prints and what the MCP tools return.
+"""The service layer's models: the one request every run verb takes (`RunRequest`), and the results
+the CLI prints and the MCP tools return.
 
 Each figure is defined once, here, in its field's description; docs/measurement.md expands on the
 timing and roofline definitions. Every model derives from `Result`, whose JSON schema carries no
@@ -7,9 +8,10 @@ titles: the schemas go into every agent's context with tools/list, and a title r
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 def lean_property(prop: dict[str, Any]) -> None:
@@ -37,6 +39,38 @@ def _lean(schema: dict[str, Any]) -> None:
     for prop in schema.get("properties", {}).values():
         lean_property(prop)
         prop.pop("default", None)
+
+
+Kind = Literal["compile", "check", "bench", "profile"]  # the verbs that run as jobs (service.VERBS)
+
+
+class RunRequest(BaseModel):
+    """One request to a verb, whole, from the MCP tool, the CLI, `pkb eval` or a stored job down to the
+    launches: a new run option is one field here. Each verb reads the fields it uses (compile: `path`
+    and `sandbox`; check: `trials`; bench: `launches`; profile: `calls` and its folders) and leaves the
+    others at their defaults. The job store keeps it as JSON and reads it back through this model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str  # the solution (or .cu file) as the host keeps it; read as text, run only in the sandbox
+    problem: int | str = 0  # id or name (compile has none)
+    world_size: int = 4
+    size: str = "pkb"
+    device: str | None = None  # None: cuda where a GPU is present
+    timeout_s: float = 300.0  # each launch's wall-clock limit
+    sandbox: str = "auto"
+    convention: str = "auto"  # how solution() is called: auto, ours, original
+    trials: int = 5  # check
+    launches: int = 1  # bench: launches a side
+    calls: int = 3  # profile: calls profiled a side after the warm-up
+    out_dir: str | None = None  # profile: the folder for its trace and timeline, as given
+    profiles_dir: str | None = None  # profile: else a new folder under this one (default: the state dir's)
+    gpus: list[int] | None = None  # set when a job starts: the GPUs it holds
+
+    @field_validator("path", "out_dir", "profiles_dir", mode="before")
+    @classmethod
+    def _path_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, PurePath) else value
 
 
 class Result(BaseModel):

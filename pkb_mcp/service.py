@@ -11,15 +11,21 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel
 
 from harness import tensorfile
+from pkb_mcp import compile as nvcc
 from pkb_mcp import config, problems, roofline
+from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import ToolLaunches, run_launch
 from pkb_mcp.models import (
+    BenchResult,
     Calibration,
     CheckResult,
     InputSpec,
@@ -27,8 +33,10 @@ from pkb_mcp.models import (
     ProblemSummary,
     RankResult,
     RooflineResult,
+    RunRequest,
     Traffic,
 )
+from pkb_mcp.profiling.profile import ProfileResult, profile
 from pkb_mcp.runs import conventions
 from pkb_mcp.runs.benchmark import bench, timing_config
 from pkb_mcp.runs.run import (
@@ -44,6 +52,7 @@ from pkb_mcp.runs.verdicts import decide, judge_ranks
 from sandbox import SandboxUnavailable, select_backend
 
 __all__ = [
+    "VERBS",
     "Progress",
     "bench",
     "calibrate",
@@ -52,6 +61,7 @@ __all__ = [
     "default_device",
     "list_problems",
     "preflight",
+    "profile",
     "roofline_of",
     "show_problem",
     "timing_config",
@@ -169,42 +179,33 @@ def roofline_of(
 # ---------------------------------------------------------------- compile
 
 
-def compile_file(path: Path, sandbox: str = "auto", cancel: threading.Event | None = None) -> Any:
-    """Build a .cu file or a solution's extensions: every import and compiler run is a sandbox launch."""
-    from pkb_mcp import compile as nvcc
-
+def compile_file(
+    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
+) -> CompileResult:
+    """Build a .cu file or a solution's extensions (`request.path`): every import and compiler run is a
+    sandbox launch."""
     try:
-        backend = select_backend(sandbox)
+        backend = select_backend(request.sandbox)
     except SandboxUnavailable as exc:
         raise UserError(str(exc)) from exc
+    progress(0, 1, "compiling")
     try:
         result = nvcc.compile_file(
-            path, cache_dir=config.cache_dir() / "compile", tools=ToolLaunches(backend, cancel)
+            Path(request.path), cache_dir=config.cache_dir() / "compile", tools=ToolLaunches(backend, cancel)
         )
     except nvcc.CompileError as exc:
         raise UserError(str(exc)) from exc
+    progress(1, 1, "compiled" if result.ok else "compile failed")
     notes = [] if backend.isolated else [backend.note]
     return result.model_copy(update={"sandbox": backend.name, "notes": [*notes, *result.notes]})
 
 
 def check(
-    ref: int | str,
-    solution: Path,
-    *,
-    world_size: int = 4,
-    device: str | None = None,
-    size: str = "pkb",
-    trials: int = 5,
-    timeout_s: float = 120.0,
-    sandbox: str = "auto",
-    progress: Progress = no_progress,
-    cancel: threading.Event | None = None,
-    gpus: list[int] | None = None,
-    convention: str = "auto",
+    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
 ) -> CheckResult:
     """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
-    run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
-    p = run.problem
+    run = Run(request)
+    p, world_size, trials = run.problem, run.world_size, request.trials
     if not 1 <= trials <= MAX_TRIALS:
         raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
 
@@ -218,8 +219,8 @@ def check(
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62) for _ in range(trials)]
     progress(0, 3, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})")
-    ref_request = run.request("outputs", p.path, seeds)
-    cand_request = run.request("outputs", run.solution, seeds)
+    ref_request = run.launch("outputs", p.path, seeds)
+    cand_request = run.launch("outputs", run.solution, seeds)
     if run.backend.isolated:
         with ThreadPoolExecutor(max_workers=2) as pool:
             ref_future = pool.submit(run_launch, ref_request, run.backend, cancel)
@@ -243,3 +244,25 @@ def check(
     message = f"all {world_size} ranks match the reference in {in_trials}" if verdict == "pass" else why
     progress(3, 3, message)
     return result(verdict, message, ranks)
+
+
+# ---------------------------------------------------------------- the verbs that run as jobs
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A kind of job, as the server, the CLI, the scheduler and a cluster read it."""
+
+    run: Callable[[RunRequest, Progress, threading.Event | None], BaseModel]
+    result: type[BaseModel]  # the model of what `run` returns (and a stored job's result)
+    gpus: bool = True  # holds GPUs on a cuda device (compile: a compile slot of the server)
+    whole_node: bool = False  # holds every GPU of its node, so nothing shares NVLink, HBM or power
+    remote: bool = True  # runs on a Ray cluster's nodes when there is one (compile stays on the server)
+
+
+VERBS: dict[str, Verb] = {  # by Kind
+    "compile": Verb(compile_file, CompileResult, gpus=False, remote=False),
+    "check": Verb(check, CheckResult),
+    "bench": Verb(bench, BenchResult, whole_node=True),
+    "profile": Verb(profile, ProfileResult, whole_node=True),
+}

@@ -16,7 +16,7 @@ import pytest
 
 from pkb_mcp import roofline, service
 from pkb_mcp.frontends import render
-from pkb_mcp.models import BenchResult, SandboxInfo
+from pkb_mcp.models import BenchResult, RunRequest, SandboxInfo
 from pkb_mcp.runs import benchmark, stats, verdicts
 
 from .conftest import CANDIDATES, CEIL, docker_client, launch_processes
@@ -35,12 +35,25 @@ SANDBOXES = [
 
 def check(path: Path, *, pid: int = 1, world_size: int = 2, trials: int = 2, sandbox: str = "process", **kw):
     return service.check(
-        pid, path, world_size=world_size, device="cpu", trials=trials, timeout_s=120, sandbox=sandbox, **kw
+        RunRequest(
+            problem=pid,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=trials,
+            timeout_s=120,
+            sandbox=sandbox,
+            **kw,
+        )
     )
 
 
 def bench(path: Path, *, pid: int = 1, world_size: int = 2, sandbox: str = "process"):
-    return service.bench(pid, path, world_size=world_size, device="cpu", timeout_s=180, sandbox=sandbox)
+    return service.bench(
+        RunRequest(
+            problem=pid, path=path, world_size=world_size, device="cpu", timeout_s=180, sandbox=sandbox
+        )
+    )
 
 
 def states(r) -> list[str]:
@@ -311,7 +324,15 @@ def test_a_rank_that_exits_early_with_status_0_is_reported(isolated_dirs):
 
 def test_a_deadlock_is_killed_at_the_deadline(isolated_dirs):
     r = service.check(
-        1, CANDIDATES / "hangs.py", world_size=2, device="cpu", trials=1, timeout_s=12, sandbox="process"
+        RunRequest(
+            problem=1,
+            path=CANDIDATES / "hangs.py",
+            world_size=2,
+            device="cpu",
+            trials=1,
+            timeout_s=12,
+            sandbox="process",
+        )
     )
     assert r.verdict == "timeout" and states(r) == ["timeout", "timeout"]
     assert "deadline" in r.message

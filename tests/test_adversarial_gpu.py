@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pkb_mcp import service
+from pkb_mcp.models import RunRequest
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -18,11 +19,15 @@ GPU = ADV / "gpu"
 
 
 def check(path, pid=1, trials=3):
-    return service.check(pid, path, world_size=2, device="cuda", trials=trials, timeout_s=300)
+    return service.check(
+        RunRequest(problem=pid, path=path, world_size=2, device="cuda", trials=trials, timeout_s=300)
+    )
 
 
 def bench(path, pid=1, size="pkb"):
-    return service.bench(pid, path, world_size=2, device="cuda", size=size, timeout_s=300)
+    return service.bench(
+        RunRequest(problem=pid, path=path, world_size=2, device="cuda", size=size, timeout_s=300)
+    )
 
 
 def test_side_stream_work_is_judged_on_the_callers_stream():

@@ -11,6 +11,7 @@ import pytest
 
 from harness import convention
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 from pkb_mcp.problems import ProblemFormatError
 
 from .conftest import CANDIDATES
@@ -139,7 +140,9 @@ def test_every_present_problem_is_either_callable_or_says_why_not():
 def test_original_file_passes_unchanged_or_fails_for_its_stated_difference(path, isolated_dirs):
     pid = pid_of(path)
     world_size = 4 if pid == 48 else 2  # 48 needs n_tp = 2 by n_fsdp >= 2
-    r = service.check(pid, path, world_size=world_size, device="cpu", trials=1, timeout_s=180)
+    r = service.check(
+        RunRequest(problem=pid, path=path, world_size=world_size, device="cpu", trials=1, timeout_s=180)
+    )
     if pid in REFUSED:
         differences = convention.original_of(problems.resolve(pid).module)["differences"]
         assert r.verdict == "fail"
@@ -179,13 +182,15 @@ def test_the_count_of_original_files_that_pass_unchanged():
 )
 def test_called_our_way_an_original_file_fails_for_the_reason_stated(name, words, isolated_dirs):
     path = CANDIDATES / "original" / name
-    r = service.check(pid_of(path), path, world_size=2, device="cpu", trials=1, convention="ours")
+    r = service.check(
+        RunRequest(problem=pid_of(path), path=path, world_size=2, device="cpu", trials=1, convention="ours")
+    )
     assert r.verdict == "fail" and words in r.message, r.message
 
 
 def test_an_original_file_is_benchmarked_through_the_same_call(isolated_dirs):
     path = CANDIDATES / "original" / "043_fused_adam_grad_unshard_allgather_torch.py"
-    r = service.bench(43, path, world_size=2, device="cpu", timeout_s=180)
+    r = service.bench(RunRequest(problem=43, path=path, world_size=2, device="cpu", timeout_s=180))
     assert r.verdict == "pass", r.message
     assert r.speedup is not None and r.speedup > 0
     assert any(n.startswith("called in the original benchmark's convention") for n in r.notes)
@@ -202,7 +207,10 @@ def test_a_non_root_rank_may_return_its_input_only_where_the_problem_says_so(tmp
         "    dist.all_reduce(out)\n"
         "    return out if dist.get_rank() == 0 else x\n"
     )
-    r = service.check(1, path, world_size=2, device="cpu", trials=1)
+    r = service.check(RunRequest(problem=1, path=path, world_size=2, device="cpu", trials=1))
     assert r.verdict == "fail" and "rank 1" in r.message and "shares memory with an input" in r.message
     gather = CANDIDATES / "original" / "006_gather_torch.py"
-    assert service.check(6, gather, world_size=2, device="cpu", trials=1).verdict == "pass"
+    assert (
+        service.check(RunRequest(problem=6, path=gather, world_size=2, device="cpu", trials=1)).verdict
+        == "pass"
+    )

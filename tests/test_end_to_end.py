@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES, launch_processes
 
@@ -55,14 +56,18 @@ def assert_clean(launches_dir: Path):
 @pytest.mark.parametrize(("pid", "world_size"), CASES)
 def test_reference_passes_and_perturbed_fails(pid, world_size, tmp_path, isolated_dirs):
     p = problems.suite()[pid]
-    ok = service.check(pid, p.path, world_size=world_size, device="cpu", trials=2, timeout_s=120)
+    ok = service.check(
+        RunRequest(problem=pid, path=p.path, world_size=world_size, device="cpu", trials=2, timeout_s=120)
+    )
     assert ok.verdict == "pass", ok.message
     assert [r.rank for r in ok.ranks] == list(range(world_size))
     assert all(r.state == "pass" for r in ok.ranks)
 
     bad_path = tmp_path / "perturbed.py"
     bad_path.write_text("import torch\n" + p.path.read_text() + PERTURB)
-    bad = service.check(pid, bad_path, world_size=world_size, device="cpu", trials=2, timeout_s=120)
+    bad = service.check(
+        RunRequest(problem=pid, path=bad_path, world_size=world_size, device="cpu", trials=2, timeout_s=120)
+    )
     assert bad.verdict == "fail"
     wrong = [r for r in bad.ranks if r.state == "wrong"]
     assert wrong, bad.message
@@ -90,13 +95,15 @@ def test_failing_candidates_are_reported_per_rank(candidate, states, words, worl
         pytest.skip("world size 4 covers one failure and one hang; the others need no second run")
     timeout = 6 * world_size if candidate == "hangs.py" else 120  # startup of 4 ranks on 2 cores is slow
     r = service.check(
-        1,
-        CANDIDATES / candidate,
-        world_size=world_size,
-        device="cpu",
-        trials=2,
-        timeout_s=timeout,
-        sandbox="process",
+        RunRequest(
+            problem=1,
+            path=CANDIDATES / candidate,
+            world_size=world_size,
+            device="cpu",
+            trials=2,
+            timeout_s=timeout,
+            sandbox="process",
+        )
     )
     assert r.verdict == ("timeout" if candidate == "hangs.py" else "fail")
     for rank, state in states.items():
@@ -120,19 +127,28 @@ def test_every_correct_variant_passes(variant, world_size, isolated_dirs):
     orders, schedules) pass each output's bounds: the bounds are no tighter than what correct
     solutions differ by (docs/scripts/tolerance_study.py measures the margins)."""
     r = service.check(
-        int(variant.name[:3]), variant, world_size=world_size, device="cpu", trials=2, sandbox="process"
+        RunRequest(
+            problem=int(variant.name[:3]),
+            path=variant,
+            world_size=world_size,
+            device="cpu",
+            trials=2,
+            sandbox="process",
+        )
     )
     assert r.verdict == "pass", r.message
 
 
 def test_wrong_by_one_percent_is_caught_by_the_norm(isolated_dirs):
-    r = service.check(1, CANDIDATES / "wrong_scale.py", world_size=2, device="cpu", trials=1)
+    r = service.check(
+        RunRequest(problem=1, path=CANDIDATES / "wrong_scale.py", world_size=2, device="cpu", trials=1)
+    )
     assert r.verdict == "fail" and "relative error norm" in r.message
 
 
 def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     p = problems.suite()[1]
-    r = service.bench(1, p.path, world_size=2, device="cpu")
+    r = service.bench(RunRequest(problem=1, path=p.path, world_size=2, device="cpu"))
     assert r.verdict == "pass", r.message
     assert r.reference and r.candidate and r.speedup is not None
     assert r.candidate.samples >= 10 and r.candidate.input_sets >= 2
@@ -145,7 +161,10 @@ def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
 def test_benchmark_in_several_launches_per_side_on_cpu(isolated_dirs):
     p = problems.suite()[1]
     steps = []
-    r = service.bench(1, p.path, world_size=2, device="cpu", launches=2, progress=lambda *a: steps.append(a))
+    r = service.bench(
+        RunRequest(problem=1, path=p.path, world_size=2, device="cpu", launches=2),
+        progress=lambda *a: steps.append(a),
+    )
     assert r.verdict == "pass", r.message
     for side in (r.reference, r.candidate):
         assert side.launches == 2 and side.launch_spread is not None
@@ -156,10 +175,14 @@ def test_benchmark_in_several_launches_per_side_on_cpu(isolated_dirs):
     assert_clean(isolated_dirs)
     for bad in (0, 9):
         with pytest.raises(service.UserError, match="launches must be between 1 and 8"):
-            service.bench(1, p.path, world_size=2, device="cpu", launches=bad)
+            service.bench(RunRequest(problem=1, path=p.path, world_size=2, device="cpu", launches=bad))
 
 
 def test_benchmark_of_a_wrong_candidate_fails_before_any_speedup(isolated_dirs):
-    r = service.bench(1, Path("examples/wrong_allreduce_half.py").resolve(), world_size=2, device="cpu")
+    r = service.bench(
+        RunRequest(
+            problem=1, path=Path("examples/wrong_allreduce_half.py").resolve(), world_size=2, device="cpu"
+        )
+    )
     assert r.verdict == "fail" and r.speedup is None
     assert any(x.state == "wrong" for x in r.ranks)

@@ -22,6 +22,7 @@ from pkb_mcp.frontends.server import build_server
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobStore
 from pkb_mcp.launches import ToolLaunches
+from pkb_mcp.models import RunRequest
 from sandbox import select_backend
 
 from .conftest import CANDIDATES, docker_client
@@ -150,22 +151,33 @@ def test_every_mcp_tool_runs_the_candidate_only_in_the_sandbox(planted, tmp_path
 
 
 def test_lazy_cpp_extension_is_built_once_and_rechecks_are_fast() -> None:
-    first = service.check(1, LAZY, world_size=2, device="cpu", trials=2, sandbox="docker")
+    first = service.check(
+        RunRequest(problem=1, path=LAZY, world_size=2, device="cpu", trials=2, sandbox="docker")
+    )
     assert first.verdict == "pass", first.message
     assert any("built extension pkb_test_copy" in n for n in first.notes), first.notes
-    second = service.check(1, LAZY, world_size=2, device="cpu", trials=2, sandbox="docker")
+    second = service.check(
+        RunRequest(problem=1, path=LAZY, world_size=2, device="cpu", trials=2, sandbox="docker")
+    )
     assert second.verdict == "pass", second.message
     assert any("loaded from the build cache" in n for n in second.notes), second.notes
     assert second.wall_s <= first.wall_s / 2, (first.wall_s, second.wall_s)
     # compile_kernel of the same source finds the lazy call and reuses the build
-    compiled = service.compile_file(LAZY, sandbox="docker")
+    compiled = service.compile_file(RunRequest(path=LAZY, sandbox="docker"))
     assert compiled.ok and len(compiled.units) == 1
     assert any("loaded from the build cache" in n for n in compiled.notes), compiled.notes
 
 
 def test_an_undiscoverable_extension_is_built_in_the_job_once_for_all_ranks() -> None:
     result = service.check(
-        1, CANDIDATES / "cpp_extension_dynamic.py", world_size=2, device="cpu", trials=1, sandbox="docker"
+        RunRequest(
+            problem=1,
+            path=CANDIDATES / "cpp_extension_dynamic.py",
+            world_size=2,
+            device="cpu",
+            trials=1,
+            sandbox="docker",
+        )
     )
     assert result.verdict == "pass", (result.message, [r.log_tail for r in result.ranks])
     assert not list(config.extensions_dir().iterdir()), "a candidate's own build never enters the cache"
@@ -195,7 +207,7 @@ def test_a_candidate_cannot_put_a_build_in_the_cache_for_others(tmp_path: Path) 
             """
         )
     )
-    found = service.compile_file(forger, sandbox="docker")
+    found = service.compile_file(RunRequest(path=forger, sandbox="docker"))
     assert found.ok
     assert list(config.extensions_dir().iterdir()) == []
     from pkb_mcp.compile import extensions
@@ -221,6 +233,13 @@ def test_failed_builds_are_kept_and_not_rebuilt() -> None:
 
 def test_original_benchmark_helper_imports_in_the_sandbox() -> None:
     result = service.check(
-        1, CANDIDATES / "original_helper_cuda.py", world_size=2, device="cpu", trials=1, sandbox="docker"
+        RunRequest(
+            problem=1,
+            path=CANDIDATES / "original_helper_cuda.py",
+            world_size=2,
+            device="cpu",
+            trials=1,
+            sandbox="docker",
+        )
     )
     assert result.verdict == "pass", (result.message, [r.log_tail for r in result.ranks])

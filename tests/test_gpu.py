@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -40,13 +41,19 @@ def world_size_or_skip(pid: int) -> int:
 @pytest.mark.parametrize("pid", sorted(problems.suite()))
 def test_reference_passes_on_gpus(pid):
     ws = world_size_or_skip(pid)
-    r = service.check(pid, problems.suite()[pid].path, world_size=ws, device="cuda", trials=2)
+    r = service.check(
+        RunRequest(problem=pid, path=problems.suite()[pid].path, world_size=ws, device="cuda", trials=2)
+    )
     assert r.verdict == "pass", r.message
 
 
 @two_gpus
 def test_wrong_example_fails_on_gpus():
-    r = service.check(1, EXAMPLES / "wrong_allreduce_half.py", world_size=2, device="cuda", trials=2)
+    r = service.check(
+        RunRequest(
+            problem=1, path=EXAMPLES / "wrong_allreduce_half.py", world_size=2, device="cuda", trials=2
+        )
+    )
     assert r.verdict == "fail" and r.ranks[0].first_mismatch is not None
 
 
@@ -55,7 +62,9 @@ def test_wrong_example_fails_on_gpus():
 def test_examples_pass_on_gpus(example):
     pid = int(example[:3])
     ws = world_size_or_skip(pid)
-    r = service.check(pid, EXAMPLES / example, world_size=ws, device="cuda", trials=3)
+    r = service.check(
+        RunRequest(problem=pid, path=EXAMPLES / example, world_size=ws, device="cuda", trials=3)
+    )
     assert r.verdict == "pass", r.message
 
 
@@ -63,14 +72,18 @@ def built_once_then_cached(world_size: int) -> None:
     """The CUDA example checked twice in Docker: built by a build launch before the first check, loaded
     from the node's cache by the next; then compile_kernel reports its kernel's resources."""
     example = EXAMPLES / "001_allreduce_cuda_oneshot.py"
-    first = service.check(1, example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
+    first = service.check(
+        RunRequest(problem=1, path=example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
+    )
     assert first.verdict == "pass", (first.message, first.notes, [r.log_tail for r in first.ranks])
     assert any("built extension pkb_example_oneshot_allreduce" in n for n in first.notes), first.notes
-    again = service.check(1, example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
+    again = service.check(
+        RunRequest(problem=1, path=example, world_size=world_size, device="cuda", trials=3, sandbox="docker")
+    )
     assert again.verdict == "pass", again.message
     assert any("loaded from the build cache" in n for n in again.notes), again.notes
     assert again.wall_s < first.wall_s / 2, (first.wall_s, again.wall_s)
-    compiled = service.compile_file(example, sandbox="docker")
+    compiled = service.compile_file(RunRequest(path=example, sandbox="docker"))
     assert compiled.ok and compiled.units[0].kernels, compiled.summary()
 
 
@@ -104,6 +117,8 @@ def test_original_benchmark_helper_builds_cuda_on_one_gpu(one_rank_problem_1):
     """A file in the original benchmark's style (utils.cuda_helpers.compile_cuda_extension on first
     call) builds its CUDA through the cache and runs in Docker."""
     candidate = Path(__file__).parent / "candidates" / "original_helper_cuda.py"
-    result = service.check(1, candidate, world_size=1, device="cuda", trials=2, sandbox="docker")
+    result = service.check(
+        RunRequest(problem=1, path=candidate, world_size=1, device="cuda", trials=2, sandbox="docker")
+    )
     assert result.verdict == "pass", (result.message, result.notes, [r.log_tail for r in result.ranks])
     assert any("built extension original_style_ext" in n for n in result.notes), result.notes

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from pkb_mcp.frontends.server import lean_input
+from pkb_mcp.models import RunRequest
 from pkb_mcp.profiling import profile, timeline, traces
 
 from .conftest import CANDIDATES, ROOT
@@ -240,9 +241,8 @@ def test_calls_out_of_range_is_one_sentence(capsys):
     assert "calls must be between 1 and 20" in capsys.readouterr().err
 
 
-def test_a_profile_has_the_node_to_itself_and_its_options_reach_the_service(tmp_path, monkeypatch):
-    import threading
-
+def test_a_profile_has_the_node_to_itself_and_runs_the_profile_verb(tmp_path):
+    from pkb_mcp import service
     from pkb_mcp.jobs import scheduler as sched
     from pkb_mcp.jobs.store import JobRecord, JobStore
 
@@ -253,12 +253,7 @@ def test_a_profile_has_the_node_to_itself_and_its_options_reach_the_service(tmp_
         assert s._needs(record) == ("gpu", 4)  # timed like a benchmark: every GPU of the node
     finally:
         s.stop()
-    seen: list[dict] = []
-    monkeypatch.setattr(profile, "profile", lambda problem, path, **kw: seen.append(kw))
-    stored = {"problem": "12", "path": "/x.py", "world_size": 2, "device": "cpu", "size": "large"}
-    stored |= {"timeout_s": 60.0, "profiles_dir": str(tmp_path)}
-    sched._run_profile(sched.JobParams.model_validate(stored), lambda *a: None, threading.Event())
-    assert seen[0]["profiles_dir"] == tmp_path and seen[0]["size"] == "large"
+    assert service.VERBS["profile"].run is profile.profile
 
 
 # ---------------------------------------------------------------- end to end on CPU ranks
@@ -266,7 +261,9 @@ def test_a_profile_has_the_node_to_itself_and_its_options_reach_the_service(tmp_
 
 @pytest.mark.integration
 def test_reference_all_reduce_is_communication(tmp_path):
-    r = profile.profile(1, REFERENCE_1, world_size=2, device="cpu", out_dir=tmp_path, timeout_s=120)
+    r = profile.profile(
+        RunRequest(problem=1, path=REFERENCE_1, world_size=2, device="cpu", out_dir=tmp_path, timeout_s=120)
+    )
     assert r.verdict == "ok", r.message
     for side in (r.reference, r.candidate):
         assert side is not None and side.calls == 3 and len(side.ranks) == 2
@@ -284,7 +281,9 @@ def test_reference_all_reduce_is_communication(tmp_path):
 @pytest.mark.integration
 def test_compute_between_collectives_shows_as_compute_and_overlap(tmp_path):
     cand = CANDIDATES / "computes_between_collectives.py"
-    r = profile.profile(1, cand, world_size=2, device="cpu", out_dir=tmp_path, timeout_s=180)
+    r = profile.profile(
+        RunRequest(problem=1, path=cand, world_size=2, device="cpu", out_dir=tmp_path, timeout_s=180)
+    )
     assert r.verdict == "ok", r.message
     assert r.candidate is not None and r.reference is not None
     # its matmuls are compute only it has (a ratio of CPU times fails on a loaded machine)
@@ -377,7 +376,9 @@ def test_gpu_overlap_of_example_012_and_none_in_the_reference(tmp_path):
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs")
     example = ROOT / "examples" / "012_allgather_gemm_overlap.py"
-    r = profile.profile(12, example, world_size=2, size="large", device="cuda", out_dir=tmp_path)
+    r = profile.profile(
+        RunRequest(problem=12, path=example, world_size=2, size="large", device="cuda", out_dir=tmp_path)
+    )
     assert r.verdict == "ok" and r.reference is not None and r.candidate is not None, r.message
     assert any(k.category == "comm" and "nccl" in k.name.lower() for k in r.reference.top)
     assert r.reference.overlap_pct is not None and r.reference.overlap_pct < 5
@@ -391,6 +392,6 @@ def test_gpu_symmetric_memory_kernels_are_communication(tmp_path):
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs")
     example = ROOT / "examples" / "001_allreduce_symm_mem.py"
-    r = profile.profile(1, example, world_size=2, device="cuda", out_dir=tmp_path)
+    r = profile.profile(RunRequest(problem=1, path=example, world_size=2, device="cuda", out_dir=tmp_path))
     assert r.verdict == "ok" and r.candidate is not None, r.message
     assert r.candidate.comm_ms > 0 and r.candidate.launches >= 1

@@ -35,6 +35,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from pkb_mcp.jobs.cluster import RayCluster, actor_name, close_nodes  # noqa: E402
+from pkb_mcp.models import RunRequest  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,8 @@ def server(cluster, tmp_path):
         s.stop()
 
 
-def check_params(path: Path, world_size: int = 2, trials: int = 1, timeout_s: float = 60) -> sched.JobParams:
-    return sched.JobParams(
+def check_params(path: Path, world_size: int = 2, trials: int = 1, timeout_s: float = 60) -> RunRequest:
+    return RunRequest(
         problem=1,
         path=str(path),
         world_size=world_size,
@@ -187,10 +188,10 @@ def test_a_second_check_on_the_same_node_takes_warm_sandboxes(server, isolated_d
     assert s.ray_table.warm(second) == 2, "the reference and the candidate both started warm"  # type: ignore[union-attr]
 
 
-def profile_params(profiles: Path) -> sched.JobParams:
+def profile_params(profiles: Path) -> RunRequest:
     """Problem 1's reference profiled against itself, the server's profiles folder named as the MCP
     server names it (the state directory's profiles/, beside sources/)."""
-    return sched.JobParams(
+    return RunRequest(
         problem=1,
         path=str(REFERENCE_1),
         world_size=2,

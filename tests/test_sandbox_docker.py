@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from pkb_mcp import service
+from pkb_mcp.models import RunRequest
 from sandbox import select_backend
 from sandbox.docker import LABEL, sweep
 
@@ -35,7 +36,7 @@ def assert_clean(launches_dir):
 def check(path, **kw):
     kw.setdefault("world_size", 2)
     kw.setdefault("trials", 1)
-    return service.check(1, path, device="cpu", sandbox="docker", **kw)
+    return service.check(RunRequest(problem=1, path=path, device="cpu", sandbox="docker", **kw))
 
 
 def hostile(tmp_path, body):

@@ -2,15 +2,18 @@
 once, benchmarks get the node to themselves, nothing overtakes a waiting job of its class, many
 concurrent clients lose nothing, cancellation of a queued job, and recovery after a restart."""
 
+import dataclasses
 import threading
 import time
 
 import pytest
 
+from pkb_mcp import service
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.jobs import scheduler as sched
 from pkb_mcp.jobs.cluster import NodeLost, RemoteEnd
 from pkb_mcp.jobs.store import JobStore
+from pkb_mcp.models import RunRequest
 
 LOG: list[tuple[str, str, float, list[int]]] = []
 LOCK = threading.Lock()
@@ -35,8 +38,8 @@ def fake(params, progress, cancel):
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
-    monkeypatch.setitem(sched.RUNNERS, "check", fake)
-    monkeypatch.setitem(sched.RUNNERS, "bench", fake)
+    for kind in ("check", "bench"):
+        monkeypatch.setitem(service.VERBS, kind, dataclasses.replace(service.VERBS[kind], run=fake))
     LOG.clear()
     made = []
 
@@ -52,9 +55,7 @@ def node(tmp_path, monkeypatch):
 
 def submit(s, name, world_size=2, seconds=0.3, kind="check"):
     SECONDS[name] = seconds
-    params = sched.JobParams(
-        path="stand-in.py", problem=name, world_size=world_size, device="cuda", timeout_s=30
-    )
+    params = RunRequest(path="stand-in.py", problem=name, world_size=world_size, device="cuda", timeout_s=30)
     return s.submit(kind, params)
 
 
@@ -155,24 +156,29 @@ def test_jobs_survive_a_restart(node, tmp_path):
     assert [n for e, n, _, _ in LOG if e == "start"].count("blocker") == 2
 
 
-def test_a_benchmark_s_options_reach_the_service(monkeypatch):
-    """The runner hands every option a benchmark was submitted with to service.bench (launches
-    included; stored records without them run with one launch a side)."""
-    seen: list[dict] = []
-    monkeypatch.setattr(sched.service, "bench", lambda problem, path, **kw: seen.append(kw))
-    stored = {
-        "problem": "1",
-        "path": "/x.py",
-        "world_size": 2,
-        "device": "cpu",
-        "size": "pkb",
-        "timeout_s": 60.0,
-    }
-    cancel = threading.Event()
-    sched._run_bench(sched.JobParams(**stored, launches=3), lambda *a: None, cancel)
-    sched._run_bench(sched.JobParams.model_validate(stored), lambda *a: None, cancel)
-    assert [kw["launches"] for kw in seen] == [3, 1]
-    assert all(kw["world_size"] == 2 and kw["cancel"] is cancel for kw in seen)
+def test_a_job_s_request_reaches_its_verb_whole(tmp_path, monkeypatch):
+    """A job's RunRequest reaches its verb whole, launches included (a stored record without them runs
+    with one launch a side), with the job's cancel event."""
+    seen: list[tuple[RunRequest, threading.Event]] = []
+
+    def record(request, progress, cancel):
+        from pkb_mcp.models import Traffic
+
+        seen.append((request, cancel))
+        return Traffic(nvlink_bytes=0, hbm_bytes=0, flops=0, rounds=0)
+
+    monkeypatch.setitem(service.VERBS, "bench", dataclasses.replace(service.VERBS["bench"], run=record))
+    stored = {"problem": "1", "path": "/x.py", "world_size": 2, "device": "cpu", "timeout_s": 60.0}
+    store = JobStore(tmp_path / "jobs.sqlite")
+    store.create("old", "bench", stored)
+    s = sched.Scheduler(store, gpus=0)
+    try:
+        new = s.submit("bench", RunRequest(**stored, launches=3))
+        wait_all(s, ["old", new])
+    finally:
+        s.stop()
+    assert sorted(r.launches for r, _ in seen) == [1, 3]
+    assert all(r.world_size == 2 and r.path == "/x.py" and isinstance(c, threading.Event) for r, c in seen)
 
 
 # ---------------------------------------------------------------- on a cluster (pkb_mcp/jobs/cluster.py)
@@ -184,7 +190,7 @@ class _LosingCluster:
     def __init__(self) -> None:
         self.runs = 0
 
-    def admit(self, kind: str, params: sched.JobParams) -> None:
+    def admit(self, kind: str, params: RunRequest) -> None:
         pass
 
     def run(self, job_id, kind, params, table, cancel, stopping, progress, placed_at) -> RemoteEnd:
@@ -197,7 +203,7 @@ def test_a_job_whose_node_is_lost_twice_is_reported_not_dropped(tmp_path):
     cluster = _LosingCluster()
     s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), 0, cluster=cluster)  # type: ignore[arg-type]
     try:
-        job = s.submit("check", sched.JobParams(path="x.py", world_size=2, device="cpu", timeout_s=30))
+        job = s.submit("check", RunRequest(path="x.py", world_size=2, device="cpu", timeout_s=30))
         deadline = time.monotonic() + 30
         while not s.get(job).terminal and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -221,7 +227,7 @@ def test_parameters_are_typed_at_submit_and_when_read_back(tmp_path, node):
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="jobs"):
-        sched.JobParams(path="x.py", jobs=2)  # type: ignore[call-arg]
+        RunRequest(path="x.py", jobs=2)  # type: ignore[call-arg]
     store = JobStore(tmp_path / "jobs.sqlite")
     store.create("old", "check", {"path": "x.py", "problem": "a", "jobs": 2})
     s = node()  # the scheduler re-queues the stored job at start

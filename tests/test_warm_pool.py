@@ -9,6 +9,7 @@ import pytest
 
 import sandbox.base
 from pkb_mcp.launches import enable_warm_pool, run_launch
+from pkb_mcp.models import RunRequest
 from sandbox.pool import WarmKey
 from sandbox.process import ProcessBackend
 
@@ -149,7 +150,8 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
         with capture_logs() as logs:
             path = problems.suite()[1].path
             r = service.bench(
-                1, path, world_size=2, device="cpu", launches=2, progress=lambda *a: steps.append(a[:3])
+                RunRequest(problem=1, path=path, world_size=2, device="cpu", launches=2),
+                progress=lambda *a: steps.append(a[:3]),
             )
     finally:
         pool.close()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
@@ -374,7 +375,9 @@ def test_a_cheaper_schedule_than_the_obvious_one_exists_at_four_ranks(pid):
 
 
 def check(pid: int, path: Path, world_size: int):
-    return service.check(pid, path, world_size=world_size, device="cpu", trials=2, sandbox="process")
+    return service.check(
+        RunRequest(problem=pid, path=path, world_size=world_size, device="cpu", trials=2, sandbox="process")
+    )
 
 
 # Each file in the original's convention, and what its problem's docstring says it does: passes, or
@@ -427,6 +430,6 @@ def test_an_in_place_workload_is_benchmarked_on_fresh_copies():
     of its set, and the timed calls' outputs, the in-place inputs included, are compared with the
     judged ones (before, every such benchmark stopped with "outputs changed while timing")."""
     path = SUITE[30].path
-    r = service.bench(30, path, world_size=2, device="cpu", sandbox="process")
+    r = service.bench(RunRequest(problem=30, path=path, world_size=2, device="cpu", sandbox="process"))
     assert r.verdict == "pass", r.message
     assert r.candidate is not None and r.candidate.samples >= 10

@@ -22,6 +22,7 @@ import torch
 
 from harness.context import ProblemContext
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES, ROOT
 
@@ -325,7 +326,15 @@ HEAVY = {76}  # a 0.5 TFLOP convolution per rank at W = 2: one check takes about
 
 def check(pid, path, world_size, trials=2):
     return service.check(
-        pid, path, world_size=world_size, device="cpu", trials=trials, timeout_s=600, sandbox="process"
+        RunRequest(
+            problem=pid,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=trials,
+            timeout_s=600,
+            sandbox="process",
+        )
     )
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
@@ -311,7 +312,15 @@ def test_sinkhorn_inputs_need_the_all_reduce():
 
 def check(pid: int, path: Path, world_size: int, trials: int = 2):
     return service.check(
-        pid, path, world_size=world_size, device="cpu", trials=trials, timeout_s=300, sandbox="process"
+        RunRequest(
+            problem=pid,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=trials,
+            timeout_s=300,
+            sandbox="process",
+        )
     )
 
 

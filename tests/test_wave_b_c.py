@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from harness import convention
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
@@ -208,7 +209,15 @@ def test_backward_inputs_are_a_real_forward_and_replicas_differ(world_size):
 
 def check(pid: int, path: Path, world_size: int):
     return service.check(
-        pid, path, world_size=world_size, device="cpu", trials=2, timeout_s=300, sandbox="process"
+        RunRequest(
+            problem=pid,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=2,
+            timeout_s=300,
+            sandbox="process",
+        )
     )
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from harness import convention
 from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
@@ -201,7 +202,15 @@ def test_cso_inputs_are_reduced_on_cpu_and_windows_end_at_their_range():
 
 def check(pid: int, path: Path, world_size: int):
     return service.check(
-        pid, path, world_size=world_size, device="cpu", trials=2, timeout_s=120, sandbox="process"
+        RunRequest(
+            problem=pid,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=2,
+            timeout_s=120,
+            sandbox="process",
+        )
     )
 
 

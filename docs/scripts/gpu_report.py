@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from pkb_mcp import problems, service  # noqa: E402
 from pkb_mcp.errors import UserError  # noqa: E402
+from pkb_mcp.models import RunRequest  # noqa: E402
 
 
 def machine() -> dict:
@@ -74,13 +75,15 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
     }
     try:
         r = service.bench(
-            pid,
-            solution,
-            world_size=ws,
-            size=size,
-            device=DEVICE,
-            sandbox=SANDBOX,
-            launches=LAUNCHES,
+            RunRequest(
+                problem=pid,
+                path=solution,
+                world_size=ws,
+                size=size,
+                device=DEVICE,
+                sandbox=SANDBOX,
+                launches=LAUNCHES,
+            )
         )
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
@@ -117,7 +120,15 @@ def check_row(part: str, pid: int, solution: Path, ws: int, size: str, trials: i
     }
     try:
         r = service.check(
-            pid, solution, world_size=ws, size=size, device=DEVICE, trials=trials, sandbox=SANDBOX
+            RunRequest(
+                problem=pid,
+                path=solution,
+                world_size=ws,
+                size=size,
+                device=DEVICE,
+                trials=trials,
+                sandbox=SANDBOX,
+            )
         )
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}

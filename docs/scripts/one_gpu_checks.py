@@ -45,6 +45,7 @@ def one_rank_problems() -> None:
 
 def memo(out: Path) -> None:
     from pkb_mcp import service
+    from pkb_mcp.models import RunRequest
 
     candidates = {
         "memoized_by_values": ROOT / "tests/adversarial/memoized_by_values.py",
@@ -54,7 +55,9 @@ def memo(out: Path) -> None:
     for size in ("pkb", "large"):
         for name, path in candidates.items():
             t0 = time.perf_counter()
-            r = service.bench(1, path, world_size=1, device="cuda", size=size, sandbox="docker")
+            r = service.bench(
+                RunRequest(problem=1, path=path, world_size=1, device="cuda", size=size, sandbox="docker")
+            )
             roof = r.roofline
             emit(
                 out,
@@ -77,13 +80,21 @@ def memo(out: Path) -> None:
 
 
 def profile(out: Path) -> None:
+    from pkb_mcp.models import RunRequest
     from pkb_mcp.profiling import profile as pkb_profile
 
     for name in ("problems/001_allreduce.py", "examples/001_allreduce_cuda_oneshot.py"):
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             r = pkb_profile.profile(
-                1, ROOT / name, world_size=1, device="cuda", sandbox="docker", out_dir=Path(tmp)
+                RunRequest(
+                    problem=1,
+                    path=ROOT / name,
+                    world_size=1,
+                    device="cuda",
+                    sandbox="docker",
+                    out_dir=Path(tmp),
+                )
             )
         side = r.candidate
         emit(

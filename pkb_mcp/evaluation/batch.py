@@ -36,8 +36,7 @@ from pkb_mcp.evaluation.records import (
     Outcome,
 )
 from pkb_mcp.evaluation.store import EvalStore
-from pkb_mcp.jobs.scheduler import JobParams
-from pkb_mcp.models import BenchResult, CheckResult
+from pkb_mcp.models import BenchResult, CheckResult, RunRequest
 from pkb_mcp.runs import conventions
 
 FILE_NAME = re.compile(r"^(\d{1,3})_([A-Za-z0-9_]*?)(?:_([A-Za-z0-9]+))?\.py$")
@@ -160,9 +159,9 @@ class _Batch:
         self.rerun = rerun
         self.progress = progress
 
-    def params(self, path: Path, pid: int, kind: str) -> JobParams:
+    def request(self, path: Path, pid: int, kind: str) -> RunRequest:
         check = kind == "check"
-        return JobParams(
+        return RunRequest(
             problem=pid,
             path=str(path.resolve()),
             world_size=self.s.world_size,
@@ -218,7 +217,7 @@ class _Batch:
         if row is not None and self._adoptable(row["check_job"]):
             entry.stage, entry.job = "checking", row["check_job"]
             return entry
-        entry.stage, entry.job = "checking", self.scheduler.submit("check", self.params(path, pid, "check"))
+        entry.stage, entry.job = "checking", self.scheduler.submit("check", self.request(path, pid, "check"))
         self.store.put(key, str(path), "checking", check_job=entry.job)
         return entry
 
@@ -251,7 +250,7 @@ class _Batch:
             entry.checked = checked
             entry.stage = "benchmarking"
             entry.job = self.scheduler.submit(
-                "bench", self.params(entry.path, checked.problem_id or 0, "bench")
+                "bench", self.request(entry.path, checked.problem_id or 0, "bench")
             )
             self.store.put(
                 entry.key,
@@ -369,7 +368,7 @@ def evaluate(
 
         cluster = RayCluster(ray)
         cluster.admit(
-            "check", JobParams(path="", world_size=world_size)
+            "check", RunRequest(path="", world_size=world_size)
         )  # no node large enough: say so before any work
         device = device or ("cuda" if max(cluster.node_gpus(), default=0) else "cpu")
     device = device or service.default_device()

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pkb_mcp import log, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import render
+from pkb_mcp.models import RunRequest
 from pkb_mcp.problems import ProblemFormatError
 from pkb_mcp.runs import benchmark
 
@@ -69,62 +70,36 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+# options whose names differ from the RunRequest fields they set
+_FIELD_OF_OPTION = {"file": "path", "timeout": "timeout_s", "out": "out_dir"}
+
+
+def _request(args: argparse.Namespace) -> RunRequest:
+    """A run command's request: each option given sets the RunRequest field of its name."""
+    given = {_FIELD_OF_OPTION.get(name, name): value for name, value in vars(args).items()}
+    return RunRequest(**{k: v for k, v in given.items() if k in RunRequest.model_fields and v is not None})
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
-    result = service.compile_file(Path(args.file), args.sandbox)
+    result = service.compile_file(_request(args))
     _emit(args, result, result.summary())
     return EXIT_PASS if result.ok else EXIT_FAILED
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    result = service.check(
-        args.problem,
-        Path(args.file),
-        world_size=args.world_size,
-        device=args.device,
-        size=args.size,
-        trials=args.trials,
-        timeout_s=args.timeout,
-        sandbox=args.sandbox,
-        progress=_progress(args.json),
-        convention=args.convention,
-    )
+    result = service.check(_request(args), _progress(args.json))
     _emit(args, result, render.check(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    result = service.bench(
-        args.problem,
-        Path(args.file),
-        world_size=args.world_size,
-        device=args.device,
-        size=args.size,
-        timeout_s=args.timeout,
-        sandbox=args.sandbox,
-        progress=_progress(args.json),
-        launches=args.launches,
-        convention=args.convention,
-    )
+    result = service.bench(_request(args), _progress(args.json))
     _emit(args, result, render.bench(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from pkb_mcp.profiling import profile
-
-    result = profile.profile(
-        args.problem,
-        Path(args.file),
-        world_size=args.world_size,
-        device=args.device,
-        size=args.size,
-        timeout_s=args.timeout,
-        sandbox=args.sandbox,
-        calls=args.calls,
-        out_dir=Path(args.out) if args.out else None,
-        progress=_progress(args.json),
-        convention=args.convention,
-    )
+    result = service.profile(_request(args), _progress(args.json))
     _emit(args, result, render.profile(result))
     return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED
 

@@ -25,7 +25,7 @@ from pkb_mcp import service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import render
-from pkb_mcp.jobs.scheduler import JobParams, Scheduler
+from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobRecord
 from pkb_mcp.models import (
     BenchResult,
@@ -34,6 +34,7 @@ from pkb_mcp.models import (
     ProblemSummary,
     Result,
     RooflineResult,
+    RunRequest,
     lean_property,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profiles_root
@@ -207,7 +208,7 @@ class Tools:
         # with a Ray cluster the nodes' GPUs run the jobs: this machine's do not count
         self.local_gpus = scheduler.cluster is None
 
-    def run_params(
+    def run_request(
         self,
         problem: int | str,
         source: str | None,
@@ -217,13 +218,13 @@ class Tools:
         device: str | None,
         timeout_s: float,
         **more: Any,
-    ) -> JobParams:
-        """A run tool's job: its candidate as a file and its request checked before any work starts
-        (ToolErrors with one sentence), as the job's parameters."""
+    ) -> RunRequest:
+        """A run tool's request: its candidate as a file, checked before any work starts (ToolErrors
+        with one sentence)."""
         file = self.solution_file(source, path, (".py",))
         with tool_errors():
             _, dev = service.preflight(problem, world_size, size, device, timeout_s, self.local_gpus)
-        return JobParams(
+        return RunRequest(
             problem=problem,
             path=str(file),
             world_size=world_size,
@@ -319,13 +320,7 @@ class Tools:
 
 
 def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
-    models: dict[str, type[BaseModel]] = {
-        "check": CheckResult,
-        "bench": BenchResult,
-        "compile": CompileResult,
-        "profile": ProfileResult,
-    }
-    return models[kind].model_validate(raw)
+    return service.VERBS[kind].result.model_validate(raw)
 
 
 def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
@@ -400,7 +395,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         solution's load_inline extensions are also built for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
         file = tools.solution_file(source, path, suffixes)
-        job_id = tools.scheduler.submit("compile", JobParams(path=str(file)))
+        job_id = tools.scheduler.submit("compile", RunRequest(path=str(file)))
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=RUNS_CODE)
@@ -418,10 +413,10 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
-        params = tools.run_params(
+        request = tools.run_request(
             problem, source, path, world_size, size, device, timeout_s, trials=trials, convention=convention
         )
-        job_id = tools.scheduler.submit("check", params)
+        job_id = tools.scheduler.submit("check", request)
         return await tools.finish(job_id, wait, ctx)
 
     @mcp.tool(annotations=RUNS_CODE)
@@ -446,7 +441,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         wait: Wait = True,
     ) -> Annotated[CallToolResult, BenchOutput]:
         """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
-        params = tools.run_params(
+        request = tools.run_request(
             problem,
             source,
             path,
@@ -457,7 +452,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             launches=launches,
             convention=convention,
         )
-        job_id = tools.scheduler.submit("bench", params)
+        job_id = tools.scheduler.submit("bench", request)
         return await tools.finish(job_id, wait, ctx)
 
 
@@ -506,7 +501,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
 
 
 def _add_profile(mcp: MCPServer, tools: Tools) -> None:
-    """The profile tool, and its trace and timeline as resources (docs/plan-profile.md)."""
+    """The profile tool, and its trace and timeline as resources (docs/measurement.md, "Profile")."""
     profiles = tools.sources_dir.parent / "profiles"
 
     @mcp.tool(annotations=RUNS_CODE)
@@ -523,10 +518,10 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
     ) -> Annotated[CallToolResult, ProfileOutput]:
         """Each rank's call split into communication, compute, overlap and gaps, beside the reference;
         waits, top kernels; trace and timeline as resources. Use when a benchmark disappoints."""
-        params = tools.run_params(
+        request = tools.run_request(
             problem, source, path, world_size, size, device, timeout_s, profiles_dir=str(profiles)
         )
-        job_id = tools.scheduler.submit("profile", params)
+        job_id = tools.scheduler.submit("profile", request)
         return await tools.finish(job_id, wait, ctx)
 
     def artifact(job_id: str, name: str) -> Path:

@@ -27,18 +27,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pkb_mcp.errors import UserError
+from pkb_mcp.jobs.cluster_node import NAMESPACE
 from pkb_mcp.log import get
+from pkb_mcp.service import VERBS, Verb
 
 if TYPE_CHECKING:
-    from pkb_mcp.jobs.scheduler import JobParams
+    from pkb_mcp.models import RunRequest
 
 log = get(__name__)
 
-NAMESPACE = "pkb"
 POLL_S = 0.5
 MAX_NODE_LOSSES = 2  # a node lost mid-job re-queues it once; the second loss is reported
-REMOTE_KINDS = ("check", "bench", "profile")
-WHOLE_NODE_KINDS = ("bench", "profile")  # timed: the node's GPUs to themselves, as on one node
 MAX_SOURCE_BYTES = 1 << 20  # service.MAX_SOLUTION_BYTES; a larger file is refused by the service anyway
 PLACEMENT_WAIT_S = 5.0
 PRIVATE_SETTINGS = ("PKB_TOKEN",)  # the server's secrets: never into a runtime env the cluster shows
@@ -178,9 +177,9 @@ class RayCluster:
 
     def gpus_needed(self, kind: str, world_size: int) -> int:
         largest = max(self.node_gpus(), default=0)
-        return max(world_size, largest) if kind in WHOLE_NODE_KINDS else world_size
+        return max(world_size, largest) if _verb(kind).whole_node else world_size
 
-    def admit(self, kind: str, params: JobParams) -> None:
+    def admit(self, kind: str, params: RunRequest) -> None:
         """Refuse at submit what no node can hold: one clear sentence with the fix."""
         world_size = params.world_size
         sizes = self.node_gpus()
@@ -211,7 +210,7 @@ class RayCluster:
             lifetime="detached",
         )
 
-    def _start(self, job_id: str, kind: str, params: JobParams, cancel: threading.Event) -> Any:
+    def _start(self, job_id: str, kind: str, params: RunRequest, cancel: threading.Event) -> Any:
         """A new placement group and actor for the job; None when cancelled while waiting for room."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -239,7 +238,7 @@ class RayCluster:
         self,
         job_id: str,
         kind: str,
-        params: JobParams,
+        params: RunRequest,
         table: RayJobTable,
         cancel: threading.Event,
         stopping: Callable[[], bool],
@@ -349,7 +348,7 @@ def close_nodes(timeout_s: float = 300.0) -> int:
     return len(calls)
 
 
-def _ended(kind: str, params: JobParams, end: dict[str, Any]) -> RemoteEnd:
+def _ended(kind: str, params: RunRequest, end: dict[str, Any]) -> RemoteEnd:
     """How the job ended, as the server stores it. A profile's trace and timeline came as bytes with
     the end: they are written under the server's own profiles folder (the job's `profiles_dir`), and
     the result's paths rewritten to point there (pkb_mcp/profiling/profile.py's land_artifacts)."""
@@ -366,13 +365,9 @@ def _ended(kind: str, params: JobParams, end: dict[str, Any]) -> RemoteEnd:
 
 def _validated(kind: str, result: Any) -> RemoteEnd:
     """A node's result, re-read through the server's own model of it: anything else is a failure."""
-    from pydantic import BaseModel, ValidationError
+    from pydantic import ValidationError
 
-    from pkb_mcp.models import BenchResult, CheckResult
-    from pkb_mcp.profiling.profile import ProfileResult
-
-    models: dict[str, type[BaseModel]] = {"check": CheckResult, "profile": ProfileResult}
-    model = models.get(kind, BenchResult)
+    model = _verb(kind).result
     try:
         return RemoteEnd("done", model.model_validate(result).model_dump(mode="json"))
     except ValidationError as exc:
@@ -449,3 +444,10 @@ elif __name__ == "__main__" and sys.argv[1:2] == [
 ]:  # python -m pkb_mcp.jobs.cluster close-nodes ADDRESS
     _ray().init(address=sys.argv[2], namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
     print(f"closed {close_nodes()} node actors")
+
+
+def _verb(kind: str) -> Verb:
+    """The verb of a job's kind (pkb_mcp/service.py's VERBS)."""
+    if kind not in VERBS:
+        raise UserError(f"unknown job kind {kind!r}")
+    return VERBS[kind]

@@ -6,8 +6,8 @@ thread, and keeps each job's progress and end until the job's lease is gone. A j
 (`pkb-job-<job>`) is the actor in the job's placement-group bundle: it holds the job's GPUs, hands
 the job with their ids to its node's actor, and forwards the server's polls and cancellation.
 
-Imported only on the cluster path, where Ray is installed; the scheduler's runners and the sandbox
-backends are imported on the node.
+Imported only on the cluster path, where Ray is installed; a job runs its verb of pkb_mcp/service.py's
+VERBS on the node, through the node's own sandbox backends.
 """
 
 from __future__ import annotations
@@ -29,10 +29,13 @@ from typing import Any
 
 from pkb_mcp import __version__
 from pkb_mcp.errors import Cancelled, UserError
-from pkb_mcp.jobs.cluster import NAMESPACE, WHOLE_NODE_KINDS
 from pkb_mcp.log import get
+from pkb_mcp.models import RunRequest
+from pkb_mcp.service import VERBS
 
 log = get(__name__)
+
+NAMESPACE = "pkb"  # the Ray namespace of every actor pkb starts
 
 NODE_PREFIX = "pkb-node-"
 WATCH_S = 2.0  # how often the node's actor checks that each job's lease is alive
@@ -218,7 +221,6 @@ class NodeActor:
         source_name: str,
         gpus: list[int],
     ) -> None:
-        from pkb_mcp.jobs.scheduler import RUNNERS, JobParams
 
         folder = Path(tempfile.mkdtemp(prefix="pkb-ray-job-"))  # the source, a profile's artifacts
         try:
@@ -232,15 +234,15 @@ class NodeActor:
                 job.progress = (done, total, message)
 
             try:
-                given = JobParams.model_validate(params)
+                given = RunRequest.model_validate(params)
                 held = gpus[: given.world_size] if given.device == "cuda" else None
                 # a profile writes its artifacts here, never into the server's folder it names
                 profiles = {"profiles_dir": str(folder / "profiles")} if kind == "profile" else {}
                 here = given.model_copy(update={"path": str(path), "gpus": held, **profiles})
                 backend = self._backend(here.sandbox)
-                whole_node = kind in WHOLE_NODE_KINDS
-                with self._quiet_others(backend) if whole_node else contextlib.ExitStack():
-                    result = RUNNERS[kind](here, progress, job.cancel)
+                verb = VERBS[kind]
+                with self._quiet_others(backend) if verb.whole_node else contextlib.ExitStack():
+                    result = verb.run(here, progress, job.cancel)
                 end: dict[str, Any] = {"state": "done", "result": result.model_dump(mode="json")}
                 if kind == "profile":  # the bytes travel with the end; kept until the server fetched it
                     from pkb_mcp.profiling.profile import pack_artifacts

@@ -1,7 +1,7 @@
 """Long work as jobs: a queue in front of the node's GPUs, progress, deadlines and cancellation.
 
-A job is a *kind* (compile, check, bench, profile) with its `JobParams`, run by the service function
-of that kind in a worker thread once its resources are free: the GPUs it needs (world size, for cuda
+A job is a *kind* (compile, check, bench, profile) with its `RunRequest`, run by that verb of
+`service.VERBS` in a worker thread once its resources are free: the GPUs it needs (world size, for cuda
 jobs), or the one CPU slot (CPU jobs use every core), or a compile slot. Jobs start in submission
 order as their resources allow. Everything about a job is written to the store, so a restarted
 scheduler re-queues jobs that were queued or running and still answers for finished ones.
@@ -12,17 +12,17 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pkb_mcp import service
 from pkb_mcp.errors import Cancelled, UserError
 from pkb_mcp.jobs.store import JobRecord, JobStore
 from pkb_mcp.log import get
+from pkb_mcp.models import Kind, RunRequest
+from pkb_mcp.service import VERBS
 
 if TYPE_CHECKING:
     from pkb_mcp.jobs.cluster import RayCluster
@@ -30,93 +30,18 @@ if TYPE_CHECKING:
 log = get(__name__)
 
 
-class JobParams(BaseModel):
-    """What a job runs on: one model for every kind (a kind leaves alone what it does not use). The
-    store keeps it as JSON; the scheduler and a cluster node read it back through this model."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str  # the solution (or .cu file) as the server keeps it
-    problem: int | str = 0  # id or name (compile has none)
-    world_size: int = 1
-    size: str = "pkb"
-    device: str | None = None  # None: cuda where a GPU is present
-    timeout_s: float = 300.0  # each launch's wall-clock limit
-    sandbox: str = "auto"
-    trials: int = 5  # check
-    launches: int = 1  # bench: launches a side
-    convention: str = "auto"
-    profiles_dir: str | None = None  # profile: where its traces go
-    gpus: list[int] | None = None  # set when the job starts: the GPUs it holds
-
-
-Runner = Callable[[JobParams, service.Progress, threading.Event], BaseModel]
 # A backstop above the service's own per-launch deadlines (a bench runs two launches).
 DEADLINE_FACTOR = 2.5
 DEADLINE_SLACK_S = 60.0
 
 
-def _run_compile(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
-    progress(0, 1, "compiling")
-    result = service.compile_file(Path(params.path), params.sandbox, cancel)
-    progress(1, 1, "compiled" if result.ok else "compile failed")
-    return result
-
-
-def _run_args(params: JobParams, progress: service.Progress, cancel: threading.Event) -> dict[str, Any]:
-    """The keyword arguments that service.check, service.bench and profile share."""
-    return {
-        "world_size": params.world_size,
-        "device": params.device,
-        "size": params.size,
-        "timeout_s": params.timeout_s,
-        "sandbox": params.sandbox,
-        "progress": progress,
-        "cancel": cancel,
-        "gpus": params.gpus,
-        "convention": params.convention,
-    }
-
-
-def _run_check(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
-    return service.check(
-        params.problem, Path(params.path), trials=params.trials, **_run_args(params, progress, cancel)
-    )
-
-
-def _run_bench(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
-    return service.bench(
-        params.problem, Path(params.path), launches=params.launches, **_run_args(params, progress, cancel)
-    )
-
-
-def _run_profile(params: JobParams, progress: service.Progress, cancel: threading.Event) -> BaseModel:
-    from pkb_mcp.profiling import profile
-
-    folder = params.profiles_dir
-    return profile.profile(
-        params.problem,
-        Path(params.path),
-        profiles_dir=Path(folder) if folder else None,
-        **_run_args(params, progress, cancel),
-    )
-
-
-def job_params(record: JobRecord) -> JobParams:
+def job_request(record: JobRecord) -> RunRequest:
     """A stored job's parameters, read back through the model (a store of another version may hold
     others: the job then fails saying so)."""
     try:
-        return JobParams.model_validate(record.params)
+        return RunRequest.model_validate(record.params)
     except ValidationError as exc:
         raise UserError(f"job {record.id} has parameters this version cannot run: {exc}") from exc
-
-
-RUNNERS: dict[str, Runner] = {
-    "compile": _run_compile,
-    "check": _run_check,
-    "bench": _run_bench,
-    "profile": _run_profile,
-}
 
 
 @dataclass
@@ -155,13 +80,13 @@ class Scheduler:
 
     # ------------------------------------------------------------ public
 
-    def submit(self, kind: str, params: JobParams) -> str:
-        if kind not in RUNNERS:
+    def submit(self, kind: Kind, request: RunRequest) -> str:
+        if kind not in VERBS:
             raise UserError(f"unknown job kind {kind!r}")
-        if self.cluster is not None and kind != "compile":
-            self.cluster.admit(kind, params)
+        if self.cluster is not None and VERBS[kind].remote:
+            self.cluster.admit(kind, request)
         job_id = uuid.uuid4().hex[:12]
-        self.store.create(job_id, kind, params.model_dump(mode="json"))
+        self.store.create(job_id, kind, request.model_dump(mode="json"))
         self._enqueue(job_id)
         log.info("job.submitted", job=job_id, kind=kind)
         return job_id
@@ -208,18 +133,20 @@ class Scheduler:
     def _needs(self, record: JobRecord) -> tuple[str, int]:
         """(resource class, units). A benchmark or a profile takes every GPU of the node, so that
         nothing else shares its NVLink, HBM or power budget while it is timed."""
-        if record.kind == "compile":
+        verb = VERBS.get(record.kind)
+        if verb is not None and not verb.gpus:
             return "compile", 1
         if self.cluster is not None:
             return "ray", 0  # the cluster's placement groups wait for room, not this queue
         try:
-            params = job_params(record)
+            request = job_request(record)
         except UserError:
             return "cpu", 1  # it fails as soon as it runs, saying why
-        if (params.device or service.default_device()) != "cuda":
+        if (request.device or service.default_device()) != "cuda":
             return "cpu", 1
-        world_size = params.world_size
-        return "gpu", max(world_size, self.gpu_count) if record.kind in ("bench", "profile") else world_size
+        world_size = request.world_size
+        whole_node = verb is not None and verb.whole_node
+        return "gpu", max(world_size, self.gpu_count) if whole_node else world_size
 
     def _take(self, need: tuple[str, int]) -> list[int] | None:
         kind, count = need
@@ -300,14 +227,16 @@ class Scheduler:
 
         watchdog = None
         try:
-            params = job_params(record)
+            request = job_request(record)
             if taken:
-                params = params.model_copy(update={"gpus": taken[: params.world_size]})
-            deadline_s = DEADLINE_FACTOR * params.timeout_s + DEADLINE_SLACK_S
+                request = request.model_copy(update={"gpus": taken[: request.world_size]})
+            deadline_s = DEADLINE_FACTOR * request.timeout_s + DEADLINE_SLACK_S
             watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
             watchdog.daemon = True
             watchdog.start()
-            result = RUNNERS[record.kind](params, progress, live.cancel)
+            if record.kind not in VERBS:
+                raise UserError(f"job {record.id} is of a kind this version does not run: {record.kind!r}")
+            result = VERBS[record.kind].run(request, progress, live.cancel)
             live.result = result
             self.store.finish(record.id, "done", result=result.model_dump(mode="json"))
         except Cancelled as exc:
@@ -346,16 +275,16 @@ class Scheduler:
 
         requeue = False
         try:
-            params = job_params(record)
+            request = job_request(record)
             end = self.cluster.run(
                 record.id,
                 record.kind,
-                params,
+                request,
                 self.ray_table,
                 live.cancel,
                 lambda: self._stopped and not live.reason,
                 progress,
-                lambda: placed(DEADLINE_FACTOR * params.timeout_s + DEADLINE_SLACK_S),
+                lambda: placed(DEADLINE_FACTOR * request.timeout_s + DEADLINE_SLACK_S),
             )
             if end.state == "detached":
                 self.store.requeue(record.id)  # it runs on; the next server collects it

@@ -25,7 +25,7 @@ from harness.contracts import TimingConfig
 from pkb_mcp import config
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch
-from pkb_mcp.models import RankResult, Result, SandboxInfo, StaticReport
+from pkb_mcp.models import RankResult, Result, RunRequest, SandboxInfo, StaticReport
 from pkb_mcp.profiling import timeline, traces
 from pkb_mcp.runs.benchmark import timing_config
 from pkb_mcp.runs.run import Progress, Run, no_progress, rank_result, reference_failed
@@ -356,29 +356,18 @@ def profile_config(device: str, calls: int) -> TimingConfig:
 
 
 def profile(
-    ref: int | str,
-    solution: Path,
-    *,
-    world_size: int = 4,
-    device: str | None = None,
-    size: str = "pkb",
-    timeout_s: float = 300.0,
-    sandbox: str = "auto",
-    calls: int = 3,
-    out_dir: Path | None = None,
-    profiles_dir: Path | None = None,
-    progress: Progress = no_progress,
-    cancel: threading.Event | None = None,
-    gpus: list[int] | None = None,
-    convention: str = "auto",
+    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
 ) -> ProfileResult:
-    """Profile the reference and the candidate on the same inputs on every rank (docs/plan-profile.md).
+    """Profile the reference and the candidate on the same inputs on every rank (docs/measurement.md,
+    "Profile").
 
-    The merged trace and the timeline go into `out_dir`, or a new folder under `profiles_dir`
-    (default: the state directory's profiles/)."""
+    The merged trace and the timeline go into `request.out_dir`, or a new folder under
+    `request.profiles_dir` (default: the state directory's profiles/)."""
+    calls = request.calls
     if not 1 <= calls <= MAX_CALLS:
         raise UserError(f"calls must be between 1 and {MAX_CALLS}, not {calls}")
-    run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
+    run = Run(request)
+    world_size = run.world_size
     p = run.problem
 
     def result(verdict: str, message: str, **fields: Any) -> ProfileResult:
@@ -392,7 +381,7 @@ def profile(
 
     def launch(path: Path) -> LaunchOutcome:
         return run_launch(
-            run.request("profile", path, seeds, cfg),
+            run.launch("profile", path, seeds, cfg),
             run.backend,
             cancel,
             collect=lambda launch_dir: traces.read_launch(launch_dir, world_size),
@@ -412,7 +401,11 @@ def profile(
         verdict, why = decide(failed)
         return result(verdict, why, ranks=failed, reference=side_profile(figures["reference"]))
     ref_side, cand_side = (side_profile(figures[s]) for s in ("reference", "candidate"))
-    trace, png, no_png = write_artifacts(artifact_dir(out_dir, profiles_dir), sides, figures)
+    folder = artifact_dir(
+        Path(request.out_dir) if request.out_dir else None,
+        Path(request.profiles_dir) if request.profiles_dir else None,
+    )
+    trace, png, no_png = write_artifacts(folder, sides, figures)
     run.warnings.extend(_warnings(ref_side, cand_side, figures, trace, no_png, run.device))
     counters = figures["candidate"].counters
     message = (

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-from pathlib import Path
 from typing import Any, cast
 
 from harness import tensorfile
@@ -14,7 +13,7 @@ from harness.contracts import TimingConfig, TimingRecord
 from pkb_mcp import roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, prestart, run_launch, warm_pool
-from pkb_mcp.models import BenchResult, TimingStats
+from pkb_mcp.models import BenchResult, RunRequest, TimingStats
 from pkb_mcp.runs import conventions, stats
 from pkb_mcp.runs.run import Progress, Run, no_progress, reference_failed
 from pkb_mcp.runs.verdicts import (
@@ -100,29 +99,18 @@ def launch_share(cfg: TimingConfig, launches: int) -> TimingConfig:
 
 
 def bench(
-    ref: int | str,
-    solution: Path,
-    *,
-    world_size: int = 4,
-    device: str | None = None,
-    size: str = "pkb",
-    timeout_s: float = 300.0,
-    sandbox: str = "auto",
-    progress: Progress = no_progress,
-    cancel: threading.Event | None = None,
-    gpus: list[int] | None = None,
-    launches: int = 1,
-    convention: str = "auto",
+    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
 ) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
 
-    `launches` > 1 times each side in that many separate launches, reference and candidate
+    `request.launches` > 1 times each side in that many separate launches, reference and candidate
     alternating, which share the side's sampling budget: identical code spreads more between
     launches than within one, and the median of several launches' medians spreads less. The default
     (one a side) is the measured method of docs/gpu-results.md."""
+    launches = request.launches
     if not 1 <= launches <= MAX_LAUNCHES:
         raise UserError(f"launches must be between 1 and {MAX_LAUNCHES}, not {launches}")
-    run = Run(ref, solution, world_size, device, size, timeout_s, sandbox, gpus, convention)
+    run = Run(request)
 
     def result(verdict: str, message: str, **fields: Any) -> BenchResult:
         return BenchResult(verdict=verdict, message=message, **run.result_fields(), **fields)
@@ -174,7 +162,7 @@ def _time_sides(
         # each launch's fresh input sets are its own; the reference's launch makes outputs for all of them
         return TimingConfig(**tcfg, fresh_label=f"launch{launch}", fresh_top_up=reference)
 
-    ref_request = run.request("benchmark", p.path, seeds, launch_timing(0, True))
+    ref_request = run.launch("benchmark", p.path, seeds, launch_timing(0, True))
     # every launch gets a sandbox started ahead: none may start while the other side is timed
     ahead = (
         f"starting a sandbox for each of the {2 * launches} launches, then "
@@ -189,7 +177,7 @@ def _time_sides(
             if launch:
                 progress(2 * launch, steps, f"timing the reference{_launch_of(launch, launches)}")
             ref_outcome = run_launch(
-                run.request("benchmark", p.path, seeds, launch_timing(launch, True)), run.backend, cancel
+                run.launch("benchmark", p.path, seeds, launch_timing(launch, True)), run.backend, cancel
             )
             if not ref_outcome.ok or ref_outcome.timing is None:
                 raise reference_failed(p, ref_outcome)
@@ -200,7 +188,7 @@ def _time_sides(
                 steps,
                 f"reference: {so_far:.4g} ms; timing the candidate{_launch_of(launch, launches)}",
             )
-            cand_request = run.request("benchmark", run.solution, seeds, launch_timing(launch, False))
+            cand_request = run.launch("benchmark", run.solution, seeds, launch_timing(launch, False))
             cand_outcome = run_launch(cand_request, run.backend, cancel)
             ran.append((ref_outcome, cand_outcome))
             if not cand_outcome.ok:

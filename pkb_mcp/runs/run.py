@@ -15,7 +15,7 @@ from harness.contracts import TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
-from pkb_mcp.models import RankResult, SandboxInfo, StaticReport
+from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
 from pkb_mcp.runs import conventions, static_report
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
@@ -107,28 +107,23 @@ def preflight(
 
 
 class Run:
-    """Common set-up of check and bench: problem, sizes, device, backend."""
+    """What check, bench and profile share for one request: the problem, its size and device, the GPUs,
+    the solution read as text, the sandbox backend."""
 
-    def __init__(
-        self,
-        ref: int | str,
-        solution: Path,
-        world_size: int,
-        device: str | None,
-        size: str,
-        timeout_s: float,
-        sandbox: str,
-        gpus: list[int] | None = None,
-        convention: str = "auto",
-    ):
+    def __init__(self, request: RunRequest):
         self.t0 = time.monotonic()
-        self.convention = conventions.requested(convention)
-        self.problem, self.device = preflight(ref, world_size, size, device, timeout_s)
+        self.request = request
+        self.convention = conventions.requested(request.convention)
+        world_size = request.world_size
+        self.problem, self.device = preflight(
+            request.problem, world_size, request.size, request.device, request.timeout_s
+        )
+        gpus = request.gpus
         self.gpus = gpus if gpus is not None and self.device == "cuda" else gpus_for(self.device, world_size)
         self.world_size = world_size
-        self.size = size
-        self.timeout_s = timeout_s
-        self.solution = solution.resolve()
+        self.size = request.size
+        self.timeout_s = request.timeout_s
+        self.solution = Path(request.path).resolve()
         self.syntax_error = read_solution(self.solution)
         # what the source still calls, read without running it; multicast refuses it outright
         self.static_report: StaticReport | None = None
@@ -140,7 +135,7 @@ class Run:
             except (SyntaxError, ValueError, RecursionError):
                 self.static_report = None
         try:
-            self.backend: Backend = select_backend(sandbox)
+            self.backend: Backend = select_backend(request.sandbox)
         except SandboxUnavailable as exc:
             raise UserError(str(exc)) from exc
         self.sandbox = SandboxInfo(
@@ -161,7 +156,7 @@ class Run:
         prepared = extensions.prepare(text, ToolLaunches(self.backend, cancel), BUILD_TIMEOUT_S)
         self.notes += prepared.notes()
 
-    def request(
+    def launch(
         self, mode: str, solution: Path, seeds: list[int], timing: TimingConfig | None = None
     ) -> LaunchRequest:
         import os
