@@ -36,8 +36,8 @@
 #   examples-new issue 29: examples 072 and 082 checked and benchmarked at both sizes; world size $WS, else 2
 #   profile12  issue 29: the MCP profile tool on examples/012 at large (profile_tool_wall.py) and
 #              `pkb profile` of it at pkb; world size $WS, else 2
-# LIMIT (seconds) caps the refs and pytest parts. DEADLINE (epoch seconds) caps every part's limit at the time left, and skips a part when less than
-# a minute is left; PACK (a path outside $OUT) is rewritten as a tar of $OUT after each part, so a
+# LIMIT (seconds) caps the refs and pytest parts. DEADLINE (epoch seconds) caps every part's limit at
+# the time left, and skips a part when less than a minute is left; PACK (a path outside $OUT) is rewritten as a tar of $OUT after each part, so a
 # device call stopped at its limit still returns what finished.
 # GPU launches pin each rank to CPU cores of its own unless PKB_PIN_CPUS=0 (sandbox/cpus.py).
 set -uo pipefail
@@ -118,7 +118,9 @@ for part in "$@"; do
         > "$OUT/pytest17.log" 2>&1
       tail -25 "$OUT/pytest17.log" ;;
     pytest-par)
-      PKB_PIN_CPUS=0 timeout "$(limit "${LIMIT:-590}")" python3 -m pytest -m gpu -q -rfEs -n "${N:-4}" --durations=10 \
+      par="-n ${N:-4}"
+      python3 -c "import xdist" 2>/dev/null || { par=""; echo "no pytest-xdist: one test at a time"; }
+      PKB_PIN_CPUS=0 timeout "$(limit "${LIMIT:-590}")" python3 -m pytest -m gpu -q -rfEs $par --durations=10 \
         --junitxml="$OUT/pytest_par.xml" -k "not ($TIMED)" tests/test_gpu.py tests/test_adversarial_gpu.py \
         > "$OUT/pytest_par.log" 2>&1
       tail -25 "$OUT/pytest_par.log" ;;
