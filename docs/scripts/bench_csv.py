@@ -88,7 +88,7 @@ def rows(path: Path, call: str) -> list[dict[str, str]]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
-    ap.add_argument("--root", type=Path, default=Path("."), help="`call` is each file's path relative to this")
+    ap.add_argument("--root", type=Path, default=Path("."), help="`call`: the path relative to this")
     args = ap.parse_args(argv)
     writer = csv.DictWriter(sys.stdout, FIELDS, lineterminator="\n")
     writer.writeheader()
