@@ -13,6 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "scripts" / "bench_csv.p
 
 def load():
     spec = importlib.util.spec_from_file_location("bench_csv", SCRIPT)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
