@@ -39,7 +39,8 @@ SIZES = {
     # tokens: this rank's tokens; experts: E; top_k: experts per token
     "pkb": {"tokens": 1024, "experts": 8, "top_k": 2},
     # 512 MiB of logits per rank; the reference's softmax, top-k, comparison and means move about
-    # 5 GB of HBM, about 1.3 ms on an H200 (an estimate until measured)
+    # 5 GB of HBM, about 1.3 ms by bandwidth, but it measured 70 ms on 2 H200s (2026-11-26,
+    # docs/gpu-results.md): which of its operations takes the time is not yet known
     "large": {"tokens": 1 << 25, "experts": 8, "top_k": 2},
 }
 # Measured on CPU against a float64 computation (T = 1024 and 8192, W = 2, 4, 8, 40 trials each):

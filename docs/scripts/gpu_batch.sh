@@ -30,6 +30,15 @@
 #   refs17-large         issue 17: the references whose work changed (23, 86) and problem 1 at large
 #   pytest17   issue 17: the GPU tests (every reference at a world size its rule allows, the examples,
 #              the GPU hacks including the memoizers); 2 GPUs
+#   pytest-par the same tests less the timed ones, $N (else 4) at a time (pytest-xdist, ranks not
+#              pinned): verdicts only, so sharing the GPUs changes nothing they assert
+#   pytest-timed the GPU hacks whose verdict rests on timing (memoizers, honest code not flagged), alone
+#   examples-new issue 29: examples 072 and 082 checked and benchmarked at both sizes; world size $WS, else 2
+#   profile12  issue 29: the MCP profile tool on examples/012 at large (profile_tool_wall.py) and
+#              `pkb profile` of it at pkb; world size $WS, else 2
+# LIMIT (seconds) caps the refs and pytest parts. DEADLINE (epoch seconds) caps every part's limit at
+# the time left, and skips a part when less than a minute is left; PACK (a path outside $OUT) is rewritten as a tar of $OUT after each part, so a
+# device call stopped at its limit still returns what finished.
 # GPU launches pin each rank to CPU cores of its own unless PKB_PIN_CPUS=0 (sandbox/cpus.py).
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -43,19 +52,34 @@ HALF_B=$(echo "$ALL" | tr ',' '\n' | awk 'NR % 2 == 0' | paste -sd,)
 NOISY=16,17,18,19,21,22,23,40,41,42,43,45,47,53,73,86
 # every problem whose six launches (three calls, two sides) spread 1.0% or more in run G, but problem 10
 NOISY_G=12,15,17,23,40,41,42,43,45,52,86
+limit() {  # limit SECONDS: SECONDS, or the time left before $DEADLINE where that is less (at least 1:
+  local want=$1 left   # `timeout 0` would mean no limit at all)
+  if [ -n "${DEADLINE:-}" ]; then
+    left=$(( DEADLINE - $(date +%s) ))
+    [ "$left" -lt "$want" ] && want=$left
+  fi
+  [ "$want" -lt 1 ] && want=1
+  echo "$want"
+}
 refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves, $LAUNCHES launches a side
-  timeout "${LIMIT:-590}" python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
+  timeout "$(limit "${LIMIT:-590}")" python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
     --sizes "$2" --problems "$3" --no-refs-check --warm --launches "${LAUNCHES:-1}" \
     --device "${DEVICE:-cuda}" > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
-examples() {  # examples WORLD_SIZE
-  timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/examples$1.jsonl" --world-sizes "$1" \
-    --parts examples > "$OUT/examples$1.log" 2>&1
-  tail -30 "$OUT/examples$1.log"
+examples() {  # examples WORLD_SIZE [NAME FILTER]
+  timeout "$(limit 590)" python3 docs/scripts/gpu_report.py --out "$OUT/examples$1$2.jsonl" --world-sizes "$1" \
+    --parts examples ${3:+--example "$3"} > "$OUT/examples$1$2.log" 2>&1
+  tail -30 "$OUT/examples$1$2.log"
 }
+TIMED="memoized or honest"  # the GPU hacks whose verdict rests on timing: never run beside other work
 
 for part in "$@"; do
+  if [ "$(limit 60)" -lt 60 ]; then
+    echo "part $part skipped: less than a minute before DEADLINE" | tee -a "$OUT/skipped.txt"
+    continue
+  fi
+  echo "part $part: start $(date -u +%FT%TZ)" >> "$OUT/parts.txt"
   case "$part" in
     warm|warm2)
       ws=4; [ "$part" = warm2 ] && ws=2
@@ -90,11 +114,32 @@ for part in "$@"; do
     refs-new) refs "refs_new_w${WS:-2}" "${SIZE:-pkb}" "${NEW:-23,24,26,30,33,34,35,36,37,38,39,54,55,56,57,58,65,66,69,71,72,74,75,76,77,80,82,83,84,86,87}" "${WS:-2}" | tail -30 ;;
     refs17-large) refs "refs17_w${WS:-2}_large" large 1,23,86 "${WS:-2}" | tail -8 ;;
     pytest17)
-      timeout 590 python3 -m pytest -m gpu -q tests/test_gpu.py tests/test_adversarial_gpu.py \
+      timeout "$(limit 590)" python3 -m pytest -m gpu -q tests/test_gpu.py tests/test_adversarial_gpu.py \
         > "$OUT/pytest17.log" 2>&1
       tail -25 "$OUT/pytest17.log" ;;
+    pytest-par)
+      par="-n ${N:-4}"
+      python3 -c "import xdist" 2>/dev/null || { par=""; echo "no pytest-xdist: one test at a time"; }
+      PKB_PIN_CPUS=0 timeout "$(limit "${LIMIT:-590}")" python3 -m pytest -m gpu -q -rfEs $par --durations=10 \
+        --junitxml="$OUT/pytest_par.xml" -k "not ($TIMED)" tests/test_gpu.py tests/test_adversarial_gpu.py \
+        > "$OUT/pytest_par.log" 2>&1
+      tail -25 "$OUT/pytest_par.log" ;;
+    pytest-timed)
+      timeout "$(limit "${LIMIT:-590}")" python3 -m pytest -m gpu -q -rfEs --durations=10 --junitxml="$OUT/pytest_timed.xml" \
+        -k "$TIMED" tests/test_adversarial_gpu.py > "$OUT/pytest_timed.log" 2>&1
+      tail -25 "$OUT/pytest_timed.log" ;;
+    examples-new) examples "${WS:-2}" _072 072_; examples "${WS:-2}" _082 082_ ;;
+    profile12)
+      timeout "$(limit 200)" python3 docs/scripts/profile_tool_wall.py --world-size "${WS:-2}" \
+        > "$OUT/profile_tool_wall.txt" 2>&1
+      cat "$OUT/profile_tool_wall.txt"
+      timeout "$(limit 200)" python3 -m pkb_mcp.cli profile 12 examples/012_allgather_gemm_overlap.py \
+        --world-size "${WS:-2}" --size pkb --device cuda > "$OUT/profile_p12_ex012_pkb.txt" 2>&1
+      cat "$OUT/profile_p12_ex012_pkb.txt" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
+  echo "part $part: end $(date -u +%FT%TZ)" >> "$OUT/parts.txt"
+  [ -n "${PACK:-}" ] && tar czf "$PACK" -C "$OUT" --exclude turnaround-state .
 done
 # the MCP server's state (its job store, the sources it was sent) is no result, and the device tool
 # returns only a limited number of files
