@@ -18,23 +18,35 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import tensorfile
 from harness.contracts import LaunchConfig, TimingConfig, TimingRecord
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.log import get
-from pkb_mcp.runs.judge import Outputs
 from sandbox import cpus
 from sandbox.base import Backend, SandboxLaunch, tail
 from sandbox.pool import WarmKey, WarmPool
+
+if TYPE_CHECKING:
+    import torch
 
 log = get(__name__)
 
 OUTPUT_FILE_CAP = 8 << 30
 RANK_LOG_CAP = 8 * 1024
 OUTPUT_NAME = re.compile(r"^([tsf])(\d+)_r(\d+)\.pkbt$")
+
+
+@dataclass
+class Outputs:
+    """One rank's outputs of one trial (or input set), as its launch wrote them: how they nest
+    (`structure`), the tensors, and what the tensor file says of them (`meta`)."""
+
+    structure: str
+    tensors: list[torch.Tensor]
+    meta: dict
 
 
 @dataclass

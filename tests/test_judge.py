@@ -2,7 +2,8 @@ import math
 
 import torch
 
-from pkb_mcp.runs.judge import Outputs, compare
+from pkb_mcp.launches import Outputs
+from pkb_mcp.runs.judge import compare
 
 TOL = {"atol": 0.01, "rtol": 0.01, "rel_norm": 0.01}
 EXACT = {"atol": 0.0, "rtol": 0.0, "rel_norm": 0.0}

@@ -73,7 +73,8 @@ def test_size_cap_and_magic(tmp_path):
 
 
 def test_fp8_outputs_round_trip_bit_exact_and_are_judged_as_values(tmp_path):
-    from pkb_mcp.runs.judge import Outputs, compare
+    from pkb_mcp.launches import Outputs
+    from pkb_mcp.runs.judge import compare
 
     values = torch.linspace(-400, 400, 64 * 128).reshape(64, 128)
     codes = values.to(torch.float8_e4m3fn)

@@ -133,7 +133,7 @@ for part in "$@"; do
       timeout "$(limit 200)" python3 docs/scripts/profile_tool_wall.py --world-size "${WS:-2}" \
         > "$OUT/profile_tool_wall.txt" 2>&1
       cat "$OUT/profile_tool_wall.txt"
-      timeout "$(limit 200)" python3 -m pkb_mcp.cli profile 12 examples/012_allgather_gemm_overlap.py \
+      timeout "$(limit 200)" python3 -m pkb_mcp profile 12 examples/012_allgather_gemm_overlap.py \
         --world-size "${WS:-2}" --size pkb --device cuda > "$OUT/profile_p12_ex012_pkb.txt" 2>&1
       cat "$OUT/profile_p12_ex012_pkb.txt" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;

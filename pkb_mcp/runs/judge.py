@@ -11,22 +11,15 @@ the values.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from harness.timing import output_bounds
+from pkb_mcp.launches import Outputs
 from pkb_mcp.models import Mismatch, RankResult
 
 CHUNK = 1 << 22  # elements compared at a time, to bound host memory on large outputs
-
-
-@dataclass
-class Outputs:
-    structure: str
-    tensors: list[torch.Tensor]
-    meta: dict
 
 
 def _fmt(value: torch.Tensor) -> str:
