@@ -9,17 +9,15 @@ One batch at a time per store: a lock file refuses a second.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
-import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from pkb_mcp.errors import UserError
+from pkb_mcp.sqlite_file import SQLiteFile
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS eval_results (
@@ -39,16 +37,8 @@ class EvalStore:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
         self._lock_file: Any = None
-        with contextlib.closing(self._connect()) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(SCHEMA)
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        return db
+        self.db = SQLiteFile(path, SCHEMA)
 
     def acquire(self) -> None:
         """Hold the store for this batch, or say which other batch holds it."""
@@ -72,10 +62,10 @@ class EvalStore:
             self._lock_file = None
 
     def get(self, key: str) -> dict[str, Any] | None:
-        with contextlib.closing(self._connect()) as db:
-            row = db.execute("SELECT * FROM eval_results WHERE key=?", (key,)).fetchone()
-        if row is None:
+        rows = self.db.read("SELECT * FROM eval_results WHERE key=?", (key,))
+        if not rows:
             return None
+        row = rows[0]
         out = dict(row)
         out["result"] = json.loads(row["result"]) if row["result"] else None
         return out
@@ -90,13 +80,11 @@ class EvalStore:
         result: dict[str, Any] | None = None,
     ) -> None:
         assert state in STATES
-        with self._lock, contextlib.closing(self._connect()) as db:
-            db.execute(
-                "INSERT OR REPLACE INTO eval_results"
-                " (key, file, state, check_job, bench_job, result, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (key, file, state, check_job, bench_job, json.dumps(result) if result else None, time.time()),
-            )
+        self.db.write(
+            "INSERT OR REPLACE INTO eval_results"
+            " (key, file, state, check_job, bench_job, result, updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (key, file, state, check_job, bench_job, json.dumps(result) if result else None, time.time()),
+        )
 
     def forget(self, key: str) -> None:
-        with self._lock, contextlib.closing(self._connect()) as db:
-            db.execute("DELETE FROM eval_results WHERE key=?", (key,))
+        self.db.write("DELETE FROM eval_results WHERE key=?", (key,))

@@ -30,6 +30,7 @@ from pkb_mcp.errors import UserError
 from pkb_mcp.jobs.cluster_node import NAMESPACE
 from pkb_mcp.log import get
 from pkb_mcp.service import VERBS, Verb
+from pkb_mcp.sqlite_file import SQLiteFile
 
 if TYPE_CHECKING:
     from pkb_mcp.models import RunRequest
@@ -93,23 +94,12 @@ class RayJobTable:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        with self._lock:
-            db = sqlite3.connect(path, timeout=30, isolation_level=None)
-            try:
-                db.execute(SCHEMA)
-                with contextlib.suppress(sqlite3.OperationalError):  # it has the column already
-                    db.execute(WARM_COLUMN)
-            finally:
-                db.close()
+        self.db = SQLiteFile(path, SCHEMA)
+        with contextlib.suppress(sqlite3.OperationalError):  # it has the column already
+            self.db.write(WARM_COLUMN)
 
-    def _do(self, sql: str, args: tuple) -> list[tuple]:
-        with self._lock:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            try:
-                return db.execute(sql, args).fetchall()
-            finally:
-                db.close()
+    def _do(self, sql: str, args: tuple) -> list[sqlite3.Row]:
+        return self.db.write(sql, args)
 
     def started(self, job_id: str) -> None:
         """Record the job's Ray names (a new attempt clears where the last one ran)."""

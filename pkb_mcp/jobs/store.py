@@ -1,14 +1,13 @@
 """Job state in an embedded SQLite database: what was asked, where it stands, what came out.
 
-One row per job. Params and results are JSON; the store neither knows nor validates their shape
-(the scheduler does). Safe to use from several threads: each call opens its own short transaction.
+One row per job. Its run request and result are JSON; the store neither knows nor validates their
+shape (the scheduler does). Safe to use from several threads and processes (pkb_mcp/sqlite_file.py).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from pydantic import Field
 
 from pkb_mcp.models import Result
+from pkb_mcp.sqlite_file import SQLiteFile
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -58,36 +58,19 @@ class JobRecord(Result):
 class JobStore:
     def __init__(self, path: Path):
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        with self._connect() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(SCHEMA)
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        return db
-
-    def _write(self, sql: str, args: tuple) -> None:
-        with self._lock:
-            db = self._connect()
-            try:
-                db.execute(sql, args)
-            finally:
-                db.close()
+        self.db = SQLiteFile(path, SCHEMA)
 
     def create(self, job_id: str, kind: str, params: dict[str, Any]) -> None:
-        self._write(
+        self.db.write(
             "INSERT INTO jobs (id, kind, params, state, created) VALUES (?, ?, ?, 'queued', ?)",
             (job_id, kind, json.dumps(params), time.time()),
         )
 
     def started(self, job_id: str) -> None:
-        self._write("UPDATE jobs SET state='running', started=? WHERE id=?", (time.time(), job_id))
+        self.db.write("UPDATE jobs SET state='running', started=? WHERE id=?", (time.time(), job_id))
 
     def progress(self, job_id: str, progress: float, total: float | None, message: str) -> None:
-        self._write(
+        self.db.write(
             "UPDATE jobs SET progress=?, total=?, message=? WHERE id=?", (progress, total, message, job_id)
         )
 
@@ -95,41 +78,27 @@ class JobStore:
         self, job_id: str, state: str, result: dict[str, Any] | None = None, error: str | None = None
     ) -> None:
         assert state in TERMINAL
-        self._write(
+        self.db.write(
             "UPDATE jobs SET state=?, finished=?, result=?, error=? WHERE id=?",
             (state, time.time(), json.dumps(result) if result is not None else None, error, job_id),
         )
 
     def requeue(self, job_id: str) -> None:
-        self._write(
+        self.db.write(
             "UPDATE jobs SET state='queued', started=NULL, progress=0, message=? WHERE id=?",
             ("re-queued after a server restart", job_id),
         )
 
     def get(self, job_id: str) -> JobRecord | None:
-        db = self._connect()
-        try:
-            row = db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
-        finally:
-            db.close()
-        return _record(row) if row else None
+        rows = self.db.read("SELECT * FROM jobs WHERE id=?", (job_id,))
+        return _record(rows[0]) if rows else None
 
     def result(self, job_id: str) -> dict[str, Any] | None:
-        db = self._connect()
-        try:
-            row = db.execute("SELECT result FROM jobs WHERE id=?", (job_id,)).fetchone()
-        finally:
-            db.close()
-        return json.loads(row["result"]) if row and row["result"] else None
+        rows = self.db.read("SELECT result FROM jobs WHERE id=?", (job_id,))
+        return json.loads(rows[0]["result"]) if rows and rows[0]["result"] else None
 
     def unfinished(self) -> list[JobRecord]:
-        db = self._connect()
-        try:
-            rows = db.execute(
-                "SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created"
-            ).fetchall()
-        finally:
-            db.close()
+        rows = self.db.read("SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created")
         return [_record(r) for r in rows]
 
 
