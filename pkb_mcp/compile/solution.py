@@ -17,7 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from pkb_mcp.compile.cache import Cache, cached_result, read_source
-from pkb_mcp.compile.extensions import TIMED_OUT, ToolRunner, discover, parse_requests, toolchain
+from pkb_mcp.compile.extensions import TIMED_OUT, ToolRunner, discover, parse_requests
+from pkb_mcp.compile.extensions import toolchain as launch_toolchain
 from pkb_mcp.compile.flags import choose_host_flags, choose_nvcc_flags
 from pkb_mcp.compile.results import CompileError, CompileResult, Diagnostic, tool_message
 from pkb_mcp.compile.toolchain import (
@@ -265,7 +266,7 @@ def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
     """The recorded load_inline calls this node can build for the extension cache: C++ everywhere,
     CUDA where torch was built with CUDA."""
     wanted, _ = parse_requests(calls)
-    if toolchain()["torch_cuda"] != "None":
+    if launch_toolchain()["torch_cuda"] != "None":
         return wanted
     cuda = [r.name for r in wanted if r.cuda_sources]
     if cuda:
