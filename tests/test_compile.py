@@ -35,7 +35,7 @@ def _nvcc_available() -> bool:
     configured = os.environ.get("PKB_NVCC")
     if configured:
         return os.access(configured, os.X_OK)
-    return shutil.which("nvcc") is not None or os.access(pkb_toolchain._DEFAULT_NVCC, os.X_OK)
+    return shutil.which("nvcc") is not None or os.access(pkb_toolchain.DEFAULT_NVCC, os.X_OK)
 
 
 needs_nvcc = pytest.mark.skipif(
@@ -416,7 +416,7 @@ def test_bad_inputs_raise_compile_error_with_the_fix(tmp_path: Path, monkeypatch
 
     monkeypatch.delenv("PKB_NVCC")
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(pkb_toolchain, "_DEFAULT_NVCC", str(tmp_path / "nvcc"))
+    monkeypatch.setattr(pkb_toolchain, "DEFAULT_NVCC", str(tmp_path / "nvcc"))
     with pytest.raises(CompileError) as caught:
         compile_source(SAXPY, filename="kernel.cu", tools=TOOLS, cache_dir=tmp_path)
     assert str(caught.value) == "nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC"

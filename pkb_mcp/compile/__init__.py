@@ -21,10 +21,24 @@ build time and whether the result came from the cache.
   whole results, and for solutions each compiler run as well, so a solution whose CUDA string changed still
   reuses its C++ check. Failed builds are cached too; timed-out ones are not.
 
-Sandbox launches are run through a `Tools` object (pkb_mcp.launches.ToolLaunches): the caller chooses
-the backend.
-May import the standard library, pydantic, torch (for its header locations) and, for the launches,
-pkb_mcp.compile.extensions.
+Sandbox launches are run through a `ToolRunner` (pkb_mcp.launches.ToolLaunches): the caller chooses the
+backend.
+
+The package offers `compile_file`, `compile_source`, the result models and the output parsers here, and the
+node's extension cache in `pkb_mcp.compile.extensions` (`prepare` before a run). Its modules, each of
+which imports only modules listed above it:
+
+- `results`: what a build reports (pydantic models), `CompileError`;
+- `parse`: compiler output into diagnostics and per-kernel resources;
+- `flags`: the allow-list for a solution's compiler flags;
+- `toolchain`: nvcc, the host compiler, torch's headers, the command lines, the toolchain fingerprint;
+- `cache`: results kept by content;
+- `extensions`: discovery and build launches, and the extension cache they fill;
+- `units`: one unit's compiler runs, in a build launch or from the cache, and their diagnostics;
+- `cuda_file` and `solution`: the two kinds of input, each built from units.
+
+May import the standard library, pydantic, torch (for its header locations), harness.extensions,
+sandbox.toolchain and pkb_mcp's root modules (config, log, models, launches); nothing else of pkb_mcp.
 """
 
 from __future__ import annotations
@@ -34,13 +48,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from pkb_mcp.compile.cache import _Cache
-from pkb_mcp.compile.cuda_file import _compile_cuda_file
+from pkb_mcp.compile.cache import Cache
+from pkb_mcp.compile.cuda_file import compile_cuda_file
+from pkb_mcp.compile.extensions import ToolRunner
 from pkb_mcp.compile.flags import prebuild_refusal
 from pkb_mcp.compile.parse import parse_diagnostics, parse_ptxas_resources
 from pkb_mcp.compile.results import CompileError, CompileResult, CompileUnit, Diagnostic, KernelResources
-from pkb_mcp.compile.solution import _compile_solution
-from pkb_mcp.compile.units import Tools
+from pkb_mcp.compile.solution import compile_solution
 
 __all__ = [
     "CompileError",
@@ -48,7 +62,7 @@ __all__ = [
     "CompileUnit",
     "Diagnostic",
     "KernelResources",
-    "Tools",
+    "ToolRunner",
     "compile_file",
     "compile_source",
     "parse_diagnostics",
@@ -61,7 +75,7 @@ _CUDA_SUFFIXES = (".cu", ".cuh")
 
 
 def compile_file(
-    path: Path, *, cache_dir: Path, tools: Tools, arch: str = "sm_90a", timeout_s: float = 300
+    path: Path, *, cache_dir: Path, tools: ToolRunner, arch: str = "sm_90a", timeout_s: float = 300
 ) -> CompileResult:
     """Build a `.cu`/`.cuh` file or the CUDA extensions of a `.py` solution file."""
     path = Path(path)
@@ -87,7 +101,13 @@ def compile_file(
 
 
 def compile_source(
-    source: str, *, filename: str, cache_dir: Path, tools: Tools, arch: str = "sm_90a", timeout_s: float = 300
+    source: str,
+    *,
+    filename: str,
+    cache_dir: Path,
+    tools: ToolRunner,
+    arch: str = "sm_90a",
+    timeout_s: float = 300,
 ) -> CompileResult:
     """Build source text; `filename` (`x.cu`, `x.cuh` or `x.py`) decides the kind and names it in messages."""
     suffix = _kind_of(filename)
@@ -123,7 +143,7 @@ def _compile(
     display: str,
     suffix: str,
     cache_dir: Path,
-    tools: Tools,
+    tools: ToolRunner,
     arch: str,
     timeout_s: float,
 ) -> CompileResult:
@@ -133,13 +153,13 @@ def _compile(
         raise CompileError(f"arch {arch!r} is not a GPU architecture name; use one like sm_90a")
     if timeout_s <= 0:
         raise CompileError(f"timeout_s must be positive, got {timeout_s}; pass a number of seconds")
-    cache = _Cache(Path(cache_dir))
+    cache = Cache(Path(cache_dir))
     deadline = time.monotonic() + timeout_s
     if suffix == ".py":
-        return _compile_solution(
+        return compile_solution(
             text, display=display, arch=arch, cache=cache, tools=tools, deadline=deadline, timeout_s=timeout_s
         )
-    return _compile_cuda_file(
+    return compile_cuda_file(
         text,
         path=path,
         display=display,

@@ -1,5 +1,10 @@
 """Results cached by content: JSON files named by the sha256 of what went into a build, and the local
-header files a `.cu` includes (inside its own folder only, never an absolute or `..` name)."""
+header files a `.cu` includes (inside its own folder only, never an absolute or `..` name).
+
+Offers `Cache` (store and load any pydantic model under a key), `cached_result` (a whole `CompileResult`,
+marked as a cache hit), `local_dependencies` (the headers a source includes, with their digests, which a
+hit re-checks) and `read_source` (a file's text, or "" when it cannot be read). Imports only
+pkb_mcp.compile.results."""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ def _file_digest(path: str) -> str:
         return "missing"
 
 
-class _Cache:
+class Cache:
     """JSON files named by the sha256 of what went into a build; `inputs` are files re-checked on a hit."""
 
     def __init__(self, root: Path) -> None:
@@ -65,7 +70,7 @@ class _Cache:
             pass  # a cache that cannot be written only costs time
 
 
-def _local_dependencies(
+def local_dependencies(
     sources: Iterable[tuple[str, Path | None]], include_dirs: Sequence[Path], root: Path | None = None
 ) -> dict[str, str]:
     """Files the sources include from their own folder or user include dirs: {path: sha256}.
@@ -90,12 +95,12 @@ def _local_dependencies(
                 if not real.startswith(top + os.sep) or candidate in found or not os.path.isfile(real):
                     continue
                 found[candidate] = _file_digest(real)
-                pending.append((_read(real), Path(candidate).parent))
+                pending.append((read_source(real), Path(candidate).parent))
                 break
     return found
 
 
-def _cached_result(cache: _Cache, key: str) -> CompileResult | None:
+def cached_result(cache: Cache, key: str) -> CompileResult | None:
     """A stored result, marked (with each of its units) as a cache hit; None when not stored."""
     cached = cache.load(key, CompileResult)
     if cached is None:
@@ -104,18 +109,8 @@ def _cached_result(cache: _Cache, key: str) -> CompileResult | None:
     return cached.model_copy(update={"cache_hit": True, "units": units})
 
 
-class _NoCache(_Cache):
-    def __init__(self) -> None:
-        super().__init__(Path(os.devnull))
-
-    def load(self, key: str, model: type[_Model]) -> _Model | None:
-        return None
-
-    def store(self, key: str, value: BaseModel, inputs: dict[str, str]) -> None:
-        return None
-
-
-def _read(path: str) -> str:
+def read_source(path: str) -> str:
+    """A file's text, undecodable bytes replaced; "" when it cannot be read."""
     try:
         return Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:

@@ -15,6 +15,12 @@ Before a check or benchmark (and in `compile_kernel`) the host:
 So a candidate's own launch never writes to the cache, and another tenant's launch loads only what a build
 launch made from the request that names it (docs/sandbox.md). Failed builds are kept too (with the
 compiler's output), so a re-check of a source that does not compile does not compile it again.
+
+Offers `prepare` (steps 1 to 3 for a run; `may_build` says whether a text needs it), `Prepared` (what
+it did), and the steps themselves for compile_kernel, which adds its compiler runs to the build launch:
+`discover`, `parse_requests`, `build_requests`, `toolchain`. `ToolRunner` is what runs the discovery and
+build launches (pkb_mcp.launches.ToolLaunches). Imports pkb_mcp.config, log, launches and
+compile.flags, harness.extensions and sandbox.toolchain.
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from harness import extensions as requests
 from pkb_mcp import config
-from pkb_mcp.compile import Tools
+from pkb_mcp.compile.flags import prebuild_refusal
 from pkb_mcp.launches import read_result
 from pkb_mcp.log import get
 from sandbox.toolchain import jit_env
@@ -42,6 +48,16 @@ MAX_REQUESTS = 16
 DISCOVERY_SCHEMA = 1
 DISCOVERY_CAP = 16 << 20
 TIMED_OUT = "timed out"
+
+
+class ToolRunner(Protocol):
+    """Runs harness tool programs as sandbox launches (pkb_mcp.launches.ToolLaunches)."""
+
+    isolated: bool
+
+    def new_dir(self) -> Path: ...
+
+    def run(self, mode: str, launch_dir: Path, params: dict[str, Any], timeout_s: float) -> Any: ...
 
 
 @dataclass
@@ -105,7 +121,7 @@ def parse_requests(calls: Any) -> tuple[list[requests.Request], list[str]]:
     return found[:MAX_REQUESTS], why
 
 
-def discover(text: str, tools: Tools, timeout_s: float) -> dict[str, Any] | str:
+def discover(text: str, tools: ToolRunner, timeout_s: float) -> dict[str, Any] | str:
     """The discovery of a solution's text (kept per text); a string says why it failed."""
     digest = hashlib.sha256(json.dumps([DISCOVERY_SCHEMA, text, toolchain()]).encode()).hexdigest()
     kept = config.cache_dir() / "discovery" / f"{digest}.json"
@@ -141,7 +157,7 @@ def _store(path: Path, value: Any) -> None:
 
 def build_requests(
     wanted: list[requests.Request],
-    tools: Tools,
+    tools: ToolRunner,
     timeout_s: float,
     extra: dict[str, Any] | None = None,
     launch_dir: Path | None = None,
@@ -150,8 +166,6 @@ def build_requests(
     runs) in the same build launch, in `launch_dir` if given (where the caller wrote their sources; the
     caller removes it). Returns what happened and the build launch's result (harness/build.py), or None
     when no launch ran or it left no readable result."""
-    from pkb_mcp.compile import prebuild_refusal
-
     prepared = Prepared()
     chain = toolchain()
     todo: list[tuple[str, requests.Request]] = []
@@ -253,7 +267,7 @@ def may_build(text: str) -> bool:
     return "load_inline" in text or "cuda_helpers" in text
 
 
-def prepare(text: str, tools: Tools, timeout_s: float) -> Prepared:
+def prepare(text: str, tools: ToolRunner, timeout_s: float) -> Prepared:
     """Discover and build a solution's extensions before its launches run; nothing when it has none."""
     if not may_build(text):
         return Prepared()

@@ -1,6 +1,9 @@
 """Flags a solution passes (extra_cuda_cflags / extra_cflags): an allow-list, because a flag such as
 -ccbin, --run, -Xcompiler -B, -fplugin or -specs would let candidate code choose which program runs in a
-build. The same list decides which extension requests may be built for the shared extension cache."""
+build. The same list decides which extension requests may be built for the shared extension cache.
+
+Offers `choose_nvcc_flags` and `choose_host_flags` (a `FlagChoice`: the flags kept, those dropped, whether
+the solution chose its own language standard) and `prebuild_refusal`. Imports nothing of pkb_mcp."""
 
 from __future__ import annotations
 
@@ -68,14 +71,18 @@ _HOST_FLAG_RE = re.compile(
 
 
 @dataclass
-class _FlagChoice:
+class FlagChoice:
+    """What an allow-list made of a solution's flags: those passed on, those left out, and whether one sets
+    the language standard (so the default is not added)."""
+
     kept: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     user_std: bool = False
 
 
-def _choose_nvcc_flags(flags: Sequence[str], base: Path) -> _FlagChoice:
-    choice = _FlagChoice()
+def choose_nvcc_flags(flags: Sequence[str], base: Path) -> FlagChoice:
+    """The nvcc flags that pass the allow-list; path values are taken relative to `base`."""
+    choice = FlagChoice()
     i = 0
     while i < len(flags):
         token = flags[i]
@@ -116,8 +123,9 @@ def _choose_nvcc_flags(flags: Sequence[str], base: Path) -> _FlagChoice:
     return choice
 
 
-def _choose_host_flags(flags: Sequence[str], base: Path) -> _FlagChoice:
-    choice = _FlagChoice()
+def choose_host_flags(flags: Sequence[str], base: Path) -> FlagChoice:
+    """The host compiler flags that pass the allow-list; path values are taken relative to `base`."""
+    choice = FlagChoice()
     i = 0
     while i < len(flags):
         token = flags[i]
@@ -142,8 +150,8 @@ def prebuild_refusal(request: Any) -> str | None:
     flags must pass the same allow-list as compile_kernel's, with no paths, and link only libraries
     by name."""
     base = Path("/nonexistent")
-    host = _choose_host_flags(request.extra_cflags, base)
-    nvcc = _choose_nvcc_flags([f for f in request.extra_cuda_cflags if not _ARCH_FLAG_RE.fullmatch(f)], base)
+    host = choose_host_flags(request.extra_cflags, base)
+    nvcc = choose_nvcc_flags([f for f in request.extra_cuda_cflags if not _ARCH_FLAG_RE.fullmatch(f)], base)
     dropped = host.dropped + nvcc.dropped
     dropped += [f for f in (*host.kept, *nvcc.kept) if str(base) in f]
     dropped += [f for f in request.extra_ldflags if not re.fullmatch(r"-l[\w.+-]+", f)]

@@ -1,5 +1,7 @@
 """Reading compiler output: nvcc/EDG, gcc/clang and tool messages into diagnostics; ptxas resource
-reports into per-kernel resources; C++ names demangled."""
+reports into per-kernel resources; C++ names demangled.
+
+Offers `parse_diagnostics`, `parse_ptxas_resources` and `demangle`. Imports only pkb_mcp.compile.results."""
 
 from __future__ import annotations
 
@@ -175,7 +177,8 @@ def parse_ptxas_resources(output: str) -> list[KernelResources]:
     return result
 
 
-def _demangle(names: Sequence[str]) -> dict[str, str]:
+def demangle(names: Sequence[str]) -> dict[str, str]:
+    """{mangled: demangled} by c++filt; empty when c++filt is missing or fails."""
     tool = shutil.which("c++filt")
     if tool is None or not names:
         return {}

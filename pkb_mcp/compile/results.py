@@ -1,4 +1,8 @@
-"""What a build reports: diagnostics, per-kernel resources, units and the whole result (pydantic models)."""
+"""What a build reports: diagnostics, per-kernel resources, units and the whole result (pydantic models).
+
+Offers `CompileResult` (with its text summary), `CompileUnit`, `Diagnostic`, `KernelResources`, `Severity`,
+`CompileError` (bad input or a missing toolchain) and `tool_message` (a diagnostic about the build itself).
+Imports only pkb_mcp.models."""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from pydantic import Field
 
 from pkb_mcp.models import Result
 
-_LOG_LIMIT = 4096  # characters of a unit's compiler log kept in its result
 Severity = Literal["error", "warning"]
 
 
@@ -44,7 +47,7 @@ class Diagnostic(Result):
         return f"{self.location()}: {self.severity}{code}: {first}"
 
 
-def _tool_message(message: str, *, severity: Severity = "error", tool: str = "pkb") -> Diagnostic:
+def tool_message(message: str, *, severity: Severity = "error", tool: str = "pkb") -> Diagnostic:
     """A message about the build itself rather than a line of source."""
     return Diagnostic(file=None, severity=severity, message=message, tool=tool)
 

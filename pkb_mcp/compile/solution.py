@@ -1,6 +1,8 @@
 """A `.py` solution: a discovery launch imports it in the sandbox to find its load_inline / load calls (also
 those made on solution()'s first call), then each extension is checked (nvcc for CUDA, a syntax-only host
-compiler run for C++) and, where the node can, built for the extension cache in the same build launch."""
+compiler run for C++) and, where the node can, built for the extension cache in the same build launch.
+
+Offers `compile_solution`. Imports pkb_mcp.compile.cache, extensions, flags, results, toolchain and units."""
 
 from __future__ import annotations
 
@@ -14,31 +16,31 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from pkb_mcp.compile.cache import _Cache, _cached_result, _read
-from pkb_mcp.compile.flags import _choose_host_flags, _choose_nvcc_flags
-from pkb_mcp.compile.results import CompileError, CompileResult, Diagnostic, _tool_message
+from pkb_mcp.compile.cache import Cache, cached_result, read_source
+from pkb_mcp.compile.extensions import TIMED_OUT, ToolRunner, discover, parse_requests
+from pkb_mcp.compile.extensions import toolchain as launch_toolchain
+from pkb_mcp.compile.flags import choose_host_flags, choose_nvcc_flags
+from pkb_mcp.compile.results import CompileError, CompileResult, Diagnostic, tool_message
 from pkb_mcp.compile.toolchain import (
-    _EXTENSION_STD,
-    _host_compiler,
-    _missing_library_headers,
-    _Nvcc,
-    _optional_nvcc,
-    _stand_in_dir,
-    _stand_in_notes,
-    _toolchain_fingerprint,
+    EXTENSION_STD,
+    Nvcc,
+    cxx_argv,
+    host_compiler,
+    nvcc_argv,
+    optional_nvcc,
+    stand_in_dir,
+    stand_in_notes,
+    toolchain_fingerprint,
 )
 from pkb_mcp.compile.units import (
-    Tools,
-    _Command,
-    _command_material,
-    _cxx_argv,
-    _execute,
-    _LineMap,
-    _nvcc_argv,
-    _remaining,
-    _safe_identifier,
-    _unit_result,
-    _UnitPlan,
+    Command,
+    LineMap,
+    UnitPlan,
+    command_material,
+    run_plans,
+    safe_identifier,
+    time_left,
+    unit_result,
 )
 
 # load_inline prepends these lines to the sources it writes (unless no_implicit_headers=True).
@@ -84,22 +86,22 @@ class _Recording(BaseModel):
     stand_ins: list[str] = Field(default_factory=list)
 
 
-def _record_extensions(text: str, tools: Tools, deadline: float, timeout_s: float) -> _Recording | Diagnostic:
+def _record_extensions(
+    text: str, tools: ToolRunner, deadline: float, timeout_s: float
+) -> _Recording | Diagnostic:
     """The solution's builder calls, from a discovery launch in the sandbox (kept per solution text)."""
-    from pkb_mcp.compile import extensions
-
-    found = extensions.discover(text, tools, _remaining(deadline))
+    found = discover(text, tools, time_left(deadline))
     if isinstance(found, str):
-        if found.startswith(extensions.TIMED_OUT):
-            return _tool_message(
+        if found.startswith(TIMED_OUT):
+            return tool_message(
                 f"build timed out after {timeout_s:g} s while importing the solution "
                 "(module-level code must finish quickly)"
             )
-        return _tool_message(found, tool="python")
+        return tool_message(found, tool="python")
     try:
         return _Recording.model_validate(found)
     except ValidationError:
-        return _tool_message("the discovery launch returned malformed data; the solution was not checked")
+        return tool_message("the discovery launch returned malformed data; the solution was not checked")
 
 
 def _import_diagnostic(failure: _ImportFailure, display: str) -> Diagnostic:
@@ -120,23 +122,24 @@ def _import_diagnostic(failure: _ImportFailure, display: str) -> Diagnostic:
     )
 
 
-def _compile_solution(
-    text: str, *, display: str, arch: str, cache: _Cache, tools: Tools, deadline: float, timeout_s: float
+def compile_solution(
+    text: str, *, display: str, arch: str, cache: Cache, tools: ToolRunner, deadline: float, timeout_s: float
 ) -> CompileResult:
+    """Check (and, where the node can, build) the extensions of a solution's text, or take it from `cache`."""
     start = time.monotonic()
     syntax = _syntax_error(text, display)
     if syntax is not None:
         return _failed(display, arch, syntax, start)
-    nvcc = _optional_nvcc()
+    nvcc = optional_nvcc()
     material: dict[str, object] = {
         "level": "solution",
         "arch": arch,
         "display": display,
         "source": text,
-        "toolchain": _toolchain_fingerprint(nvcc),
+        "toolchain": toolchain_fingerprint(nvcc),
     }
     key = cache.key(material)
-    cached = _cached_result(cache, key)
+    cached = cached_result(cache, key)
     if cached is not None:
         return cached
 
@@ -166,11 +169,11 @@ def _compile_solution(
                 )
             )
         prebuild = _buildable([call.model_dump() for call in recorded.calls], notes)
-        ran, prepared = _execute(plans, cache, tools, work, deadline, prebuild)
-        units = [_unit_result(plan, r, timeout_s) for plan, r in zip(plans, ran, strict=True)]
+        ran, prepared = run_plans(plans, cache, tools, work, deadline, prebuild)
+        units = [unit_result(plan, r, timeout_s) for plan, r in zip(plans, ran, strict=True)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    built = set(prepared.built + prepared.cached) if prepared is not None else set()
+    built = set(prepared.built + prepared.cached)
     if any(
         c.api == "load_inline" and c.functions is not None and c.name not in built for c in recorded.calls
     ):
@@ -182,8 +185,7 @@ def _compile_solution(
     for plan in plans:
         inputs.update(plan.inputs)
     unit_texts = [s for call in recorded.calls for s in (*call.cuda_sources, *call.cpp_sources)]
-    missing = _missing_library_headers(nvcc) if nvcc and recorded.calls else []
-    notes += _stand_in_notes(missing, [*unit_texts, *(_read(p) for p in inputs)])
+    notes += stand_in_notes(nvcc, [*unit_texts, *(read_source(p) for p in inputs)])
     notes = list(dict.fromkeys(notes))
     ok = not any(d.severity == "error" for d in diagnostics) and all(u.ok for u in units)
     result = CompileResult(
@@ -199,7 +201,7 @@ def _compile_solution(
     )
     if not any(d.tool == "pkb" and d.severity == "error" for d in result.all_diagnostics()):
         cache.store(key, result.model_copy(update={"cache_hit": False}), inputs)
-    if prepared is not None and prepared.notes():  # what happened now, not kept with the cached result
+    if prepared.notes():  # what happened now, not kept with the cached result
         result = result.model_copy(update={"notes": [*result.notes, *prepared.notes()]})
     return result
 
@@ -263,10 +265,8 @@ def _recording_notes(recorded: _Recording, text: str) -> list[str]:
 def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
     """The recorded load_inline calls this node can build for the extension cache: C++ everywhere,
     CUDA where torch was built with CUDA."""
-    from pkb_mcp.compile import extensions
-
-    wanted, _ = extensions.parse_requests(calls)
-    if extensions.toolchain()["torch_cuda"] != "None":
+    wanted, _ = parse_requests(calls)
+    if launch_toolchain()["torch_cuda"] != "None":
         return wanted
     cuda = [r.name for r in wanted if r.cuda_sources]
     if cuda:
@@ -277,7 +277,7 @@ def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
     return [r for r in wanted if not r.cuda_sources]
 
 
-_Sources = list[tuple[Path, str, _LineMap]]
+_Sources = list[tuple[Path, str, LineMap]]
 
 
 def _inline_sources(
@@ -297,7 +297,7 @@ def _inline_sources(
         generated = work / file_name
         generated.write_text("\n".join([*lead, *strings]), encoding="utf-8")
         label = f"{name}/{'cuda' if file_name == 'cuda.cu' else 'cpp'}_sources"
-        line_map = _LineMap(str(generated), len(lead), strings, py_lines, display, label)
+        line_map = LineMap(str(generated), len(lead), strings, py_lines, display, label)
         files.append((generated, f"{name}/{file_name}", line_map))
     known = []
     cpp_text = "\n".join(call.cpp_sources)
@@ -321,26 +321,26 @@ def _plan_extension(
     n: int,
     calls: Sequence[_RecordedCall],
     *,
-    nvcc: _Nvcc | None,
+    nvcc: Nvcc | None,
     work: Path,
     arch: str,
     py_lines: list[str],
     display: str,
     notes: list[str],
-) -> _UnitPlan:
+) -> UnitPlan:
     """The compiler commands that check one recorded extension. A solution's includes and load()
     source files are never read on the host: the sandbox sees only what is written here."""
     same_name = [c for c in calls if c.name == call.name]
     name = call.name if len(same_name) == 1 else f"{call.name}#{n}"
-    extension = _safe_identifier(call.name)
-    nvcc_flags = _choose_nvcc_flags(call.extra_cuda_cflags, work)
-    host_flags = _choose_host_flags(call.extra_cflags, work)
+    extension = safe_identifier(call.name)
+    nvcc_flags = choose_nvcc_flags(call.extra_cuda_cflags, work)
+    host_flags = choose_host_flags(call.extra_cflags, work)
     for label, dropped in (("extra_cuda_cflags", nvcc_flags.dropped), ("extra_cflags", host_flags.dropped)):
         if dropped:
             notes.append(f"extension {name}: {label} not used here: {' '.join(dropped)}")
     include_dirs = [os.path.normpath(work / p) for p in call.extra_include_paths]
-    stand_ins = _stand_in_dir(work, nvcc) if nvcc else None
-    host = _host_compiler()
+    stand_ins = stand_in_dir(work, nvcc) if nvcc else None
+    host = host_compiler()
     if call.api == "load_inline":
         cuda_files, cpp_files, known = _inline_sources(call, name, work, py_lines, display)
     else:
@@ -351,44 +351,44 @@ def _plan_extension(
         )
     if cuda_files and nvcc is None:
         raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC")
-    commands: list[_Command] = []
+    commands: list[Command] = []
     for k, (source_file, shown, mapping) in enumerate(cuda_files):
         assert nvcc is not None
-        argv = _nvcc_argv(
+        argv = nvcc_argv(
             nvcc,
             source=source_file,
             out=work / f"cuda{k}.cubin",
             arch=arch,
-            std=None if nvcc_flags.user_std else _EXTENSION_STD,
+            std=None if nvcc_flags.user_std else EXTENSION_STD,
             extension=extension,
             stand_ins=stand_ins,
             include_dirs=include_dirs,
             extra=nvcc_flags.kept,
         )
-        material = _command_material("nvcc", argv, work, source_file, {})
-        commands.append(_Command("nvcc", argv, material, mapping, {str(source_file): shown}))
+        material = command_material("nvcc", argv, work, source_file, {})
+        commands.append(Command("nvcc", argv, material, mapping, {str(source_file): shown}))
     if cpp_files and host is None:
         notes.append(
             f"extension {name}: no C++ compiler (c++, g++, clang++) on PATH; cpp sources not checked"
         )
     elif host is not None:
         for source_file, shown, mapping in cpp_files:
-            argv = _cxx_argv(
+            argv = cxx_argv(
                 host[0],
                 nvcc,
                 source=source_file,
-                std=None if host_flags.user_std else _EXTENSION_STD,
+                std=None if host_flags.user_std else EXTENSION_STD,
                 extension=extension,
                 stand_ins=stand_ins,
                 include_dirs=include_dirs,
                 extra=host_flags.kept,
             )
-            material = _command_material("c++", argv, work, source_file, {})
-            commands.append(_Command("c++", argv, material, mapping, {str(source_file): shown}))
+            material = command_material("c++", argv, work, source_file, {})
+            commands.append(Command("c++", argv, material, mapping, {str(source_file): shown}))
     if not commands and not known:
         where = f"{display}:{call.line}" if call.line else display
         notes.append(f"extension {name} ({where}) has no sources to build")
-    toolchain = _toolchain_fingerprint(nvcc)
-    return _UnitPlan(
+    toolchain = toolchain_fingerprint(nvcc)
+    return UnitPlan(
         name=name, commands=commands, work=work, toolchain=toolchain, inputs={}, diagnostics=known
     )

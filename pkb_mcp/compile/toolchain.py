@@ -1,6 +1,11 @@
 """The compilers and headers a build uses: nvcc, torch's and Python's headers, the host compiler, stand-ins
-for CUDA library headers a toolkit lacks, and the fingerprint that keys the cache. Only asks the tools for
-their versions and search paths; nothing of a candidate runs here."""
+for CUDA library headers a toolkit lacks, the fingerprint that keys the cache, and the command lines that
+call the compilers as torch's extension builds do. Only asks the tools for their versions and search
+paths; nothing of a candidate runs here.
+
+Offers `Nvcc` with `find_nvcc` / `optional_nvcc`, `host_compiler`, `nvcc_argv` / `cxx_argv`, the language
+standards (`CU_STD`, `EXTENSION_STD`), `stand_in_dir` / `stand_in_notes`, `toolchain_fingerprint` and
+`DEFAULT_NVCC`. Imports only pkb_mcp.compile.results (and torch, for its header locations)."""
 
 from __future__ import annotations
 
@@ -21,9 +26,7 @@ from pkb_mcp.compile.results import CompileError
 _CACHE_SCHEMA = 1
 
 
-_DEFAULT_NVCC = (
-    "/usr/local/cuda/bin/nvcc"  # where nvcc is looked for when PKB_NVCC is unset and PATH lacks it
-)
+DEFAULT_NVCC = "/usr/local/cuda/bin/nvcc"  # where nvcc is looked for when PKB_NVCC is unset and PATH lacks it
 
 
 # torch's extension builds (torch.utils.cpp_extension) pass these to nvcc; mirroring them makes a kernel
@@ -40,10 +43,10 @@ _TORCH_NVCC_DEFINES = (
 
 # A standalone .cu follows the tool's contract (C++17); solution extensions follow what load_inline of the
 # installed torch (2.13) passes, which is C++20.
-_CU_STD = "c++17"
+CU_STD = "c++17"
 
 
-_EXTENSION_STD = "c++20"
+EXTENSION_STD = "c++20"
 
 
 # ATen/cuda headers include the CUDA math libraries' headers for handle types. A toolkit without those
@@ -69,7 +72,9 @@ _LIBRARY_HEADER_USE = re.compile(r"ATen/cuda/|c10/cuda/|cublas|cusparse|cusolver
 
 
 @dataclass(frozen=True)
-class _Nvcc:
+class Nvcc:
+    """nvcc by its real path, its version, and the include directories it searches on its own."""
+
     path: str
     version: str
     include_dirs: tuple[str, ...]
@@ -83,7 +88,7 @@ class _TorchHeaders:
     has_cuda_cmake_macros: bool
 
 
-def _find_nvcc() -> _Nvcc:
+def find_nvcc() -> Nvcc:
     configured = os.environ.get("PKB_NVCC")
     if configured:
         if not (os.path.isfile(configured) and os.access(configured, os.X_OK)):
@@ -92,8 +97,8 @@ def _find_nvcc() -> _Nvcc:
             )
         return _nvcc_info(os.path.realpath(configured))
     found = shutil.which("nvcc")
-    if found is None and os.access(_DEFAULT_NVCC, os.X_OK):
-        found = _DEFAULT_NVCC
+    if found is None and os.access(DEFAULT_NVCC, os.X_OK):
+        found = DEFAULT_NVCC
     if found is None:
         raise CompileError("nvcc was not found on PATH; install the CUDA toolkit or set PKB_NVCC")
     # by its real path: /usr/local/cuda is often a link through /etc/alternatives, which the sandbox lacks
@@ -101,7 +106,7 @@ def _find_nvcc() -> _Nvcc:
 
 
 @functools.cache
-def _nvcc_info(nvcc: str) -> _Nvcc:
+def _nvcc_info(nvcc: str) -> Nvcc:
     try:
         version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=True)
         # The dry run shows where nvcc itself looks for headers (INCLUDES in nvcc.profile).
@@ -124,7 +129,7 @@ def _nvcc_info(nvcc: str) -> _Nvcc:
                     dirs.append(os.path.normpath(token[2:]))
                 elif token != "-isystem" and os.path.isabs(token):
                     dirs.append(os.path.normpath(token))
-    return _Nvcc(path=nvcc, version=version.stdout.strip(), include_dirs=tuple(dict.fromkeys(dirs)))
+    return Nvcc(path=nvcc, version=version.stdout.strip(), include_dirs=tuple(dict.fromkeys(dirs)))
 
 
 @functools.cache
@@ -139,7 +144,7 @@ def _torch_headers() -> _TorchHeaders:
 
 
 @functools.cache
-def _host_compiler() -> tuple[str, str] | None:
+def host_compiler() -> tuple[str, str] | None:
     for name in ("c++", "g++", "clang++"):
         found = shutil.which(name)
         if found:
@@ -152,7 +157,7 @@ def _host_compiler() -> tuple[str, str] | None:
     return None
 
 
-def _missing_library_headers(nvcc: _Nvcc) -> list[str]:
+def _missing_library_headers(nvcc: Nvcc) -> list[str]:
     return [
         name
         for name in _LIBRARY_STAND_INS
@@ -160,7 +165,7 @@ def _missing_library_headers(nvcc: _Nvcc) -> list[str]:
     ]
 
 
-def _stand_in_dir(root: Path, nvcc: _Nvcc) -> Path | None:
+def stand_in_dir(root: Path, nvcc: Nvcc) -> Path | None:
     """Write stand-ins for the library headers this toolkit lacks; None when it has them all."""
     if not _missing_library_headers(nvcc):
         return None
@@ -171,9 +176,9 @@ def _stand_in_dir(root: Path, nvcc: _Nvcc) -> Path | None:
     return directory
 
 
-def _toolchain_fingerprint(nvcc: _Nvcc | None) -> dict[str, str]:
+def toolchain_fingerprint(nvcc: Nvcc | None) -> dict[str, str]:
     torch_headers = _torch_headers()
-    host = _host_compiler()
+    host = host_compiler()
     return {
         "schema": str(_CACHE_SCHEMA),
         "nvcc": nvcc.version if nvcc else "absent",
@@ -185,17 +190,89 @@ def _toolchain_fingerprint(nvcc: _Nvcc | None) -> dict[str, str]:
     }
 
 
-def _optional_nvcc() -> _Nvcc | None:
+def optional_nvcc() -> Nvcc | None:
     try:
-        return _find_nvcc()
+        return find_nvcc()
     except CompileError:
         return None
 
 
-def _stand_in_notes(missing: Sequence[str], texts: Iterable[str]) -> list[str]:
+def stand_in_notes(nvcc: Nvcc | None, texts: Iterable[str]) -> list[str]:
+    """A note for the result where sources that use the CUDA libraries were checked against stand-ins."""
+    missing = _missing_library_headers(nvcc) if nvcc is not None else []
     if missing and any(_LIBRARY_HEADER_USE.search(t) for t in texts):
         return [
             f"this CUDA toolkit lacks {', '.join(missing)}; stand-in declarations of their handle types let "
             "ATen/cuda headers parse, so calls into those libraries cannot be checked here"
         ]
     return []
+
+
+def nvcc_argv(
+    nvcc: Nvcc,
+    *,
+    source: Path,
+    out: Path,
+    arch: str,
+    std: str | None,
+    extension: str,
+    stand_ins: Path | None,
+    include_dirs: Sequence[str],
+    extra: Sequence[str],
+) -> list[str]:
+    """nvcc compiling `source` to a cubin for `arch`, with the defines and headers of torch's extension
+    builds and ptxas reporting each kernel's resources."""
+    torch_headers = _torch_headers()
+    argv = [
+        nvcc.path,
+        "-x",
+        "cu",
+        "-gencode",
+        f"arch=compute_{arch[3:]},code={arch}",
+        "-cubin",
+        "-o",
+        str(out),
+    ]
+    if std:
+        argv.append(f"-std={std}")
+    argv += ["-O3", "-lineinfo", "-Xptxas", "-v", "-Xptxas", "-warn-spills", *_TORCH_NVCC_DEFINES]
+    argv.append(f"-DTORCH_EXTENSION_NAME={extension}")
+    if not torch_headers.has_cuda_cmake_macros:
+        # CPU wheels lack this generated header; c10/cuda/CUDAMacros.h offers this switch to skip it.
+        argv.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
+    for d in include_dirs:
+        argv += ["-I", d]
+    for d in (*torch_headers.include_dirs, torch_headers.python_include):
+        argv += ["-isystem", d]
+    if stand_ins is not None:
+        argv += ["-Xcompiler", f"-idirafter,{stand_ins}"]
+    return [*argv, *extra, str(source)]
+
+
+def cxx_argv(
+    cxx: str,
+    nvcc: Nvcc | None,
+    *,
+    source: Path,
+    std: str | None,
+    extension: str,
+    stand_ins: Path | None,
+    include_dirs: Sequence[str],
+    extra: Sequence[str],
+) -> list[str]:
+    """The host compiler checking a C++ `source`'s syntax against torch's, Python's and CUDA's headers."""
+    torch_headers = _torch_headers()
+    argv = [cxx, "-fsyntax-only", "-x", "c++"]
+    if std:
+        argv.append(f"-std={std}")
+    argv += [f"-DTORCH_EXTENSION_NAME={extension}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    if not torch_headers.has_cuda_cmake_macros:
+        argv.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
+    for d in include_dirs:
+        argv += ["-I", d]
+    system = [*torch_headers.include_dirs, torch_headers.python_include, *(nvcc.include_dirs if nvcc else ())]
+    for d in system:
+        argv += ["-isystem", d]
+    if stand_ins is not None:
+        argv += ["-idirafter", str(stand_ins)]
+    return [*argv, *extra, str(source)]

@@ -1,6 +1,12 @@
 """One unit (a .cu file, or one extension of a solution): its compiler commands, run in a build launch in the
 sandbox (harness/build.py) or taken from the cache, and the diagnostics and kernel resources of their
-output, mapped back to the lines the user wrote."""
+output, mapped back to the lines the user wrote.
+
+Offers the plan of a unit (`UnitPlan` of `Command`s, a `LineMap` for sources load_inline would generate,
+`command_material` to key a command in the cache, `safe_identifier` for an extension's name), `run_plans`
+(cached or in one build launch, with the extension builds that share it), `unit_result` (a `CompileUnit`
+from the runs' `CommandRecord`s) and `time_left`. Imports pkb_mcp.compile.cache, extensions, parse and
+results."""
 
 from __future__ import annotations
 
@@ -11,14 +17,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from pkb_mcp.compile.cache import _Cache, _read
-from pkb_mcp.compile.parse import _demangle, parse_diagnostics, parse_ptxas_resources
-from pkb_mcp.compile.results import _LOG_LIMIT, CompileUnit, Diagnostic, KernelResources, _tool_message
-from pkb_mcp.compile.toolchain import _TORCH_NVCC_DEFINES, _Nvcc, _torch_headers
+from pkb_mcp.compile.cache import Cache, read_source
+from pkb_mcp.compile.extensions import Prepared, ToolRunner, build_requests
+from pkb_mcp.compile.parse import demangle, parse_diagnostics, parse_ptxas_resources
+from pkb_mcp.compile.results import CompileUnit, Diagnostic, KernelResources, tool_message
 
 _MAX_DIAGNOSTICS_PER_UNIT = 50
 
@@ -26,78 +32,11 @@ _MAX_DIAGNOSTICS_PER_UNIT = 50
 _MAX_CAPTURED_OUTPUT = 1 << 20
 
 
-class Tools(Protocol):
-    """Runs harness tool programs as sandbox launches (pkb_mcp.launches.ToolLaunches)."""
-
-    isolated: bool
-
-    def new_dir(self) -> Path: ...
-
-    def run(self, mode: str, launch_dir: Path, params: dict[str, Any], timeout_s: float) -> Any: ...
-
-
-def _remaining(deadline: float) -> float:
-    return max(deadline - time.monotonic(), 0.01)
-
-
-def _execute(
-    plans: Sequence[_UnitPlan],
-    cache: _Cache,
-    tools: Tools,
-    work: Path,
-    deadline: float,
-    prebuild: Sequence[Any] = (),
-) -> tuple[list[list[tuple[_CommandRecord | None, bool]]], Any]:
-    """Each plan's compiler runs: from the cache, or from one build launch in `work` (the launch directory
-    the plans wrote their sources into), which also builds `prebuild` extension requests. Returns per
-    plan [(record or None when the launch left none, cache hit)], and what the extension builds did."""
-    from pkb_mcp.compile import extensions
-
-    keyed = []
-    for plan in plans:
-        row = []
-        for command in plan.commands:
-            key = (
-                cache.key({**command.key_material, "toolchain": plan.toolchain})
-                if command.key_material
-                else ""
-            )
-            row.append((key, cache.load(key, _CommandRecord) if key else None))
-        keyed.append(row)
-    pending = [(p, j) for p, row in enumerate(keyed) for j, (_, record) in enumerate(row) if record is None]
-    commands = [{"argv": plans[p].commands[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
-    prepared, result = extensions.build_requests(
-        list(prebuild), tools, _remaining(deadline), extra={"commands": commands}, launch_dir=work
-    )
-    ran = result.get("commands", []) if result is not None else []
-    ran = ran if isinstance(ran, list) else []
-    out: list[list[tuple[_CommandRecord | None, bool]]] = [
-        [(r, r is not None) for _, r in row] for row in keyed
-    ]
-    for n, (p, j) in enumerate(pending):
-        record = _parse_record(ran[n]) if n < len(ran) else None
-        if record is not None:  # the launch wrote its directory as <build>; a unit's record names its own
-            output = record.output.replace("<build>", str(work)).replace(str(plans[p].work), "<build>")
-            record = record.model_copy(update={"output": output})
-        out[p][j] = (record, False)
-        key = keyed[p][j][0]
-        finished = record is not None and record.returncode is not None and 0 <= record.returncode != 127
-        if key and finished and record is not None:  # timed-out and unstartable runs are not kept
-            cache.store(key, record, plans[p].inputs)
-    return out, prepared
-
-
-def _parse_record(value: Any) -> _CommandRecord | None:
-    """A compiler run as the build launch reported it (untrusted: checked, output capped)."""
-    try:
-        record = _CommandRecord.model_validate(value)
-    except ValidationError:
-        return None
-    return record.model_copy(update={"output": record.output[:_MAX_CAPTURED_OUTPUT]})
+_LOG_LIMIT = 4096  # characters of a unit's compiler log kept in its result
 
 
 @dataclass
-class _LineMap:
+class LineMap:
     """Maps lines of a file that load_inline would generate back to the user's strings and the .py file."""
 
     generated: str
@@ -158,108 +97,29 @@ def _locate_chunk(chunk: str, py_lines: Sequence[str]) -> int | None:
 
 
 @dataclass
-class _Command:
+class Command:
+    """One compiler run of a unit."""
+
     tool: Literal["nvcc", "c++"]
     argv: list[str]
     key_material: dict[str, object]  # what decides the compiler's output, besides the toolchain
-    line_map: _LineMap | None = None
+    line_map: LineMap | None = None
     paths: dict[str, str] = field(default_factory=dict)  # compiler path -> name shown to the user
 
 
 @dataclass
-class _UnitPlan:
+class UnitPlan:
+    """A unit's compiler runs, planned in its own folder of the build launch."""
+
     name: str
-    commands: list[_Command]
+    commands: list[Command]
     work: Path
     toolchain: dict[str, str]
     inputs: dict[str, str] = field(default_factory=dict)  # files read besides the .py: {path: sha256}
     diagnostics: list[Diagnostic] = field(default_factory=list)  # known before building
 
 
-def _command_material(
-    tool: str, argv: Sequence[str], work: Path, source: Path, deps: dict[str, str]
-) -> dict[str, object]:
-    return {
-        "level": "command",
-        "tool": tool,
-        "argv": _shown(argv, work),
-        "source": _read(str(source)),
-        "deps": deps,
-    }
-
-
-def _nvcc_argv(
-    nvcc: _Nvcc,
-    *,
-    source: Path,
-    out: Path,
-    arch: str,
-    std: str | None,
-    extension: str,
-    stand_ins: Path | None,
-    include_dirs: Sequence[str],
-    extra: Sequence[str],
-) -> list[str]:
-    torch_headers = _torch_headers()
-    argv = [
-        nvcc.path,
-        "-x",
-        "cu",
-        "-gencode",
-        f"arch=compute_{arch[3:]},code={arch}",
-        "-cubin",
-        "-o",
-        str(out),
-    ]
-    if std:
-        argv.append(f"-std={std}")
-    argv += ["-O3", "-lineinfo", "-Xptxas", "-v", "-Xptxas", "-warn-spills", *_TORCH_NVCC_DEFINES]
-    argv.append(f"-DTORCH_EXTENSION_NAME={extension}")
-    if not torch_headers.has_cuda_cmake_macros:
-        # CPU wheels lack this generated header; c10/cuda/CUDAMacros.h offers this switch to skip it.
-        argv.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
-    for d in include_dirs:
-        argv += ["-I", d]
-    for d in (*torch_headers.include_dirs, torch_headers.python_include):
-        argv += ["-isystem", d]
-    if stand_ins is not None:
-        argv += ["-Xcompiler", f"-idirafter,{stand_ins}"]
-    return [*argv, *extra, str(source)]
-
-
-def _cxx_argv(
-    cxx: str,
-    nvcc: _Nvcc | None,
-    *,
-    source: Path,
-    std: str | None,
-    extension: str,
-    stand_ins: Path | None,
-    include_dirs: Sequence[str],
-    extra: Sequence[str],
-) -> list[str]:
-    torch_headers = _torch_headers()
-    argv = [cxx, "-fsyntax-only", "-x", "c++"]
-    if std:
-        argv.append(f"-std={std}")
-    argv += [f"-DTORCH_EXTENSION_NAME={extension}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    if not torch_headers.has_cuda_cmake_macros:
-        argv.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
-    for d in include_dirs:
-        argv += ["-I", d]
-    system = [*torch_headers.include_dirs, torch_headers.python_include, *(nvcc.include_dirs if nvcc else ())]
-    for d in system:
-        argv += ["-isystem", d]
-    if stand_ins is not None:
-        argv += ["-idirafter", str(stand_ins)]
-    return [*argv, *extra, str(source)]
-
-
-def _shown(argv: Sequence[str], work: Path) -> str:
-    return shlex.join(argv).replace(str(work), "<build>")
-
-
-class _CommandRecord(BaseModel):
+class CommandRecord(BaseModel):
     """A compiler run as cached: its exit status and output, with the build dir written as <build>."""
 
     returncode: int | None
@@ -267,12 +127,90 @@ class _CommandRecord(BaseModel):
     elapsed_s: float
 
 
-def _unit_result(
-    plan: _UnitPlan, ran: Sequence[tuple[_CommandRecord | None, bool]], timeout_s: float
+def command_material(
+    tool: str, argv: Sequence[str], work: Path, source: Path, deps: dict[str, str]
+) -> dict[str, object]:
+    """What decides a compiler run's output, besides the toolchain: its cache key material."""
+    return {
+        "level": "command",
+        "tool": tool,
+        "argv": _shown(argv, work),
+        "source": read_source(str(source)),
+        "deps": deps,
+    }
+
+
+def safe_identifier(name: str) -> str:
+    """An extension name as a C identifier (TORCH_EXTENSION_NAME)."""
+    ident = re.sub(r"\W", "_", name) or "extension"
+    return f"_{ident}" if ident[0].isdigit() else ident
+
+
+def time_left(deadline: float) -> float:
+    """Seconds until `deadline` (time.monotonic), never quite zero."""
+    return max(deadline - time.monotonic(), 0.01)
+
+
+def run_plans(
+    plans: Sequence[UnitPlan],
+    cache: Cache,
+    tools: ToolRunner,
+    work: Path,
+    deadline: float,
+    prebuild: Sequence[Any] = (),
+) -> tuple[list[list[tuple[CommandRecord | None, bool]]], Prepared]:
+    """Each plan's compiler runs: from the cache, or from one build launch in `work` (the launch directory
+    the plans wrote their sources into), which also builds `prebuild` extension requests. Returns per
+    plan [(record or None when the launch left none, cache hit)], and what the extension builds did."""
+    keyed = []
+    for plan in plans:
+        row = []
+        for command in plan.commands:
+            key = (
+                cache.key({**command.key_material, "toolchain": plan.toolchain})
+                if command.key_material
+                else ""
+            )
+            row.append((key, cache.load(key, CommandRecord) if key else None))
+        keyed.append(row)
+    pending = [(p, j) for p, row in enumerate(keyed) for j, (_, record) in enumerate(row) if record is None]
+    commands = [{"argv": plans[p].commands[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
+    prepared, result = build_requests(
+        list(prebuild), tools, time_left(deadline), extra={"commands": commands}, launch_dir=work
+    )
+    ran = result.get("commands", []) if result is not None else []
+    ran = ran if isinstance(ran, list) else []
+    out: list[list[tuple[CommandRecord | None, bool]]] = [
+        [(r, r is not None) for _, r in row] for row in keyed
+    ]
+    for n, (p, j) in enumerate(pending):
+        record = _parse_record(ran[n]) if n < len(ran) else None
+        if record is not None:  # the launch wrote its directory as <build>; a unit's record names its own
+            output = record.output.replace("<build>", str(work)).replace(str(plans[p].work), "<build>")
+            record = record.model_copy(update={"output": output})
+        out[p][j] = (record, False)
+        key = keyed[p][j][0]
+        finished = record is not None and record.returncode is not None and 0 <= record.returncode != 127
+        if key and finished and record is not None:  # timed-out and unstartable runs are not kept
+            cache.store(key, record, plans[p].inputs)
+    return out, prepared
+
+
+def _parse_record(value: Any) -> CommandRecord | None:
+    """A compiler run as the build launch reported it (untrusted: checked, output capped)."""
+    try:
+        record = CommandRecord.model_validate(value)
+    except ValidationError:
+        return None
+    return record.model_copy(update={"output": record.output[:_MAX_CAPTURED_OUTPUT]})
+
+
+def unit_result(
+    plan: UnitPlan, ran: Sequence[tuple[CommandRecord | None, bool]], timeout_s: float
 ) -> CompileUnit:
     """A unit's diagnostics and kernel resources from the output of each of its compiler runs."""
     work = plan.work
-    lost = _CommandRecord(returncode=None, output="", elapsed_s=0.0)
+    lost = CommandRecord(returncode=None, output="", elapsed_s=0.0)
     records = [record if record is not None else lost for record, _ in ran]
     hits = [hit for _, hit in ran]
     diagnostics = list(plan.diagnostics)
@@ -283,19 +221,19 @@ def _unit_result(
         output = record.output.replace("<build>", str(work))
         found = [_place(d, command, work) for d in parse_diagnostics(output, tool=command.tool)]
         if record.returncode is None:
-            found.append(_tool_message(f"build timed out after {timeout_s:g} s ({command.tool} was killed)"))
+            found.append(tool_message(f"build timed out after {timeout_s:g} s ({command.tool} was killed)"))
         elif record.returncode < 0 or record.returncode == 127:
-            found.append(_tool_message(f"{command.tool} failed to run (status {record.returncode}); see log"))
+            found.append(tool_message(f"{command.tool} failed to run (status {record.returncode}); see log"))
         elif record.returncode != 0 and not any(d.severity == "error" for d in found):
             found.append(
-                _tool_message(
+                tool_message(
                     f"{command.tool} exited with status {record.returncode}; see log", tool=command.tool
                 )
             )
         diagnostics += found
         if command.tool == "nvcc":
             kernels += parse_ptxas_resources(output)
-    names = _demangle([k.mangled for k in kernels])
+    names = demangle([k.mangled for k in kernels])
     kernels = [k.model_copy(update={"kernel": names.get(k.mangled, k.mangled)}) for k in kernels]
     diagnostics = _dedupe(diagnostics)
     diagnostics.sort(key=lambda d: d.severity != "error")  # stable: errors first, compiler order kept
@@ -303,7 +241,7 @@ def _unit_result(
         omitted = len(diagnostics) - _MAX_DIAGNOSTICS_PER_UNIT
         diagnostics = diagnostics[:_MAX_DIAGNOSTICS_PER_UNIT]
         diagnostics.append(
-            _tool_message(f"{omitted} more diagnostics omitted; see the log", severity="warning")
+            tool_message(f"{omitted} more diagnostics omitted; see the log", severity="warning")
         )
     return CompileUnit(
         name=plan.name,
@@ -322,7 +260,7 @@ def _dedupe(diagnostics: Sequence[Diagnostic]) -> list[Diagnostic]:
     return list({(d.file, d.line, d.column, d.severity, d.message): d for d in diagnostics}.values())
 
 
-def _place(diagnostic: Diagnostic, command: _Command, work: Path) -> Diagnostic:
+def _place(diagnostic: Diagnostic, command: Command, work: Path) -> Diagnostic:
     """Rewrite a compiler's file name to what the user knows: the .py line, or the file's given name."""
     if diagnostic.file is None:
         return diagnostic
@@ -336,6 +274,5 @@ def _place(diagnostic: Diagnostic, command: _Command, work: Path) -> Diagnostic:
     return diagnostic.model_copy(update={"file": diagnostic.file.replace(str(work), "<build>")})
 
 
-def _safe_identifier(name: str) -> str:
-    ident = re.sub(r"\W", "_", name) or "extension"
-    return f"_{ident}" if ident[0].isdigit() else ident
+def _shown(argv: Sequence[str], work: Path) -> str:
+    return shlex.join(argv).replace(str(work), "<build>")
