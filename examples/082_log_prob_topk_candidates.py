@@ -24,7 +24,7 @@ Predicted on 2 H200s: at `large` (2 x 1024 tokens, V = 131072) the reference spe
 sort of [1024, 131072] rows and a dozen float32 passes over them plus ~0.4 ms in the all-to-all, and
 this version one top-k pass over 256 MiB of logits (~0.2-0.5 ms) and a few small kernels: 10x or more.
 At `pkb` ([2, 8, V/W], microseconds of data) both are launch- and latency-bound: one collective instead
-of two, and about as many small kernels, so about 1.1-1.5x. Not measured yet; see docs/wave-b.md.
+of two, and about as many small kernels, so about 1.1-1.5x. Measured: docs/gpu-results.md.
 """
 
 import math

@@ -1,6 +1,6 @@
 """A build launch: compiler runs and extension builds, inside the sandbox, with no candidate code.
 
-The host plans every compiler command (pkb_mcp/compile.py: flags from an allow-list, sources written
+The host plans every compiler command (pkb_mcp/compile/: flags from an allow-list, sources written
 as text into the launch directory) and every extension build (harness/extensions.py requests whose flags
 passed the same allow-list). This program only runs them, side by side, and writes `build.json`:
 

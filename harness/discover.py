@@ -15,7 +15,7 @@ Each such call's arguments are evaluated in the imported module's namespace: mod
 the constants they are built from, simple local assignments before the call in its function, and the
 function's own parameters bound from the call sites that pass them. What cannot be evaluated is left
 out. OUT receives JSON: {"calls": [...], "error": null or {...}, "stand_ins": [...]}; the host parses it
-as untrusted (pkb_mcp/compile.py). Stdlib only (torch is imported from the solution's environment).
+as untrusted (pkb_mcp/compile/). Stdlib only (torch is imported from the solution's environment).
 """
 
 from __future__ import annotations

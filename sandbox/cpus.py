@@ -4,8 +4,8 @@ The node's cores are split into one block per GPU, whole physical cores at a tim
 hyperthreads stay in one block), in the order Linux numbers them. Rank r of a GPU launch runs on the
 block of its GPU, and every thread it starts (CUDA's, NCCL's proxy threads, the solution's) inherits
 that. So the processes of launches on disjoint GPU sets never share a core, and a rank lands on the same
-cores in every launch instead of wherever the kernel put it (docs/plan-fidelity.md). A CPU launch's
-ranks get one block each out of `world_size`.
+cores in every launch instead of wherever the kernel put it (docs/measurement.md, "Why a side is timed
+in separate launches"). A CPU launch's ranks get one block each out of `world_size`.
 """
 
 from __future__ import annotations

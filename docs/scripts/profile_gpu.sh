@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 22: the profile tool on GPUs (docs/plan-profile.md), in one device call of about 5 minutes.
+# Issue 22: the profile tool on GPUs (docs/measurement.md, "Profile"), in one device call of about 5 minutes.
 # On the device machine, from the repository root, with .gpu carried:
 #     source .gpu/setup.sh > $OUT/setup.log 2>&1; OUT=$OUT bash docs/scripts/profile_gpu.sh
 # World size $WS (else 2). For each profile: NAME.json (the result), NAME.txt (its text, with the
