@@ -1,9 +1,11 @@
-"""The service layer: one function per verb, shared by the CLI and the MCP server.
+"""The service layer: one function per verb, shared by the CLI and the MCP server, and `VERBS`, the
+table of the verbs that run as jobs, which the server, the CLI, the scheduler and a cluster read.
 
 Each function validates its input (raising UserError with one actionable sentence), runs the
 needed launches through a sandbox backend, judges on the host and returns a model from pkb_mcp.models.
-The problems' catalogue and check are here; a run's set-up is pkb_mcp/runs/run.py, judging
-pkb_mcp/runs/verdicts.py, the benchmark pkb_mcp/runs/benchmark.py.
+A run verb (compile, check, bench, profile) takes one `RunRequest` whole. The problems' catalogue and
+check are here; a run's set-up is pkb_mcp/runs/run.py, judging pkb_mcp/runs/verdicts.py, the
+benchmark pkb_mcp/runs/benchmark.py, the profile pkb_mcp/profiling/profile.py.
 """
 
 from __future__ import annotations
