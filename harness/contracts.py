@@ -305,9 +305,13 @@ def _problem(kind: Any, value: object, where: str = "") -> str | None:
         return None
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (types.UnionType, typing.Union):
-        if all(_problem(arg, value, where) is not None for arg in args):
-            return f"needs {at} to be {' or '.join(_type_name(a) for a in args)}, not {_name(value)}"
-        return None
+        problems = [_problem(arg, value, where) for arg in args]
+        if None in problems:
+            return None
+        inner = [p for arg, p in zip(args, problems, strict=True) if arg is not type(None)]
+        if isinstance(value, dict | list) and len(inner) == 1:
+            return inner[0]  # an optional object or list: what is wrong inside it
+        return f"needs {at} to be {' or '.join(_type_name(a) for a in args)}, not {_name(value)}"
     if origin is list:
         if not isinstance(value, list):
             return f"needs {at} to be a list, not {_name(value)}"

@@ -80,6 +80,19 @@ def setup_of(cfg: LaunchConfig) -> WorkerSetup:
     }
 
 
+def rank_setup(setup: WorkerSetup, rank: int) -> RankSetup:
+    """Rank `rank`'s set-up line: a warm sandbox's own keys (idle_s) stay with the launcher."""
+    return {
+        "launch_dir": setup["launch_dir"],
+        "world_size": setup["world_size"],
+        "device": setup["device"],
+        "threads_per_rank": setup["threads_per_rank"],
+        "rank_cpus": setup["rank_cpus"],
+        "setup_timeout_s": setup["setup_timeout_s"],
+        "rank": rank,
+    }
+
+
 def _pin(cpus: list[int]) -> Callable[[], None] | None:
     """A child's first act, before it can start a thread: keep to `cpus` (every thread it starts
     inherits them)."""
@@ -104,16 +117,7 @@ def spawn(setup: WorkerSetup) -> list[subprocess.Popen[bytes]]:
             preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
         )
         log.close()
-        rank_setup: RankSetup = {
-            "launch_dir": setup["launch_dir"],
-            "world_size": setup["world_size"],
-            "device": setup["device"],
-            "threads_per_rank": setup["threads_per_rank"],
-            "rank_cpus": setup["rank_cpus"],
-            "setup_timeout_s": setup["setup_timeout_s"],
-            "rank": rank,
-        }
-        _send(proc, rank_setup, close=False)
+        _send(proc, rank_setup(setup, rank), close=False)
         procs.append(proc)
     return procs
 
@@ -186,38 +190,50 @@ def launch(cfg: LaunchConfig, procs: list[subprocess.Popen[bytes]] | None = None
             break
         time.sleep(POLL_S)
 
-    ranks: list[RankRecord] = []
-    for rank, proc in enumerate(procs):
-        status = _read_status(launch_dir, rank)
-        entry: RankRecord = {
-            "rank": rank,
-            "exit_code": proc.returncode,
-            "signal": None,
-            "elapsed_s": round(ended.get(rank, 0.0), 3),
-            "cpus": status.get("cpus"),
-            "stages": status.get("stages"),
-        }
-        rc = proc.returncode
-        if status.get("state") == "ok" and rc == 0:
-            entry["state"] = "ok"
-        elif status.get("state") == "error":
-            entry["state"] = "error"
-            entry["error"] = str(status.get("error"))
-            entry["stage"] = str(status.get("stage"))
-            entry["traceback"] = str(status.get("traceback") or "")
-        elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
-            entry["state"], entry["signal"] = "crashed", signal.Signals(-rc).name
-        elif rc == -signal.SIGKILL:
-            entry["state"] = (
-                "timeout" if timed_out else ("aborted" if first_failure is not None else "crashed")
-            )
-            entry["signal"] = "SIGKILL"
-        elif rc == 0:
-            entry["state"] = "exited"  # returned without finishing the launch
-        else:
-            entry["state"], entry["error"] = "crashed", f"exit status {rc}"
-        ranks.append(entry)
+    ranks = [
+        rank_record(
+            rank,
+            proc.returncode,
+            ended.get(rank, 0.0),
+            _read_status(launch_dir, rank),
+            timed_out,
+            aborted=first_failure is not None,
+        )
+        for rank, proc in enumerate(procs)
+    ]
     return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
+
+
+def rank_record(
+    rank: int, rc: int | None, ended_s: float, status: RankRecord, timed_out: bool, aborted: bool
+) -> RankRecord:
+    """A rank's entry of launch.json: its own status (`status`, {} when it wrote none) completed with
+    how its process ended (`rc`, killed at the deadline or after a peer failed)."""
+    entry: RankRecord = {
+        "rank": rank,
+        "exit_code": rc,
+        "signal": None,
+        "elapsed_s": round(ended_s, 3),
+        "cpus": status.get("cpus"),
+        "stages": status.get("stages"),
+    }
+    if status.get("state") == "ok" and rc == 0:
+        entry["state"] = "ok"
+    elif status.get("state") == "error":
+        entry["state"] = "error"
+        entry["error"] = str(status.get("error"))
+        entry["stage"] = str(status.get("stage"))
+        entry["traceback"] = str(status.get("traceback") or "")
+    elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
+        entry["state"], entry["signal"] = "crashed", signal.Signals(-rc).name
+    elif rc == -signal.SIGKILL:
+        entry["state"] = "timeout" if timed_out else ("aborted" if aborted else "crashed")
+        entry["signal"] = "SIGKILL"
+    elif rc == 0:
+        entry["state"] = "exited"  # returned without finishing the launch
+    else:
+        entry["state"], entry["error"] = "crashed", f"exit status {rc}"
+    return entry
 
 
 TOOL_MODES = ("discover", "build")

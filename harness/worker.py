@@ -55,6 +55,31 @@ def _trimmed_traceback(exc: BaseException) -> str:
     return text[-6000:]
 
 
+def finished_status(t_start: float, cpus: list[int], stages: Stages) -> RankRecord:
+    """This rank's part of its RankRecord when its launch ran to the end."""
+    return {
+        "state": "ok",
+        "elapsed_s": time.monotonic() - t_start,
+        "cpus": cpus,
+        "stages": stages.durations(),
+    }
+
+
+def failed_status(
+    exc: BaseException, stage: str, t_start: float, cpus: list[int], stages: Stages
+) -> RankRecord:
+    """This rank's part of its RankRecord when `exc` ended it in `stage`."""
+    return {
+        "state": "error",
+        "stage": stage,
+        "error": f"{type(exc).__name__}: {exc}"[:2000],
+        "traceback": _trimmed_traceback(exc),
+        "elapsed_s": time.monotonic() - t_start,
+        "cpus": cpus,
+        "stages": stages.durations(),
+    }
+
+
 def _write_status(launch_dir: Path, rank: int, status: RankRecord) -> None:
     path = launch_dir / f"rank{rank}.status.json"
     tmp = path.with_suffix(".part")
@@ -304,25 +329,10 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
             signed = cast(TimingRecord, tensorfile.mac_record(tensorfile.result_key(cfg["seeds"]), record))
             tmp.write_text(json.dumps(signed))
             os.replace(tmp, launch_dir / "timing.json")
-        done: RankRecord = {
-            "state": "ok",
-            "elapsed_s": time.monotonic() - t_start,
-            "cpus": cpus,
-            "stages": stages.durations(),
-        }
-        _write_status(launch_dir, rank, done)
+        _write_status(launch_dir, rank, finished_status(t_start, cpus, stages))
         _exit_now(0)
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
-        failed: RankRecord = {
-            "state": "error",
-            "stage": stages.label or stage,
-            "error": f"{type(exc).__name__}: {exc}"[:2000],
-            "traceback": _trimmed_traceback(exc),
-            "elapsed_s": time.monotonic() - t_start,
-            "cpus": cpus,
-            "stages": stages.durations(),
-        }
-        _write_status(launch_dir, rank, failed)
+        _write_status(launch_dir, rank, failed_status(exc, stages.label or stage, t_start, cpus, stages))
         sys.stderr.write(_trimmed_traceback(exc))
         sys.stderr.flush()
         _reap_descendants()
