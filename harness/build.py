@@ -2,7 +2,8 @@
 
 The host plans every compiler command (pkb_mcp/compile/: flags from an allow-list, sources written
 as text into the launch directory) and every extension build (harness/extensions.py requests whose flags
-passed the same allow-list). This program only runs them, side by side, and writes `build.json`:
+passed the same allow-list). This program only runs them, side by side, and writes `build.json`, a
+BuildRecord (harness/contracts.py):
 
   {"commands": [{"returncode", "output", "elapsed_s"}],
    "extensions": [{"key", "name", "ok", "log", "elapsed_s"}]}
@@ -29,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from harness import extensions
+from harness.contracts import BuildRecord, CommandResult, ExtensionBuild, ToolConfig, read_tool_config
 
 MAX_OUTPUT_BYTES = 1 << 20
 PARALLEL = 4
 
 
-def run_command(argv: list[str], cwd: Path, env: dict[str, str], deadline: float) -> dict[str, Any]:
+def run_command(argv: list[str], cwd: Path, env: dict[str, str], deadline: float) -> CommandResult:
     """One compiler run in its own session, output to a file; the whole session killed at the deadline."""
     start = time.monotonic()
     out_path = cwd / f".out-{time.monotonic_ns()}-{threading.get_ident()}.txt"
@@ -74,9 +76,15 @@ def compiler_env(launch_dir: Path) -> dict[str, str]:
     }
 
 
-def _build_extension(data: dict[str, Any], launch_dir: Path) -> dict[str, Any]:
+def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
     start = time.monotonic()
-    entry: dict[str, Any] = {"key": None, "name": str(data.get("name", "")), "ok": False, "log": ""}
+    entry: ExtensionBuild = {
+        "key": None,
+        "name": str(data.get("name", "")),
+        "ok": False,
+        "log": "",
+        "elapsed_s": 0.0,
+    }
     try:
         request = extensions.Request.from_json(data)
         key = request.key(extensions.toolchain())
@@ -93,12 +101,12 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> dict[str, Any]:
     return entry
 
 
-def main(cfg: dict[str, Any]) -> dict[str, Any]:
+def main(cfg: ToolConfig) -> BuildRecord:
     launch_dir = Path(cfg["launch_dir"])
     deadline = time.monotonic() + float(cfg["timeout_s"])
     env = compiler_env(launch_dir)
-    commands = cfg.get("commands") or []
-    requests = cfg.get("extensions") or []
+    commands = cfg.get("commands", [])
+    requests = cfg.get("extensions", [])
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         ran = [
             pool.submit(run_command, list(c["argv"]), Path(c.get("cwd") or launch_dir), env, deadline)
@@ -116,5 +124,4 @@ def main(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    config = json.loads(sys.stdin.read())
-    json.dump(main(config), sys.stdout)
+    json.dump(main(read_tool_config(json.loads(sys.stdin.read()))), sys.stdout)

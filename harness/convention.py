@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from harness.contracts import RankConfig
+from harness.contracts import ConventionRecord, RankConfig
 
 CONVENTIONS = ("auto", "ours", "original")
 RECORD = "convention.json"  # rank 0's record of what it chose (informational: the host's notes)
@@ -243,7 +243,7 @@ def bind(
     return original_call
 
 
-def _record(launch_dir: Path, record: dict[str, str]) -> None:
+def _record(launch_dir: Path, record: ConventionRecord) -> None:
     part = launch_dir / f"{RECORD}.part"
     part.write_text(json.dumps(record))
     os.replace(part, launch_dir / RECORD)

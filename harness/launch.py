@@ -1,22 +1,21 @@
 """Rank launcher: starts one worker process per rank and reports each rank's outcome (stdlib only).
 
-Run as `python -m harness.launch` inside the sandbox with the launch configuration as JSON on stdin
-(or in a file named by `--config-file`, deleted as soon as it is read).
-Each worker gets its own configuration (with its rank and the trial seeds) through its stdin pipe,
-so seeds never touch the launch directory.
+Run as `python -m harness.launch` inside the sandbox with the launch configuration (a LaunchConfig, or a
+ToolConfig: harness/contracts.py) as JSON on stdin (or in a file named by `--config-file`, deleted as
+soon as it is read); one that does not match its contract ends the launcher with one sentence saying why.
+Each worker gets its set-up (a RankSetup) and then its launch (a RankConfig, with its rank and the trial
+seeds) through its stdin pipe, so seeds never touch the launch directory.
 
-Warm start: `--warm SETUP --config-file PATH` starts the workers at once from SETUP (world size,
-device: nothing secret), lets them import torch and create the process group, and only then waits
+Warm start: `--warm SETUP --config-file PATH` starts the workers at once from SETUP (a WarmSetup: world
+size, device, nothing secret), lets them import torch and create the process group, and only then waits
 for PATH to appear (the launch, written by the host when one is dispatched to this sandbox). A warm
 sandbox serves exactly one launch; if none arrives within SETUP's `idle_s` it exits and writes nothing.
 
 The launcher watches the workers: when one fails, the others get a short grace period to finish
 (they are usually stuck in a collective) and are then killed; at the deadline everything left is
-killed. It writes launch.json:
-  {"ranks": [{"rank", "state", "exit_code", "signal", "error", "stage", "traceback", "elapsed_s", "cpus",
-  "stages"}],
-   "wall_s": ...}
-where state is one of ok, error, crashed, timeout, aborted, exited.
+killed. It writes launch.json, a LaunchRecord: each rank's RankRecord, the worker's own status file
+completed with what the launcher saw (exit status, signal), the wall time and whether the deadline
+passed. A tool launch writes a ToolRecord instead.
 """
 
 from __future__ import annotations
@@ -27,58 +26,86 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import cast
 
-from harness.contracts import LaunchRecord, RankRecord
+from harness.contracts import (
+    ContractError,
+    LaunchConfig,
+    LaunchRecord,
+    RankConfig,
+    RankRecord,
+    RankSetup,
+    ToolConfig,
+    ToolRecord,
+    WorkerSetup,
+    read_launch_config,
+    read_rank_status,
+    read_tool_config,
+    read_warm_setup,
+)
 
 PEER_GRACE_S = 5.0
 POLL_S = 0.02
 STACK_DUMP_WAIT_S = 0.3
 
 
-def _worker_env(rank: int, cfg: dict[str, Any]) -> dict[str, str]:
+def _worker_env(rank: int, setup: WorkerSetup) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg["world_size"])})
-    if cfg["device"] == "cpu":
-        env["OMP_NUM_THREADS"] = str(cfg.get("threads_per_rank", 1))
+    env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(setup["world_size"])})
+    if setup["device"] == "cpu":
+        env["OMP_NUM_THREADS"] = str(setup["threads_per_rank"])
     return env
 
 
-def _read_status(launch_dir: Path, rank: int) -> dict[str, Any] | None:
+def _read_status(launch_dir: Path, rank: int) -> RankRecord:
+    """The worker's part of the rank's record; {} when it wrote none (or nothing readable)."""
     try:
         data = json.loads((launch_dir / f"rank{rank}.status.json").read_text())
     except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        return {}
+    return read_rank_status(data)
 
 
-def setup_of(cfg: dict[str, Any]) -> dict[str, Any]:
+def setup_of(cfg: LaunchConfig) -> WorkerSetup:
     """What a worker needs before its launch: nothing secret."""
     return {
         "launch_dir": cfg["launch_dir"],
-        "world_size": int(cfg["world_size"]),
+        "world_size": cfg["world_size"],
         "device": cfg["device"],
-        "threads_per_rank": int(cfg.get("threads_per_rank", 1)),
-        "rank_cpus": cfg.get("rank_cpus") or [],
-        "setup_timeout_s": float(cfg.get("setup_timeout_s", cfg.get("timeout_s", 120))),
+        "threads_per_rank": cfg["threads_per_rank"],
+        "rank_cpus": cfg["rank_cpus"],
+        "setup_timeout_s": cfg["timeout_s"],
     }
 
 
-def _pin(cpus: list[int]) -> Any:
+def rank_setup(setup: WorkerSetup, rank: int) -> RankSetup:
+    """Rank `rank`'s set-up line: a warm sandbox's own keys (idle_s) stay with the launcher."""
+    return {
+        "launch_dir": setup["launch_dir"],
+        "world_size": setup["world_size"],
+        "device": setup["device"],
+        "threads_per_rank": setup["threads_per_rank"],
+        "rank_cpus": setup["rank_cpus"],
+        "setup_timeout_s": setup["setup_timeout_s"],
+        "rank": rank,
+    }
+
+
+def _pin(cpus: list[int]) -> Callable[[], None] | None:
     """A child's first act, before it can start a thread: keep to `cpus` (every thread it starts
     inherits them)."""
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
-def spawn(setup: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
+def spawn(setup: WorkerSetup) -> list[subprocess.Popen[bytes]]:
     """One worker per rank, each sent its set-up line; their stdin stays open for the launch.
     Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py)."""
     launch_dir = Path(setup["launch_dir"])
-    rank_cpus = setup.get("rank_cpus") or []
+    rank_cpus = setup["rank_cpus"]
     procs: list[subprocess.Popen[bytes]] = []
-    for rank in range(int(setup["world_size"])):
+    for rank in range(setup["world_size"]):
         log = open(launch_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
             [sys.executable, "-m", "harness.worker"],
@@ -90,12 +117,12 @@ def spawn(setup: dict[str, Any]) -> list[subprocess.Popen[bytes]]:
             preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
         )
         log.close()
-        _send(proc, {**setup, "rank": rank}, close=False)
+        _send(proc, rank_setup(setup, rank), close=False)
         procs.append(proc)
     return procs
 
 
-def _send(proc: subprocess.Popen[bytes], message: dict[str, Any] | None, close: bool) -> None:
+def _send(proc: subprocess.Popen[bytes], message: RankSetup | RankConfig | None, close: bool) -> None:
     assert proc.stdin is not None
     try:
         if message is not None:
@@ -107,7 +134,7 @@ def _send(proc: subprocess.Popen[bytes], message: dict[str, Any] | None, close: 
         pass  # the worker died already; its outcome is read from its exit status
 
 
-def wait_for_launch(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any] | None:
+def wait_for_launch(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]) -> LaunchConfig | None:
     """A warm sandbox's launch: the file the host writes into the launch directory; None at idle_s, or as
     soon as a worker has died (a sandbox that cannot serve a launch must not look ready for one)."""
     give_up = time.monotonic() + idle_s
@@ -115,21 +142,22 @@ def wait_for_launch(path: Path, idle_s: float, procs: list[subprocess.Popen[byte
         if path.exists():
             text = path.read_text()
             path.unlink()
-            return json.loads(text)
+            return read_launch_config(_json(text, "the launch configuration"))
         time.sleep(0.002)
     return None
 
 
-def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = None) -> LaunchRecord:
+def launch(cfg: LaunchConfig, procs: list[subprocess.Popen[bytes]] | None = None) -> LaunchRecord:
     """Run the launch `cfg` on `procs` (warm workers already set up) or on workers started now."""
     launch_dir = Path(cfg["launch_dir"])
-    world_size = int(cfg["world_size"])
-    deadline = time.monotonic() + float(cfg["timeout_s"])
+    world_size = cfg["world_size"]
+    deadline = time.monotonic() + cfg["timeout_s"]
     t0 = time.monotonic()
     if procs is None:
         procs = spawn(setup_of(cfg))
     for rank, proc in enumerate(procs):
-        _send(proc, {**cfg, "rank": rank}, close=True)
+        rank_cfg: RankConfig = {**cfg, "rank": rank}
+        _send(proc, rank_cfg, close=True)
 
     ended: dict[int, float] = {}
     first_failure: float | None = None
@@ -139,9 +167,7 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
         for rank, proc in enumerate(procs):
             if rank not in ended and proc.poll() is not None:
                 ended[rank] = now - t0
-                finished = (
-                    proc.returncode == 0 and (_read_status(launch_dir, rank) or {}).get("state") == "ok"
-                )
+                finished = proc.returncode == 0 and _read_status(launch_dir, rank).get("state") == "ok"
                 if not finished and first_failure is None:
                     first_failure = now
         if len(ended) == world_size:
@@ -164,55 +190,67 @@ def launch(cfg: dict[str, Any], procs: list[subprocess.Popen[bytes]] | None = No
             break
         time.sleep(POLL_S)
 
-    ranks: list[RankRecord] = []
-    for rank, proc in enumerate(procs):
-        status = _read_status(launch_dir, rank) or {}
-        entry: RankRecord = {
-            "rank": rank,
-            "exit_code": proc.returncode,
-            "signal": None,
-            "elapsed_s": round(ended.get(rank, 0.0), 3),
-            "cpus": status.get("cpus"),  # the CPUs the rank could run on, as it saw them at start
-            "stages": status.get("stages"),  # seconds in each stage of the launch (harness.worker.Stages)
-        }
-        rc = proc.returncode
-        if status.get("state") == "ok" and rc == 0:
-            entry["state"] = "ok"
-        elif status.get("state") == "error":
-            entry["state"] = "error"
-            entry["error"] = str(status.get("error"))
-            entry["stage"] = str(status.get("stage"))
-            entry["traceback"] = str(status.get("traceback") or "")
-        elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
-            entry["state"], entry["signal"] = "crashed", signal.Signals(-rc).name
-        elif rc == -signal.SIGKILL:
-            entry["state"] = (
-                "timeout" if timed_out else ("aborted" if first_failure is not None else "crashed")
-            )
-            entry["signal"] = "SIGKILL"
-        elif rc == 0:
-            entry["state"] = "exited"  # returned without finishing the launch
-        else:
-            entry["state"], entry["error"] = "crashed", f"exit status {rc}"
-        ranks.append(entry)
+    ranks = [
+        rank_record(
+            rank,
+            proc.returncode,
+            ended.get(rank, 0.0),
+            _read_status(launch_dir, rank),
+            timed_out,
+            aborted=first_failure is not None,
+        )
+        for rank, proc in enumerate(procs)
+    ]
     return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
+
+
+def rank_record(
+    rank: int, rc: int | None, ended_s: float, status: RankRecord, timed_out: bool, aborted: bool
+) -> RankRecord:
+    """A rank's entry of launch.json: its own status (`status`, {} when it wrote none) completed with
+    how its process ended (`rc`, killed at the deadline or after a peer failed)."""
+    entry: RankRecord = {
+        "rank": rank,
+        "exit_code": rc,
+        "signal": None,
+        "elapsed_s": round(ended_s, 3),
+        "cpus": status.get("cpus"),
+        "stages": status.get("stages"),
+    }
+    if status.get("state") == "ok" and rc == 0:
+        entry["state"] = "ok"
+    elif status.get("state") == "error":
+        entry["state"] = "error"
+        entry["error"] = str(status.get("error"))
+        entry["stage"] = str(status.get("stage"))
+        entry["traceback"] = str(status.get("traceback") or "")
+    elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
+        entry["state"], entry["signal"] = "crashed", signal.Signals(-rc).name
+    elif rc == -signal.SIGKILL:
+        entry["state"] = "timeout" if timed_out else ("aborted" if aborted else "crashed")
+        entry["signal"] = "SIGKILL"
+    elif rc == 0:
+        entry["state"] = "exited"  # returned without finishing the launch
+    else:
+        entry["state"], entry["error"] = "crashed", f"exit status {rc}"
+    return entry
 
 
 TOOL_MODES = ("discover", "build")
 
 
-def run_tool(cfg: dict[str, Any]) -> dict[str, Any]:
+def run_tool(cfg: ToolConfig) -> ToolRecord:
     """A launch that runs one program instead of ranks: `discover` imports the candidate in a child
     process (harness/discover.py) to find its extension builds; `build` runs compilers and extension
     builds that the host planned (harness/build.py), with no candidate code."""
     launch_dir = Path(cfg["launch_dir"])
     t0 = time.monotonic()
-    timeout_s = float(cfg["timeout_s"])
+    timeout_s = cfg["timeout_s"]
     if cfg["mode"] == "discover":
         out = launch_dir / "discovered.json"
         argv = [sys.executable, "-I", "-B", str(Path(__file__).with_name("discover.py"))]
         proc = subprocess.Popen(
-            [*argv, cfg["solution_path"], str(out)],
+            [*argv, cfg.get("solution_path", ""), str(out)],
             stdin=subprocess.DEVNULL,
             stdout=open(launch_dir / "discover.log", "wb"),  # noqa: SIM115 - handed to the child
             stderr=subprocess.STDOUT,
@@ -235,21 +273,45 @@ def run_tool(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"tool": "build", "exit_code": 0, "wall_s": round(time.monotonic() - t0, 3)}
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def _json(text: str, what: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ContractError(f"{what} is not JSON ({exc})") from None
+
+
+def read_config(path: Path) -> LaunchConfig | ToolConfig:
     """The launch configuration from a file, deleted once read: no candidate code exists yet, and none
     may ever read the seeds in it."""
     text = path.read_text()
     path.unlink()
-    return json.loads(text)
+    data = _json(text, "the launch configuration")
+    if isinstance(data, dict) and data.get("mode") in TOOL_MODES:
+        return read_tool_config(data)
+    return read_launch_config(data)
 
 
 def main(argv: list[str]) -> None:
-    args = dict(zip(argv[::2], argv[1::2], strict=False))
+    try:
+        launch_dir, result = _run(dict(zip(argv[::2], argv[1::2], strict=False)))
+    except ContractError as exc:
+        sys.exit(f"harness.launch: {exc}")
+    if launch_dir is None:
+        return
+    path = Path(launch_dir) / "launch.json"
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+
+
+def _run(args: dict[str, str]) -> tuple[str | None, LaunchRecord | ToolRecord | None]:
+    """The launch the arguments name, run: its directory and record; (None, None) for a warm sandbox
+    that was never used."""
     if "--warm" in args:
-        setup = json.loads(args["--warm"])
+        setup = read_warm_setup(_json(args["--warm"], "the warm set-up"))
         procs = spawn(setup)
-        cfg = wait_for_launch(Path(args["--config-file"]), float(setup.get("idle_s", 600)), procs)
-        if cfg is None:
+        warm_cfg = wait_for_launch(Path(args["--config-file"]), setup["idle_s"], procs)
+        if warm_cfg is None:
             for proc in procs:
                 _send(proc, None, close=True)  # an empty line: the worker leaves quietly
             for proc in procs:
@@ -257,20 +319,17 @@ def main(argv: list[str]) -> None:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-            return
-        if int(cfg["world_size"]) != len(procs) or cfg["device"] != setup["device"]:
+            return None, None
+        if warm_cfg["world_size"] != len(procs) or warm_cfg["device"] != setup["device"]:
             sys.exit("harness.launch: the launch does not fit this warm sandbox")
-        result: Mapping[str, Any] = launch(cfg, procs)
-    elif "--config-file" in args:
+        return warm_cfg["launch_dir"], launch(warm_cfg, procs)
+    if "--config-file" in args:
         cfg = read_config(Path(args["--config-file"]))
-        result = run_tool(cfg) if cfg.get("mode") in TOOL_MODES else launch(cfg)
-    else:
-        cfg = json.loads(sys.stdin.read())
-        result = launch(cfg)
-    path = Path(cfg["launch_dir"]) / "launch.json"
-    tmp = path.with_suffix(".part")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, path)
+        if cfg["mode"] in TOOL_MODES:
+            return cfg["launch_dir"], run_tool(cast(ToolConfig, cfg))
+        return cfg["launch_dir"], launch(cast(LaunchConfig, cfg))
+    stdin_cfg = read_launch_config(_json(sys.stdin.read(), "the launch configuration"))
+    return stdin_cfg["launch_dir"], launch(stdin_cfg)
 
 
 if __name__ == "__main__":

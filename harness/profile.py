@@ -8,8 +8,8 @@ call is the profiler's warm-up step and is discarded (CUPTI's start-up costs lan
 
 Each rank writes into `profile/` of the launch directory:
   r{rank}.trace.json   torch's Chrome trace export of the profiled calls
-  r{rank}.info.json    the device-event milliseconds of each call; on rank 0, why hardware counters
-                       (Nsight Compute) cannot be read here
+  r{rank}.info.json    a ProfileInfo (harness/contracts.py): the device-event milliseconds of each
+                       call; on rank 0, why hardware counters (Nsight Compute) cannot be read here
 The host reads both as untrusted input (pkb_mcp/profiling/traces.py): nothing here is a verdict or a credit.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.contracts import TimingConfig
+from harness.contracts import ProfileInfo, TimingConfig
 
 CALL_LABEL = "pkb.call#"
 PROFILE_DIR = "profile"
@@ -131,7 +131,7 @@ def run(
     out_dir = launch_dir / PROFILE_DIR
     out_dir.mkdir(exist_ok=True)
     prof.export_chrome_trace(str(out_dir / f"r{rank}.trace.json"))
-    info: dict[str, Any] = {
+    info: ProfileInfo = {
         "rank": rank,
         "calls": calls,
         "warmup_calls": PROBE_CALLS + warmup + 1,

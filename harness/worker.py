@@ -1,7 +1,8 @@
 """One rank of a launch: process group, inputs, the solution, outputs and timings (torch + stdlib only).
 
-Started by harness.launch, it reads two JSON lines on stdin: the set-up (rank, world size, device),
-then the launch (problem, solution, seeds: stdin is the only place this rank's seeds exist). Between
+Started by harness.launch, it reads two JSON lines on stdin: the set-up (a RankSetup: rank, world size,
+device), then the launch (a RankConfig: problem, solution, seeds: stdin is the only place this rank's
+seeds exist), each checked against harness/contracts.py. Between
 the two it imports torch, creates the process group and runs one collective, then writes
 rank{rank}.ready: a warm sandbox started ahead of need waits there for its one launch. It writes into
 the launch directory:
@@ -9,7 +10,8 @@ the launch directory:
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
   timing.json                 samples, written by rank 0 (mode "benchmark")
   profile/r{rank}.*.json      the rank's profiler trace and call times (mode "profile", harness/profile.py)
-  rank{rank}.status.json      "ok", or the failure with a trimmed traceback
+  rank{rank}.status.json      its part of the rank's RankRecord: "ok", or the failure with a trimmed
+                              traceback; the launcher completes it for launch.json
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from types import ModuleType
 from typing import Any, cast
 
 from harness.calls import Calls, SolutionError, snapshot
-from harness.contracts import RankConfig, TimingRecord
+from harness.contracts import (
+    ContractError,
+    RankConfig,
+    RankRecord,
+    RankSetup,
+    TimingRecord,
+    read_rank_config,
+    read_rank_setup,
+)
 
 HARNESS_DIR = Path(__file__).resolve().parent
 ORIGINAL_PACKAGES = str(HARNESS_DIR / "original")  # harness/original: the original benchmark's `utils`
@@ -45,7 +55,32 @@ def _trimmed_traceback(exc: BaseException) -> str:
     return text[-6000:]
 
 
-def _write_status(launch_dir: Path, rank: int, status: dict[str, Any]) -> None:
+def finished_status(t_start: float, cpus: list[int], stages: Stages) -> RankRecord:
+    """This rank's part of its RankRecord when its launch ran to the end."""
+    return {
+        "state": "ok",
+        "elapsed_s": time.monotonic() - t_start,
+        "cpus": cpus,
+        "stages": stages.durations(),
+    }
+
+
+def failed_status(
+    exc: BaseException, stage: str, t_start: float, cpus: list[int], stages: Stages
+) -> RankRecord:
+    """This rank's part of its RankRecord when `exc` ended it in `stage`."""
+    return {
+        "state": "error",
+        "stage": stage,
+        "error": f"{type(exc).__name__}: {exc}"[:2000],
+        "traceback": _trimmed_traceback(exc),
+        "elapsed_s": time.monotonic() - t_start,
+        "cpus": cpus,
+        "stages": stages.durations(),
+    }
+
+
+def _write_status(launch_dir: Path, rank: int, status: RankRecord) -> None:
     path = launch_dir / f"rank{rank}.status.json"
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(status))
@@ -251,12 +286,13 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def read_line(stream: Any) -> dict[str, Any] | None:
+def read_line(stream: Any) -> object:
+    """The next JSON line; None at the end of the stream or for an empty line."""
     line = stream.readline()
     return json.loads(line) if line.strip() else None
 
 
-def run(setup: dict[str, Any], next_launch: Callable[[], dict[str, Any] | None]) -> None:
+def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
     """This rank's life: the process group, then one launch (or none, for a warm sandbox never used),
     its status written whatever happens."""
     import torch.distributed as dist
@@ -279,7 +315,8 @@ def run(setup: dict[str, Any], next_launch: Callable[[], dict[str, Any] | None])
             os._exit(0)
         t_start = time.monotonic()
         stages = Stages()
-        cfg = cast(RankConfig, {**launch, "rank": rank, "world_size": world_size})
+        cfg = read_rank_config(launch)
+        cfg["rank"], cfg["world_size"] = rank, world_size
         record = _run_launch(cfg, device, launch_dir, stages)
         stages.enter("teardown")
         dist.barrier()
@@ -289,32 +326,20 @@ def run(setup: dict[str, Any], next_launch: Callable[[], dict[str, Any] | None])
         _reap_descendants()
         if record is not None and rank == 0:
             tmp = launch_dir / "timing.part"
-            tmp.write_text(json.dumps(tensorfile.mac_record(tensorfile.result_key(launch["seeds"]), record)))
+            signed = cast(TimingRecord, tensorfile.mac_record(tensorfile.result_key(cfg["seeds"]), record))
+            tmp.write_text(json.dumps(signed))
             os.replace(tmp, launch_dir / "timing.json")
-        status = {"state": "ok", "elapsed_s": time.monotonic() - t_start, "cpus": cpus}
-        _write_status(launch_dir, rank, {**status, "stages": stages.durations()})
+        _write_status(launch_dir, rank, finished_status(t_start, cpus, stages))
         _exit_now(0)
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
-        _write_status(
-            launch_dir,
-            rank,
-            {
-                "state": "error",
-                "stage": stages.label or stage,
-                "error": f"{type(exc).__name__}: {exc}"[:2000],
-                "traceback": _trimmed_traceback(exc),
-                "elapsed_s": time.monotonic() - t_start,
-                "cpus": cpus,
-                "stages": stages.durations(),
-            },
-        )
+        _write_status(launch_dir, rank, failed_status(exc, stages.label or stage, t_start, cpus, stages))
         sys.stderr.write(_trimmed_traceback(exc))
         sys.stderr.flush()
         _reap_descendants()
         os._exit(3)
 
 
-def _join_group(setup: dict[str, Any], launch_dir: Path) -> Any:
+def _join_group(setup: RankSetup, launch_dir: Path) -> Any:
     """The process group, with one collective run (communicators, CUDA context and allocator are
     ready before the launch arrives); then rank{rank}.ready. Returns this rank's device."""
     import torch
@@ -326,8 +351,8 @@ def _join_group(setup: dict[str, Any], launch_dir: Path) -> Any:
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(max(1, int(setup.get("threads_per_rank", 1))))
-    store = _connect_store(launch_dir, rank, world_size, float(setup["setup_timeout_s"]))
+        torch.set_num_threads(max(1, setup["threads_per_rank"]))
+    store = _connect_store(launch_dir, rank, world_size, setup["setup_timeout_s"])
     init_kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **init_kwargs)
@@ -397,9 +422,13 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
 def main() -> None:
     # the launcher sends SIGUSR1 before killing a stuck rank: its stacks land in the rank's log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    setup = read_line(sys.stdin)
-    if setup is None:
+    line = read_line(sys.stdin)
+    if line is None:
         sys.exit("harness.worker: no set-up line on stdin")
+    try:
+        setup = read_rank_setup(line)
+    except ContractError as exc:
+        sys.exit(f"harness.worker: {exc}")
     run(setup, lambda: read_line(sys.stdin))
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.contracts import WarmSetup
+
 
 @dataclass
 class SandboxLaunch:
@@ -81,7 +83,7 @@ def write_config(launch_dir: Path, config: Mapping[str, Any], owner: tuple[int, 
 
 def warm_setup(
     launch_dir: Path | str, world_size: int, device: str, threads: int, cpus: tuple[tuple[int, ...], ...] = ()
-) -> dict[str, Any]:
+) -> WarmSetup:
     """What a warm launcher starts its workers with: nothing secret."""
     return {
         "launch_dir": str(launch_dir),
