@@ -25,7 +25,8 @@ mypy check both sides against one definition. The readers check what the harness
 key the record requires, no key it does not define, each value of its type, or `ContractError` with
 one sentence naming the key. Files written where candidate code ran are never trusted: the host
 parses them field by field (pkb_mcp/launches.py, pkb_mcp/runs/verdicts.py,
-pkb_mcp/profiling/traces.py), and the launcher keeps only the well-typed fields of a rank's status (`read_rank_status`).
+pkb_mcp/profiling/traces.py), and the launcher keeps only the well-typed fields of a rank's status
+(`read_rank_status`).
 """
 
 # No `from __future__ import annotations`: the readers and NotRequired need the annotations evaluated.
