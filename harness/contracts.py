@@ -58,13 +58,11 @@ class TimingConfig(TypedDict, total=False):
     calls: int  # a profile: calls profiled after the warm-up
 
 
-class LaunchConfig(TypedDict):
-    """One start of a problem's ranks: what the host writes for the launcher."""
+class LaunchSettings(TypedDict):
+    """What a run decides of one start of a problem's ranks (pkb_mcp/runs/run.py, `Run.launch`); where
+    the launch is started, its directory, its copies of the files and its CPUs complete it."""
 
     mode: str  # "outputs", "benchmark" or "profile"
-    launch_dir: str
-    problem_path: str
-    solution_path: str
     world_size: int
     device: str  # "cpu" or "cuda"
     size: dict[str, Any]  # the size preset's values
@@ -75,6 +73,14 @@ class LaunchConfig(TypedDict):
     timing: TimingConfig | None
     threads_per_rank: int
     convention: str  # how the candidate is called: auto, ours, original
+
+
+class LaunchConfig(LaunchSettings):
+    """One start of a problem's ranks: what the host writes for the launcher (pkb_mcp/launches.py)."""
+
+    launch_dir: str
+    problem_path: str
+    solution_path: str
     rank_cpus: list[list[int]]  # each rank's CPU cores (sandbox/cpus.py); [] = not pinned
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import tensorfile
-from harness.contracts import LaunchConfig, TimingConfig, TimingRecord
+from harness.contracts import LaunchConfig, LaunchSettings, TimingRecord
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.log import get
@@ -86,20 +86,13 @@ class LaunchOutcome:
 
 @dataclass
 class LaunchRequest:
-    mode: str  # "outputs", "benchmark" or "profile"
+    """One launch as a run asks for it: the settings the launcher gets (harness/contracts.py), the
+    files to copy into the launch directory, and the GPUs it holds."""
+
+    settings: LaunchSettings
     problem_path: Path
     solution_path: Path
-    world_size: int
-    device: str
     gpus: list[int]
-    size: dict[str, Any]
-    dtype: str
-    seeds: list[int]
-    tolerance: dict[str, Any]  # Problem.bounds: default bounds and per-output ones
-    timeout_s: float
-    timing: TimingConfig | None = None
-    threads_per_rank: int = 1
-    convention: str = "auto"  # how the candidate is called: auto, ours, original (harness/convention.py)
 
 
 def new_launch_dir(launch_id: str) -> Path:
@@ -137,7 +130,12 @@ def warm_key(device: str, gpus: list[int], world_size: int, threads: int) -> War
 
 
 def _request_key(request: LaunchRequest) -> WarmKey:
-    return warm_key(request.device, request.gpus, request.world_size, request.threads_per_rank)
+    return warm_key(
+        request.settings["device"],
+        request.gpus,
+        request.settings["world_size"],
+        request.settings["threads_per_rank"],
+    )
 
 
 def prestart(request: LaunchRequest, backend: Backend, count: int) -> None:
@@ -179,40 +177,30 @@ def run_launch(
             solution_copy = src / "solution.py"
             shutil.copyfile(request.solution_path, solution_copy)
         cfg: LaunchConfig = {
-            "mode": request.mode,
+            **request.settings,
             "launch_dir": str(launch_dir),
             "problem_path": str(problem_copy),
             "solution_path": str(solution_copy),
-            "world_size": request.world_size,
-            "device": request.device,
-            "size": request.size,
-            "dtype": request.dtype,
-            "seeds": request.seeds,
-            "tolerance": request.tolerance,
-            "timeout_s": request.timeout_s,
-            "timing": request.timing,
-            "threads_per_rank": request.threads_per_rank,
-            "convention": request.convention,
             "rank_cpus": [list(block) for block in key.cpus],
         }
         launch = SandboxLaunch(
             launch_id=launch_id,
             launch_dir=launch_dir,
             config=cfg,
-            device=request.device,
+            device=request.settings["device"],
             gpus=request.gpus,
-            timeout_s=request.timeout_s,
+            timeout_s=request.settings["timeout_s"],
             harness_root=config.HARNESS_ROOT,
-            threads=request.threads_per_rank,
+            threads=request.settings["threads_per_rank"],
             cpus=key.cpus,
             warm=slot.handle if slot is not None else None,
         )
         log.info(
             "launch.start",
             launch=launch_id,
-            mode=request.mode,
+            mode=request.settings["mode"],
             backend=backend.name,
-            world_size=request.world_size,
+            world_size=request.settings["world_size"],
         )
         run = backend.run(launch, cancel)
         if run.cancelled:
@@ -278,10 +266,10 @@ def _collect(
     except (OSError, ValueError, KeyError):
         # the launcher itself never reported: everything it ran is lost
         state = "timeout" if killed else "crashed"
-        entries = [{"rank": r, "state": state} for r in range(request.world_size)]
+        entries = [{"rank": r, "state": state} for r in range(request.settings["world_size"])]
         timed_out = killed
     ranks: list[RankOutcome] = []
-    for e in entries[: request.world_size]:
+    for e in entries[: request.settings["world_size"]]:
         rank = int(e.get("rank", len(ranks)))
         ranks.append(
             RankOutcome(
@@ -304,7 +292,7 @@ def _collect(
     if out_dir.is_dir():
         # trials write t<trial>_r<rank>, benchmarks s<set>_r<rank> and f<fresh call>_r<rank>: only
         # this mode's files count
-        prefixes = "sf" if request.mode == "benchmark" else "t"
+        prefixes = "sf" if request.settings["mode"] == "benchmark" else "t"
         for path in out_dir.iterdir():
             m = OUTPUT_NAME.match(path.name)
             if not m or m.group(1) not in prefixes:

@@ -93,17 +93,17 @@ def cpu_launch(
     from pkb_mcp.launches import LaunchRequest
 
     p = problems.resolve(1)
-    return LaunchRequest(
-        mode=mode,
-        problem_path=p.path,
-        solution_path=solution or p.path,
-        world_size=world_size,
-        device="cpu",
-        gpus=[],
-        size=p.size("pkb"),
-        dtype=p.dtype,
-        seeds=seeds or [secrets.randbits(62)],
-        tolerance=p.tolerance,
-        timeout_s=timeout_s,
-        timing=timing,
-    )
+    settings = {
+        "mode": mode,
+        "world_size": world_size,
+        "device": "cpu",
+        "size": p.size("pkb"),
+        "dtype": p.dtype,
+        "seeds": seeds or [secrets.randbits(62)],
+        "tolerance": p.tolerance,
+        "timeout_s": timeout_s,
+        "timing": timing,
+        "threads_per_rank": 1,
+        "convention": "auto",
+    }
+    return LaunchRequest(settings, p.path, solution or p.path, gpus=[])

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pkb_mcp.benchmark import CPU_TIMING, GPU_TIMING, launch_share
 
 from harness import contracts, launch, worker
 from harness.contracts import ContractError, LaunchConfig, RankRecord
+from pkb_mcp.runs.benchmark import CPU_TIMING, GPU_TIMING, launch_share
 from sandbox.base import warm_setup
 
 

@@ -131,19 +131,15 @@ def test_a_job_collects_only_its_own_modes_result_files(tmp_path, mode, kept):
     out.mkdir()
     tensorfile.save(out / "t0_r0.pkbt", [torch.full((4,), 1.0)], "tensor", {})
     tensorfile.save(out / "s0_r0.pkbt", [torch.full((4,), 2.0)], "tensor", {})
-    request = LaunchRequest(
-        mode=mode,
-        problem_path=tmp_path / "p.py",
-        solution_path=tmp_path / "p.py",
-        world_size=1,
-        device="cpu",
-        gpus=[],
-        size={},
-        dtype="float32",
-        seeds=[1],
-        tolerance={},
-        timeout_s=10,
-    )
+    settings = {"mode": mode, "world_size": 1, "device": "cpu", "size": {}, "dtype": "float32", "seeds": [1]}
+    settings |= {
+        "tolerance": {},
+        "timeout_s": 10,
+        "timing": None,
+        "threads_per_rank": 1,
+        "convention": "auto",
+    }
+    request = LaunchRequest(settings, tmp_path / "p.py", tmp_path / "p.py", gpus=[])
     outcome = _collect(tmp_path, request, "", killed=False, wall_s=0.0)
     assert list(outcome.outputs) == [(0, 0)]
     assert outcome.outputs[(0, 0)].tensors[0].eq(kept).all()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.contracts import TimingConfig
+from harness.contracts import LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
@@ -162,22 +162,20 @@ class Run:
         import os
 
         threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)
-        return LaunchRequest(
-            mode=mode,
-            problem_path=self.problem.path,
-            solution_path=solution,
-            world_size=self.world_size,
-            device=self.device,
-            gpus=self.gpus,
-            size=self.problem.size(self.size),
-            dtype=self.problem.dtype,
-            seeds=seeds,
-            tolerance=self.problem.bounds,
-            timeout_s=self.timeout_s,
-            timing=timing,
-            threads_per_rank=threads,
-            convention=self.convention,
-        )
+        settings: LaunchSettings = {
+            "mode": mode,
+            "world_size": self.world_size,
+            "device": self.device,
+            "size": self.problem.size(self.size),
+            "dtype": self.problem.dtype,
+            "seeds": seeds,
+            "tolerance": self.problem.bounds,
+            "timeout_s": self.timeout_s,
+            "timing": timing,
+            "threads_per_rank": threads,
+            "convention": self.convention,
+        }
+        return LaunchRequest(settings, self.problem.path, solution, self.gpus)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)
