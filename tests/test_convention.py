@@ -134,6 +134,7 @@ def test_every_present_problem_is_either_callable_or_says_why_not():
 # ---------------------------------------------------------------- unchanged original files, end to end
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ORIGINAL_FILES, ids=lambda p: p.stem)
 def test_original_file_passes_unchanged_or_fails_for_its_stated_difference(path, isolated_dirs):
@@ -177,12 +178,14 @@ def test_the_count_of_original_files_that_pass_unchanged():
         ("012_allgather_gemm_torch.py", "shapes cannot be multiplied"),
     ],
 )
+@pytest.mark.integration
 def test_called_our_way_an_original_file_fails_for_the_reason_stated(name, words, isolated_dirs):
     path = CANDIDATES / "original" / name
     r = service.check(pid_of(path), path, world_size=2, device="cpu", trials=1, convention="ours")
     assert r.verdict == "fail" and words in r.message, r.message
 
 
+@pytest.mark.integration
 def test_an_original_file_is_benchmarked_through_the_same_call(isolated_dirs):
     path = CANDIDATES / "original" / "043_fused_adam_grad_unshard_allgather_torch.py"
     r = service.bench(43, path, world_size=2, device="cpu", timeout_s=180)
@@ -191,6 +194,7 @@ def test_an_original_file_is_benchmarked_through_the_same_call(isolated_dirs):
     assert any(n.startswith("called in the original benchmark's convention") for n in r.notes)
 
 
+@pytest.mark.integration
 def test_a_non_root_rank_may_return_its_input_only_where_the_problem_says_so(tmp_path, isolated_dirs):
     """Gather's non-root ranks return their input (the original's contract); an all-reduce that
     returns its input on rank 1 is still flagged."""
