@@ -9,6 +9,7 @@ from pkb_mcp import roofline, service
 from pkb_mcp.frontends.cli import main
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_cpu_dry_run_measures_everything_and_saves_nothing(isolated_dirs, capsys):
     assert main(["calibrate", "--device", "cpu", "--world-size", "2", "--json"]) == 0

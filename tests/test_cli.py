@@ -1,4 +1,7 @@
-"""The command line: exit codes, one-sentence errors, tables and JSON."""
+"""The command line: exit codes, one-sentence errors, tables and JSON.
+
+Fast tier: `main` in-process for every input refused before a launch, and the commands that run no
+candidate (problems, show, roofline). Integration tier: checks that launch ranks."""
 
 import json
 import re
@@ -10,8 +13,6 @@ import pytest
 from pkb_mcp.frontends.cli import main
 
 from .conftest import CANDIDATES, ROOT
-
-pytestmark = pytest.mark.integration
 
 
 def run(*args):
@@ -69,15 +70,29 @@ def run(*args):
         ),
         (["roofline", "1", "--time-ms", "-1"], "not positive"),
         (["show", "1", "--size", "huge"], "no size preset 'huge'"),
+        (["show", "allreduce_typo"], "problem allreduce_typo does not exist; see pkb problems"),
+        (["show", "12", "--world-size", "3"], "cannot run at world size 3"),
+        (["roofline", "99"], "problem 99 does not exist"),
+        (
+            ["check", "1", str(CANDIDATES / "hangs.py"), "--device", "cpu", "--world-size", "0"],
+            "world size 0 is not positive",
+        ),
+        (["bench", "99", str(CANDIDATES / "hangs.py"), "--device", "cpu"], "problem 99 does not exist"),
+        (["bench", "1", "missing.py", "--device", "cpu", "--world-size", "2"], "does not exist"),
+        (["profile", "1", "missing.py", "--device", "cpu", "--world-size", "2"], "does not exist"),
+        (["compile", "missing.cu"], "does not exist"),
         (["bogus"], "invalid choice"),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(capsys, args, message):
-    code = main(args) if args[0] != "bogus" else run(*args)[0]
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own refusals: usage, then the error
+        code = exc.code
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 2 and message in err
     if args[0] != "bogus":
-        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_cuda_without_gpu_is_an_environment_error(capsys):
@@ -103,12 +118,14 @@ def test_problems_show_roofline_print_tables_and_json(capsys):
     assert roof["floor_ms"] > 0 and roof["pct_of_floor"] == pytest.approx(100 * roof["floor_ms"] / 0.05)
 
 
+@pytest.mark.integration
 def test_syntax_error_is_a_candidate_failure_with_file_and_line(capsys):
     code = main(["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2"])
     assert code == 1
     assert "syntax_error.py:2: invalid syntax" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_check_through_a_real_subprocess_exit_codes():
     code, out, err = run(
         "check",
@@ -158,3 +175,16 @@ def test_logs_go_to_the_current_stderr_even_after_it_was_replaced(monkeypatch):
     monkeypatch.setattr(sys, "stderr", second)
     logger.warning("two")
     assert '"event": "two"' in second.getvalue()
+
+
+def test_json_output_parses_and_matches_the_tables(capsys):
+    assert main(["show", "allreduce", "--world-size", "2", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["id"] == 1 and shown["name"] == "allreduce" and shown["inputs"]
+    assert main(["problems", "--json", "--text", "allgather_gemm"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert "allgather_gemm" in {p["name"] for p in found}
+    assert main(["problems", "--category", "no-such-category"]) == 0
+    assert "allreduce" not in capsys.readouterr().out
+    assert main(["roofline", "allreduce", "--world-size", "2"]) == 0
+    assert "floor" in capsys.readouterr().out

@@ -18,8 +18,8 @@ from .conftest import CANDIDATES
 
 ORIGINAL_FILES = sorted((CANDIDATES / "original").glob("[0-9]*.py"))
 # the problems added since take the original's arguments as ours; their original-style files are
-# tested with them (tests/test_wave_*.py)
-WAVE_ORIGINAL_FILES = sorted(CANDIDATES.glob("wave_*/[0-9][0-9][0-9]_original_style.py"))
+# tested with them (tests/test_problems_*.py)
+LATER_ORIGINAL_FILES = sorted(CANDIDATES.glob("by_problem/[0-9][0-9][0-9]_original_style.py"))
 # Problems whose workload was changed to fix a flaw of the original, so that its call cannot produce
 # our outputs: their ORIGINAL declares no args and states why (docs/plan-compat-eval.md).
 REFUSED = {12, 15, 20, 23, 40, 41, 42, 47, 48, 73}
@@ -128,13 +128,14 @@ def test_every_present_problem_is_either_callable_or_says_why_not():
     assert all(d is not None for d in seen.values())
     assert {pid for pid, d in seen.items() if d["args"] is None} == REFUSED
     assert all(seen[pid]["differences"] for pid in REFUSED)
-    files = ORIGINAL_FILES + WAVE_ORIGINAL_FILES
+    files = ORIGINAL_FILES + LATER_ORIGINAL_FILES
     assert {pid_of(f) for f in files} == set(seen), "one original-convention file per problem"
 
 
 # ---------------------------------------------------------------- unchanged original files, end to end
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ORIGINAL_FILES, ids=lambda p: p.stem)
 def test_original_file_passes_unchanged_or_fails_for_its_stated_difference(path, isolated_dirs):
@@ -163,8 +164,8 @@ def test_original_file_passes_unchanged_or_fails_for_its_stated_difference(path,
 
 
 def test_the_count_of_original_files_that_pass_unchanged():
-    """25 of the 36 problems that predate the waves run the original's file unchanged; 10 state why they
-    cannot call it, and 86 calls it but states why its output differs."""
+    """25 of the first 36 problems (tests/candidates/original) run the original's file unchanged; 10
+    state why they cannot call it, and 86 calls it but states why its output differs."""
     assert len(ORIGINAL_FILES) == 36
     assert len([f for f in ORIGINAL_FILES if pid_of(f) not in REFUSED | set(DIFFERENT)]) == 25
 
@@ -180,6 +181,7 @@ def test_the_count_of_original_files_that_pass_unchanged():
         ("012_allgather_gemm_torch.py", "shapes cannot be multiplied"),
     ],
 )
+@pytest.mark.integration
 def test_called_our_way_an_original_file_fails_for_the_reason_stated(name, words, isolated_dirs):
     path = CANDIDATES / "original" / name
     r = service.check(
@@ -188,6 +190,7 @@ def test_called_our_way_an_original_file_fails_for_the_reason_stated(name, words
     assert r.verdict == "fail" and words in r.message, r.message
 
 
+@pytest.mark.integration
 def test_an_original_file_is_benchmarked_through_the_same_call(isolated_dirs):
     path = CANDIDATES / "original" / "043_fused_adam_grad_unshard_allgather_torch.py"
     r = service.bench(RunRequest(problem=43, path=path, world_size=2, device="cpu", timeout_s=180))
@@ -196,6 +199,7 @@ def test_an_original_file_is_benchmarked_through_the_same_call(isolated_dirs):
     assert any(n.startswith("called in the original benchmark's convention") for n in r.notes)
 
 
+@pytest.mark.integration
 def test_a_non_root_rank_may_return_its_input_only_where_the_problem_says_so(tmp_path, isolated_dirs):
     """Gather's non-root ranks return their input (the original's contract); an all-reduce that
     returns its input on rank 1 is still flagged."""

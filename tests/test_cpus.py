@@ -1,6 +1,7 @@
 """Ranks on CPU cores of their own (sandbox/cpus.py, PKB_PIN_CPUS): how the node's cores are split,
 and that every thread of every rank keeps to its block, cold or warm, with processes or containers
-(where the launch's cpuset also stops a rank from widening its own affinity)."""
+(where the launch's cpuset also stops a rank from widening its own affinity). The splitting and the
+reading of reports are fast; the launches are integration."""
 
 import os
 import re
@@ -13,8 +14,6 @@ from sandbox import cpus, select_backend
 from sandbox.process import ProcessBackend
 
 from .conftest import cpu_launch, docker_client
-
-pytestmark = pytest.mark.integration
 
 
 def hyperthreads(n_cores):
@@ -145,6 +144,7 @@ def reported(outcome):
     return found
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin ranks apart")
 def test_every_thread_of_each_rank_keeps_to_its_block_cold_and_warm(isolated_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("PKB_PIN_CPUS", "1")
@@ -173,6 +173,7 @@ def test_every_thread_of_each_rank_keeps_to_its_block_cold_and_warm(isolated_dir
         assert all(w == set(range(os.cpu_count() or 1)) for _, w in found.values())
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(docker_client() is None, reason="no Docker engine answers")
 def test_a_container_holds_its_ranks_to_the_jobs_cores(isolated_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("PKB_PIN_CPUS", "1")

@@ -165,6 +165,7 @@ def test_without_matplotlib_the_png_is_skipped_with_a_note(tmp_path, monkeypatch
 # ---------------------------------------------------------------- the example directory, end to end
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_eval_of_the_example_directory_gives_the_right_verdicts_and_resumes(tmp_path, isolated_dirs):
     store, out = tmp_path / "eval.sqlite", tmp_path / "report"
@@ -198,6 +199,7 @@ def _done_rows(store: Path) -> int:
         return 0
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_an_interrupted_eval_resumes_where_it_stopped(tmp_path, isolated_dirs):
     batch = tmp_path / "batch"
@@ -254,6 +256,7 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tmp_path, isolated_dirs):
     assert list(isolated_dirs.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_environment_errors_are_kept_apart_from_candidate_failures(tmp_path, monkeypatch, isolated_dirs):
     """A file whose job fails in the harness (here: the reference of its problem, simulated) is an
     `env` outcome: not attempted, not in the scores; the batch goes on with the other files."""

@@ -1,5 +1,9 @@
 """The MCP server through the SDK's in-process client: tools, errors, progress, jobs, cancellation,
-timeouts, restarts, resources and the prompt."""
+timeouts, restarts, resources and the prompt.
+
+Fast tier: the read-only tools, the resources and the prompt, and every request refused before a job
+is queued. Integration tier: the tools that run candidate code (jobs, their progress, cancellation
+and timeouts)."""
 
 import json
 
@@ -13,7 +17,7 @@ from pkb_mcp.jobs.store import JobStore
 
 from .conftest import CANDIDATES, ROOT, launch_processes
 
-pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+pytestmark = pytest.mark.anyio
 REFERENCE_1 = (ROOT / "problems" / "001_allreduce.py").read_text()
 
 
@@ -65,6 +69,32 @@ async def test_list_and_reference_in_both_forms(client):
         ("run_correctness", {"problem": "1", "source": "x", "path": "/x.py"}, "give exactly one of source"),
         ("run_correctness", {"problem": "1", "source": "x" * (1 << 20 + 1)}, "over the limit"),
         ("run_correctness", {"problem": "1", "path": "/nonexistent/sol.py"}, "is not a file on the server"),
+        ("run_correctness", {"problem": "1", "path": str(ROOT / "README.md")}, "README.md is not a .py file"),
+        ("benchmark", {"problem": "1", "path": str(ROOT / "README.md")}, "is not a .py file"),
+        ("compile_kernel", {"path": str(ROOT / "README.md")}, "is not a .py or .cu or .cuh file"),
+        (
+            "compile_kernel",
+            {"source": "__global__ void k() {}", "path": "/x.cu"},
+            "give exactly one of source",
+        ),
+        (
+            "run_correctness",
+            {"problem": "1", "source": REFERENCE_1, "trials": 0},
+            "greater than or equal to 1",
+        ),
+        (
+            "run_correctness",
+            {"problem": "1", "source": REFERENCE_1, "trials": 101},
+            "less than or equal to 100",
+        ),
+        ("run_correctness", {"problem": "1", "source": REFERENCE_1, "timeout_s": 0}, "greater than 0"),
+        ("run_correctness", {"problem": "1", "source": REFERENCE_1, "convention": "theirs"}, "theirs"),
+        (
+            "run_correctness",
+            {"problem": "12", "source": REFERENCE_1, "world_size": 3, "device": "cpu"},
+            "world size 3",
+        ),
+        ("benchmark", {"problem": "1", "source": REFERENCE_1, "launches": 9}, "less than or equal to 8"),
         ("run_correctness", {"problem": "nope", "source": REFERENCE_1}, "problem nope does not exist"),
         (
             "run_correctness",
@@ -73,6 +103,9 @@ async def test_list_and_reference_in_both_forms(client):
         ),
         ("benchmark", {"problem": "1", "source": REFERENCE_1, "launches": 0}, "greater than or equal to 1"),
         ("job_status", {"job_id": "feedface"}, "job feedface does not exist"),
+        ("job_result", {"job_id": "feedface"}, "job feedface does not exist"),
+        ("roofline", {"problem": "999"}, "problem 999 does not exist; see pkb problems"),
+        ("roofline", {"problem": "1", "time_ms": -1}, "greater than 0"),
     ],
 )
 async def test_bad_arguments_are_readable_tool_errors(client, tool, args, words):
@@ -81,6 +114,7 @@ async def test_bad_arguments_are_readable_tool_errors(client, tool, args, words)
     assert words in text_of(result), text_of(result)
 
 
+@pytest.mark.integration
 async def test_compile_error_is_a_result_with_line_numbers(client):
     bad = "__global__ void k(float* x) {\n  x[0] = undefined_name;\n}\n"
     result = await client.call_tool("compile_kernel", {"source": bad, "language": "cuda"})
@@ -91,6 +125,7 @@ async def test_compile_error_is_a_result_with_line_numbers(client):
     assert errors and errors[0]["line"] == 2
 
 
+@pytest.mark.integration
 async def test_run_correctness_with_progress_passes_and_fails(client):
     seen = []
 
@@ -119,6 +154,7 @@ async def test_run_correctness_with_progress_passes_and_fails(client):
     assert len(json.dumps(bad.structured_content)) < 10_000, "compact for clients that cap output"
 
 
+@pytest.mark.integration
 async def test_job_pattern_and_full_result_resource(client):
     sub = await client.call_tool(
         "run_correctness",
@@ -146,6 +182,7 @@ async def test_job_pattern_and_full_result_resource(client):
     assert "rank 1 gives up" in full.contents[0].text
 
 
+@pytest.mark.integration
 async def test_cancel_job_kills_a_hanging_candidate(client, isolated_dirs):
     sub = await client.call_tool(
         "run_correctness",
@@ -178,6 +215,7 @@ async def test_cancel_job_kills_a_hanging_candidate(client, isolated_dirs):
     assert launch_processes(isolated_dirs) == [] and list(isolated_dirs.iterdir()) == []
 
 
+@pytest.mark.integration
 async def test_a_timeout_is_reported_per_rank(client):
     r = await client.call_tool(
         "run_correctness",
@@ -194,6 +232,7 @@ async def test_a_timeout_is_reported_per_rank(client):
     assert result["verdict"] == "timeout" and {x["state"] for x in result["ranks"]} == {"timeout"}
 
 
+@pytest.mark.integration
 async def test_results_survive_a_server_restart(state):
     server, scheduler = make_server(state)
     async with Client(server) as c:
@@ -225,3 +264,32 @@ async def test_reference_resource_and_attempt_prompt(client):
     prompt = await client.get_prompt("attempt_problem", {"problem": "12", "world_size": "4"})
     text = prompt.messages[0].content.text
     assert "solution(a_local, b_local)" in text and "multicast" in text and "[256, 512]" in text
+
+
+async def test_refused_requests_queue_no_job(state):
+    """A request refused before any work starts leaves nothing in the job store."""
+    server, scheduler = make_server(state)
+    submitted: list = []
+    scheduler.submit = lambda *job: submitted.append(job)  # the one way a tool queues work
+    async with Client(server) as c:
+        for args in (
+            {"problem": "99", "source": REFERENCE_1},
+            {"problem": "1"},
+            {"problem": "1", "source": " "},
+        ):
+            assert (await c.call_tool("run_correctness", args)).is_error
+        assert (await c.call_tool("compile_kernel", {"path": "/nonexistent.cu"})).is_error
+    assert submitted == []
+    scheduler.stop()
+
+
+async def test_roofline_and_filters_answer_at_once(client):
+    roof = await client.call_tool("roofline", {"problem": "allreduce", "world_size": 4, "time_ms": 0.05})
+    assert not roof.is_error
+    floor = roof.structured_content["floor_ms"]
+    assert floor > 0 and roof.structured_content["pct_of_floor"] == pytest.approx(100 * floor / 0.05)
+    assert "floor" in text_of(roof)
+    found = await client.call_tool("list_problems", {"text": "allgather_gemm"})
+    assert {p["name"] for p in found.structured_content["problems"]} >= {"allgather_gemm"}
+    none = await client.call_tool("list_problems", {"category": "no-such-category"})
+    assert not none.is_error and none.structured_content["problems"] == []

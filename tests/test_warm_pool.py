@@ -1,6 +1,7 @@
 """Sandboxes started ahead of need (sandbox/pool.py): a warm launch gives the same outputs as a cold one,
 each warm sandbox serves one launch, unused ones expire, and closing the pool leaves nothing behind.
-Process backend here; tests/test_sandbox_docker.py runs the same with containers."""
+Process backend here (integration tier; the pool's bookkeeping with stand-in sandboxes is fast);
+tests/test_sandbox_docker.py runs the same with containers."""
 
 import secrets
 import time
@@ -14,8 +15,6 @@ from sandbox.pool import WarmKey
 from sandbox.process import ProcessBackend
 
 from .conftest import cpu_launch, launch_processes
-
-pytestmark = pytest.mark.integration
 
 
 def request(seeds, world_size=2):
@@ -50,11 +49,13 @@ def run_pool_lifecycle(backend, launches_dir):
     assert launch_processes(launches_dir) == [], "and every process"
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_warm_job_matches_cold_and_close_leaves_nothing(isolated_dirs):
     run_pool_lifecycle(ProcessBackend(), isolated_dirs)
 
 
+@pytest.mark.integration
 def test_unused_warm_sandbox_expires(isolated_dirs, monkeypatch):
     monkeypatch.setattr(sandbox.base, "WARM_IDLE_S", 2.0)
     backend = ProcessBackend()
@@ -176,6 +177,7 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
     assert list(isolated_dirs.iterdir()) == [] and launch_processes(isolated_dirs) == []
 
 
+@pytest.mark.integration
 def test_bench_of_several_jobs_takes_a_warm_sandbox_for_each(isolated_dirs, monkeypatch):
     run_bench_with_pool(ProcessBackend(), isolated_dirs, monkeypatch)
 
@@ -207,6 +209,7 @@ def run_died_report(backend, isolated_dirs, stop, ended):
     assert list(isolated_dirs.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_a_warm_sandbox_that_died_is_reported_with_how_it_ended(isolated_dirs):
     import signal
 

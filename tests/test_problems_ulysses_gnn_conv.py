@@ -1,4 +1,5 @@
-"""Problems 38, 39, 65, 66, 69, 72, 76 and 87 (issue 20, wave A, second half) and the example for 72.
+"""Ulysses with QKV and end to end (38, 39), GNN feature exchange and scoring (65, 66, 69), Hyena
+(72) and halo convolutions (76, 87), and the example for 72.
 
 Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
 device at both sizes, its world-size rule says what it should, its traffic model is no larger than
@@ -27,7 +28,7 @@ from pkb_mcp.models import RunRequest
 from .conftest import CANDIDATES, ROOT
 
 IDS = [38, 39, 65, 66, 69, 72, 76, 87]
-WAVE = CANDIDATES / "wave_a"
+BY_PROBLEM = CANDIDATES / "by_problem"
 EXAMPLE_72 = ROOT / "examples" / "072_hyena_forward_cp_fused_a2a.py"
 
 # the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
@@ -235,7 +236,7 @@ def test_69_ties_move_towards_zero():
 
 
 def test_72_fft_convolution_is_the_causal_direct_one():
-    f64 = load(WAVE / "072_float64.py", "c072_float64")
+    f64 = load(BY_PROBLEM / "072_float64.py", "c072_float64")
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(2, 6, 40, generator=gen, dtype=torch.float64)
     h = torch.randn(3, 40, generator=gen, dtype=torch.float64)
@@ -250,7 +251,7 @@ def test_72_fft_convolution_is_the_causal_direct_one():
 def test_72_zigzag_order(world_size):
     """Rank r holds natural chunks r and 2W-1-r: the reference's chunk table and the float64
     candidate's position table agree with that definition."""
-    f64 = load(WAVE / "072_float64.py", "c072_float64")
+    f64 = load(BY_PROBLEM / "072_float64.py", "c072_float64")
     chunks = problem(72).module._zigzag_chunks(world_size, torch.device("cpu")).tolist()
     assert chunks == [c for r in range(world_size) for c in (r, 2 * world_size - 1 - r)]
     positions = f64._natural_positions(world_size, 4, True).view(-1, 2).tolist()
@@ -344,7 +345,7 @@ def check(pid, path, world_size, trials=2):
     [(38, 2), (38, 4), (65, 2), (65, 4), (66, 4), (69, 2), (69, 4), (72, 2), (72, 4), (76, 2), (87, 4)],
 )
 def test_original_style_candidate_passes(pid, world_size):
-    r = check(pid, WAVE / f"{pid:03d}_original_style.py", world_size, trials=1 if pid in HEAVY else 2)
+    r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size, trials=1 if pid in HEAVY else 2)
     assert r.verdict == "pass", r.message
 
 
@@ -352,7 +353,7 @@ def test_original_style_candidate_passes(pid, world_size):
 def test_39_original_style_fails_for_its_softmax_and_passes_once_fixed(tmp_path):
     """The stated difference: the original's softmax runs across heads. Its convention fails on
     nearly every element; the same file with the softmax over the keys passes."""
-    original = WAVE / "039_original_style.py"
+    original = BY_PROBLEM / "039_original_style.py"
     r = check(39, original, 2)
     assert r.verdict == "fail"
     for rank in r.ranks:
@@ -365,7 +366,7 @@ def test_39_original_style_fails_for_its_softmax_and_passes_once_fixed(tmp_path)
 @pytest.mark.integration
 def test_69_bf16_probabilities_merge_ties_and_fail(tmp_path):
     bf16 = tmp_path / "bf16_sigmoid.py"
-    text = (WAVE / "069_original_style.py").read_text()
+    text = (BY_PROBLEM / "069_original_style.py").read_text()
     bf16.write_text(text.replace("SIGMOID_DTYPE = torch.float32", "SIGMOID_DTYPE = torch.bfloat16"))
     r = check(69, bf16, 2)
     assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks)
@@ -375,7 +376,7 @@ def test_69_bf16_probabilities_merge_ties_and_fail(tmp_path):
 @pytest.mark.parametrize(("pid", "world_size"), [(39, 4), (66, 4), (72, 2), (87, 2)])
 def test_float64_candidate_passes(pid, world_size):
     """An independent float64 computation is within the tolerance of the reference."""
-    r = check(pid, WAVE / f"{pid:03d}_float64.py", world_size)
+    r = check(pid, BY_PROBLEM / f"{pid:03d}_float64.py", world_size)
     assert r.verdict == "pass", r.message
 
 
@@ -397,7 +398,7 @@ def _hyena_ranks(rank: int, world_size: int, store: str, size: dict, zigzag: boo
         p = load(ROOT / "problems" / "072_hyena_forward_cp.py", "p072")
         example = load(EXAMPLE_72, "e072")
         example.CHUNK_BYTES = 1  # as many chunks as allowed: the pipelined path
-        f64 = load(WAVE / "072_float64.py", "c072_float64")
+        f64 = load(BY_PROBLEM / "072_float64.py", "c072_float64")
         context = ProblemContext(rank=rank, world_size=world_size, size=size, dtype=torch.float32, seed=11)
         inputs = list(p.make_inputs(context))
         inputs[-1] = zigzag

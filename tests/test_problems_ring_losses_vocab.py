@@ -1,4 +1,5 @@
-"""Wave B problems (54, 58, 71, 80, 82, 83, 84): format, the original's calling convention, inputs
+"""Ring attention (54), a contrastive loss (58), a halo conv1d (71), Sinkhorn-Knopp (80) and
+vocab-parallel log-probabilities with top-k (82, 83, 84): format, the original's calling convention, inputs
 without the originals' traps, traffic models against alternative schedules, and (integration) real
 ranks on CPU: the reference passes as a candidate, a perturbed one fails, files written in the
 original's convention pass or fail for the stated reason, correct variants pass and wrong ones fail.
@@ -20,7 +21,7 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-WAVE_B = CANDIDATES / "wave_b"
+BY_PROBLEM = CANDIDATES / "by_problem"
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     54: "054_ring_attention.py",
@@ -330,7 +331,7 @@ CASES = [(pid, w) for pid in sorted(FILES) for w in (2, 4)]
 @pytest.mark.integration
 @pytest.mark.parametrize(("pid", "world_size"), CASES)
 def test_file_in_the_originals_convention_passes_unchanged(pid, world_size):
-    r = check(pid, WAVE_B / f"{pid:03d}_original_style.py", world_size)
+    r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size)
     assert r.verdict == "pass", r.message
 
 
@@ -353,7 +354,7 @@ VARIANTS = [
 @pytest.mark.integration
 @pytest.mark.parametrize(("pid", "name", "failure"), VARIANTS)
 def test_variants(pid, name, failure):
-    r = check(pid, WAVE_B / name, 2)
+    r = check(pid, BY_PROBLEM / name, 2)
     if failure is None:
         assert r.verdict == "pass", r.message
     else:

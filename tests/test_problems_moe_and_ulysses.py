@@ -1,8 +1,9 @@
-"""Problems 24, 26, 30, 33, 34, 35, 36 and 37 (issue 20, wave A): the original's calling convention,
+"""MoE routing and Ulysses all-to-all primitives (problems 24, 26, 30, 33, 34, 35, 36 and 37): the
+original's calling convention,
 per-rank shapes, world-size rules, inputs that a tolerance can judge, floors no larger than any
 schedule's bytes, and, through the real harness on CPU, the reference passing as a candidate, a
 perturbed one failing and files in the original's convention passing or failing as each problem's
-"Differences from the original" states (tests/candidates/wave_a)."""
+"Differences from the original" states (tests/candidates/by_problem)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from pkb_mcp.models import RunRequest
 from .conftest import CANDIDATES
 
 SUITE = problems.suite()
-WAVE = [24, 26, 30, 33, 34, 35, 36, 37]
-ORIGINAL = CANDIDATES / "wave_a"
+IDS = [24, 26, 30, 33, 34, 35, 36, 37]
+ORIGINAL = CANDIDATES / "by_problem"
 
 # The original's signature (parameter names and defaults) and the non-tensor part of the argument
 # tuple its harness passes (../shared/pkb-contracts.md); `TENSOR` marks a tensor argument.
@@ -77,13 +78,13 @@ PKB_SHAPES = {
 }
 
 
-def test_the_wave_is_in_the_suite():
-    assert set(WAVE) <= set(SUITE)
-    for pid in WAVE:
+def test_these_problems_are_in_the_suite():
+    assert set(IDS) <= set(SUITE)
+    for pid in IDS:
         assert "Differences from the original:" in SUITE[pid].description
 
 
-@pytest.mark.parametrize("pid", WAVE)
+@pytest.mark.parametrize("pid", IDS)
 def test_signature_and_call_are_the_original_s(pid):
     params, call = CONTRACTS[pid]
     p = SUITE[pid]
@@ -98,7 +99,7 @@ def test_signature_and_call_are_the_original_s(pid):
             assert value == want and type(value) is type(want)
 
 
-@pytest.mark.parametrize("pid", WAVE)
+@pytest.mark.parametrize("pid", IDS)
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_pkb_shapes_are_the_original_s_per_rank(pid, world_size):
     p = SUITE[pid]
@@ -107,7 +108,7 @@ def test_pkb_shapes_are_the_original_s_per_rank(pid, world_size):
     assert shapes == PKB_SHAPES[pid]
 
 
-@pytest.mark.parametrize("pid", WAVE)
+@pytest.mark.parametrize("pid", IDS)
 @pytest.mark.parametrize("preset", ["pkb", "large"])
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_shapes_on_meta_and_traffic_at_both_sizes(pid, preset, world_size):
@@ -350,7 +351,7 @@ def schedules(pid: int, s: dict, w: int, isz: int) -> dict[str, float]:
     raise KeyError(pid)
 
 
-FLOOR_CASES = [(pid, preset, w) for pid in WAVE for preset in ("pkb", "large") for w in (2, 4, 8)]
+FLOOR_CASES = [(pid, preset, w) for pid in IDS for preset in ("pkb", "large") for w in (2, 4, 8)]
 
 
 @pytest.mark.parametrize(("pid", "preset", "world_size"), FLOOR_CASES)

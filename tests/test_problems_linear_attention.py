@@ -1,4 +1,4 @@
-"""Wave B problems 74, 75, 77 (linear attention and context-shuffled attention): the original's calling
+"""Linear attention and context-shuffled attention (problems 74, 75, 77): the original's calling
 convention, world-size rules, shapes and traffic on meta tensors, the chunked delta-rule references
 against the step-by-step recurrence, inputs whose state carries across ranks, and (integration) the
 files in the original's convention and other variants on real CPU ranks. tests/test_end_to_end.py
@@ -19,7 +19,7 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-WAVE_B = CANDIDATES / "wave_b"
+BY_PROBLEM = CANDIDATES / "by_problem"
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     74: "074_fla_kimi_delta_attention_cp_tp.py",
@@ -226,7 +226,7 @@ CASES = [
 @pytest.mark.integration
 @pytest.mark.parametrize(("pid", "name", "world_size", "failure"), CASES)
 def test_original_convention_files_and_variants(pid, name, world_size, failure):
-    r = check(pid, WAVE_B / name, world_size)
+    r = check(pid, BY_PROBLEM / name, world_size)
     if failure is None:
         assert r.verdict == "pass", r.message
     else:

@@ -1,4 +1,4 @@
-"""Wave B, part C (problems 55, 56, 57: ring attention with TP, PP and DP): what tests/test_end_to_end.py
+"""Ring attention with TP, PP and DP (problems 55, 56, 57): what tests/test_end_to_end.py
 does not cover. The original's signature and call, per-rank shapes on meta tensors, world-size rules,
 the cached process groups and their layout, traffic models against alternative schedules, input
 properties, and (integration) files in the original's convention and a float64 solution on real ranks.
@@ -19,7 +19,7 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-WAVE_B = CANDIDATES / "wave_b"
+BY_PROBLEM = CANDIDATES / "by_problem"
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     55: "055_ring_attention_tp.py",
@@ -225,13 +225,14 @@ def check(pid: int, path: Path, world_size: int):
 @pytest.mark.parametrize("pid", sorted(FILES))
 def test_file_in_the_originals_convention_passes_unchanged(pid):
     """A ring of sends over the CP group the harness hands it, at W = 4 (W/2 = 2 CP ranks)."""
-    r = check(pid, WAVE_B / f"{pid:03d}_original_style.py", 4)
+    r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", 4)
     assert r.verdict == "pass", r.message
     assert any(note.startswith("called in the original benchmark's convention") for note in r.notes)
 
 
 @pytest.mark.integration
 def test_float64_pipeline_passes_where_stage_1_amplifies_rounding():
-    """56's tolerance is the tightest call of the three (docs/wave-b.md): a float64 solution passes."""
-    r = check(56, WAVE_B / "056_float64.py", 2)
+    """56's tolerance is the tightest call of the three (its problem file says why): a float64
+    solution passes."""
+    r = check(56, BY_PROBLEM / "056_float64.py", 2)
     assert r.verdict == "pass", r.message

@@ -1,0 +1,187 @@
+"""The node's extension cache on the host side (pkb_mcp/compile/extensions.py): which solutions need it,
+which discovered load_inline calls become build requests, and what a build launch's results put into
+the cache. A stand-in for the sandbox's tool launches writes what discovery and build would report;
+tests/test_extensions.py runs the real ones in Docker."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from harness import extensions as requests
+from pkb_mcp import config
+from pkb_mcp.compile import extensions
+
+SOURCE = "torch::Tensor twice(torch::Tensor x) { return x * 2; }"
+SOLUTION = "from torch.utils.cpp_extension import load_inline\nEXT = load_inline('twice', [SRC])\n"
+
+
+def call(name: str = "twice", **more: Any) -> dict[str, Any]:
+    """A load_inline call as discovery records it."""
+    return {"api": "load_inline", "name": name, "cpp_sources": [SOURCE], "functions": ["twice"], **more}
+
+
+class StandInTools:
+    """Tool launches that write what discovery and the build would report, and count themselves.
+    `build` maps a request's name to "ok", "failed" or "missing" (no entry in the build's result)."""
+
+    def __init__(
+        self, calls: Any, build: dict[str, str] | None = None, isolated: bool = True, **discovered: Any
+    ):
+        self.calls, self.build, self.isolated, self.discovered = calls, build or {}, isolated, discovered
+        self.runs: list[str] = []
+        self.discover_timed_out = False
+
+    def new_dir(self) -> Path:
+        path = Path(config.launches_dir()) / f"tool-{len(self.runs)}-{os.urandom(4).hex()}"
+        path.mkdir()
+        return path
+
+    def run(self, mode: str, launch_dir: Path, params: dict[str, Any], timeout_s: float) -> SimpleNamespace:
+        self.runs.append(mode)
+        if mode == "discover":
+            if self.discover_timed_out:
+                return SimpleNamespace(timed_out=True, log="")
+            (launch_dir / "discovered.json").write_text(json.dumps({"calls": self.calls, **self.discovered}))
+            return SimpleNamespace(timed_out=False, log="")
+        chain = extensions.toolchain()
+        entries = []
+        for data in params["extensions"]:
+            request = requests.Request.from_json(data)
+            key, how = request.key(chain), self.build.get(request.name, "ok")
+            if how == "ok":
+                built = launch_dir / "extensions" / key
+                built.mkdir(parents=True)
+                (built / "twice.so").write_bytes(b"\x7fELF")
+                (built / "escape").symlink_to("/etc/passwd")
+                requests.write_mark(built, requests.OK_MARK, {})
+                entries.append({"key": key, "ok": True})
+            elif how == "failed":
+                entries.append({"key": key, "ok": False, "log": "error: expected ';'"})
+        (launch_dir / "build.json").write_text(json.dumps({"extensions": entries}))
+        return SimpleNamespace(timed_out=False, log="")
+
+
+def cache_entry(name_call: dict[str, Any]) -> Path:
+    return config.extensions_dir() / requests.Request.from_json(name_call).key(extensions.toolchain())
+
+
+def test_only_a_solution_that_could_build_an_extension_needs_the_cache():
+    assert extensions.may_build(SOLUTION)
+    assert extensions.may_build("from cuda_helpers import fused_kernel")
+    assert not extensions.may_build("import torch\ndef solution(x):\n    return x\n")
+    untouched = StandInTools([call()])
+    assert extensions.prepare("def solution(x):\n    return x\n", untouched, 10.0).notes() == []
+    assert untouched.runs == [], "no launch for a solution without extensions"
+
+
+def test_discovered_calls_become_requests_without_trusting_them():
+    assert extensions.parse_requests({"calls": []}) == ([], [])
+    assert extensions.parse_requests(None) == ([], [])
+    found, why = extensions.parse_requests(
+        [
+            "not a call",
+            {"api": "load", "name": "other"},
+            call(),
+            call(),  # the same request twice is built once
+            call("own_dir", build_directory="/tmp/x"),
+            call("bad name"),
+            call("flags", extra_cflags="-O3"),
+        ]
+    )
+    assert [r.name for r in found] == ["twice"]
+    assert why[0] == "extension own_dir: built inside the launch (it sets its own paths)"
+    assert why[1].startswith("not prebuilt: extension name 'bad name' is not a Python identifier")
+    assert why[2] == "not prebuilt: extra_cflags must be a list of strings"
+    many, _ = extensions.parse_requests([call(f"ext{i}") for i in range(3 * extensions.MAX_REQUESTS)])
+    assert len(many) == extensions.MAX_REQUESTS
+
+
+def test_a_build_lands_in_the_cache_once_without_links_and_the_discovery_is_kept():
+    tools = StandInTools([call()])
+    first = extensions.prepare(SOLUTION, tools, 10.0)
+    assert first.built == ["twice"] and tools.runs == ["discover", "build"]
+    assert first.notes()[0].startswith("built extension twice in ")
+    entry = cache_entry(call())
+    assert (entry / requests.OK_MARK).is_file() and (entry / "twice.so").read_bytes() == b"\x7fELF"
+    assert not (entry / "escape").exists() and not (entry / "escape").is_symlink(), "links stay behind"
+    again = extensions.prepare(SOLUTION, tools, 10.0)
+    assert tools.runs == ["discover", "build"], "an unchanged solution is neither imported nor built again"
+    assert again.cached == ["twice"] and again.notes() == ["extension twice loaded from the build cache"]
+    assert list(Path(config.launches_dir()).iterdir()) == [], "tool launch directories are removed"
+
+
+def test_a_failed_build_is_kept_and_not_built_again():
+    tools = StandInTools([call()], build={"twice": "failed"})
+    first = extensions.prepare(SOLUTION, tools, 10.0)
+    assert first.failed == ["twice"] and first.built == []
+    assert "failed to build; the launch's error shows why" in first.notes()[0]
+    failure = json.loads((cache_entry(call()) / requests.FAILED_MARK).read_text())
+    assert "expected ';'" in json.dumps(failure)
+    again = extensions.prepare(SOLUTION, tools, 10.0)
+    assert again.failed == ["twice"] and tools.runs == ["discover", "build"]
+
+
+def test_a_build_that_left_no_result_leaves_the_build_to_the_launch():
+    tools = StandInTools([call()], build={"twice": "missing"})
+    prepared = extensions.prepare(SOLUTION, tools, 10.0)
+    assert prepared.built == [] and prepared.failed == []
+    assert prepared.skipped == ["extension twice: the build launch left no result; the launch builds it"]
+    assert not cache_entry(call()).exists()
+
+
+def test_only_isolated_build_launches_fill_the_cache():
+    tools = StandInTools([call()], isolated=False)
+    prepared = extensions.prepare(SOLUTION, tools, 10.0)
+    assert tools.runs == ["discover"]
+    assert prepared.skipped and "the cache is filled only by isolated build launches" in prepared.skipped[0]
+    assert not cache_entry(call()).exists()
+
+
+def test_flags_off_the_allow_list_are_never_built_for_the_shared_cache():
+    risky = call("linked", extra_ldflags=["-Wl,-rpath,/tmp/evil"])
+    tools = StandInTools([risky])
+    prepared = extensions.prepare(SOLUTION, tools, 10.0)
+    assert tools.runs == ["discover"]
+    (skipped,) = prepared.skipped
+    assert skipped.startswith("extension linked is built inside each launch: flag '-Wl,-rpath,/tmp/evil'")
+
+
+def test_a_discovery_that_timed_out_or_failed_is_not_kept():
+    slow = StandInTools([call()])
+    slow.discover_timed_out = True
+    prepared = extensions.prepare(SOLUTION, slow, 7.0)
+    assert prepared.skipped == [
+        "extensions not prebuilt: timed out: importing the solution did not finish within 7 s"
+    ]
+    failing = StandInTools([call()], error="ImportError: no module named cuda_helpers")
+    extensions.prepare(SOLUTION, failing, 10.0)
+    extensions.prepare(SOLUTION, failing, 10.0)
+    assert failing.runs.count("discover") == 2, "a failed import is imported again next time"
+
+
+@pytest.mark.parametrize(
+    ("prepared", "notes"),
+    [
+        (extensions.Prepared(), []),
+        (
+            extensions.Prepared(built=["a", "b"], build_s=12.34),
+            ["built extension a, b in 12.3 s (cached for re-runs)"],
+        ),
+        (
+            extensions.Prepared(cached=["c"], failed=["d"], skipped=["why"]),
+            [
+                "extension c loaded from the build cache",
+                "extension d failed to build; the launch's error shows why",
+                "why",
+            ],
+        ),
+    ],
+)
+def test_what_preparing_did_reads_as_notes(prepared, notes):
+    assert prepared.notes() == notes

@@ -1,0 +1,247 @@
+"""What the host reads back from a launch (pkb_mcp/launches.py): everything in a launch directory is
+written inside the sandbox, so each file is read with a size cap and taken apart without trusting it.
+
+A stand-in backend writes what a hostile or broken launcher could leave; no sandbox, no ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import tensorfile
+from pkb_mcp import launches
+from pkb_mcp.errors import Cancelled
+from pkb_mcp.launches import RANK_LOG_CAP, ToolLaunches, read_result, run_launch
+from sandbox.base import SandboxLaunch, SandboxRun
+
+from .conftest import cpu_launch
+
+
+class ScriptedBackend:
+    """A backend whose 'launch' writes the given files into the launch directory and ends as told."""
+
+    name = "scripted"
+    isolated = False
+    note = "test stand-in"
+
+    def __init__(self, files: dict[str, bytes | str] | None = None, **run: object) -> None:
+        self.files = files or {}
+        self.run_fields = {"exit_code": 0, "wall_s": 0.25, "killed_at_deadline": False, "launcher_log": ""}
+        self.run_fields.update(run)
+        self.seen: list[SandboxLaunch] = []
+
+    def run(self, launch: SandboxLaunch, cancel: threading.Event | None = None) -> SandboxRun:
+        self.seen.append(launch)
+        for name, content in self.files.items():
+            path = launch.launch_dir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        return SandboxRun(**self.run_fields)  # type: ignore[arg-type]
+
+
+def ranks_record(*entries: dict, **more: object) -> str:
+    return json.dumps({"ranks": list(entries), **more})
+
+
+# ---------------------------------------------------------------- read_result
+
+
+def test_read_result_reads_json_and_refuses_what_it_cannot_trust(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text('{"a": [1, 2]}')
+    assert read_result(good) == {"a": [1, 2]}
+    assert read_result(tmp_path / "missing.json") is None
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps("x" * 100))
+    assert read_result(big, cap=50) is None
+    assert read_result(big, cap=200) == "x" * 100
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"a": ')
+    assert read_result(broken) is None
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert read_result(binary) is None
+    link = tmp_path / "link.json"
+    link.symlink_to(good)
+    assert read_result(link) is None, "a link made in the sandbox could point anywhere on the host"
+    assert read_result(tmp_path) is None, "a directory is not a result"
+
+
+# ---------------------------------------------------------------- run_launch
+
+
+def test_a_launcher_that_never_reported_loses_every_rank():
+    crashed = run_launch(cpu_launch(world_size=3), ScriptedBackend())
+    assert [(r.rank, r.state) for r in crashed.ranks] == [(0, "crashed"), (1, "crashed"), (2, "crashed")]
+    assert not crashed.ok and not crashed.timed_out
+    killed = run_launch(cpu_launch(), ScriptedBackend(killed_at_deadline=True))
+    assert [r.state for r in killed.ranks] == ["timeout", "timeout"] and killed.timed_out
+    malformed = run_launch(cpu_launch(), ScriptedBackend({"launch.json": '{"ranks": [{"rank": 0'}))
+    assert [r.state for r in malformed.ranks] == ["crashed", "crashed"]
+    no_ranks = run_launch(cpu_launch(), ScriptedBackend({"launch.json": '{"timed_out": false}'}))
+    assert [r.state for r in no_ranks.ranks] == ["crashed", "crashed"]
+
+
+def test_rank_entries_are_cut_to_the_world_size_and_their_fields_coerced():
+    forged = ranks_record(
+        {"rank": 0, "state": "ok", "cpus": "0-3", "stages": {"import": -1}, "elapsed_s": 0.5},
+        {"rank": 1, "state": "error", "error": ["not", "a", "string"], "stage": 7, "cpus": [2, 3]},
+        {"rank": 2, "state": "ok"},
+        timed_out=True,
+    )
+    outcome = run_launch(cpu_launch(world_size=2), ScriptedBackend({"launch.json": forged}))
+    assert [r.rank for r in outcome.ranks] == [0, 1], "ranks beyond the world size are ignored"
+    first, second = outcome.ranks
+    assert first.cpus == [] and first.stages == {} and first.ended_s == 0.5
+    assert second.error == "['not', 'a', 'string']" and second.stage == "7" and second.cpus == [2, 3]
+    assert outcome.timed_out and not outcome.ok
+
+
+def test_rank_logs_and_the_launcher_log_are_read_to_their_caps():
+    log = "x" * (3 * RANK_LOG_CAP) + "the end"
+    outcome = run_launch(
+        cpu_launch(),
+        ScriptedBackend(
+            {
+                "launch.json": ranks_record({"rank": 0, "state": "ok"}, {"rank": 1, "state": "ok"}),
+                "rank1.log": log,
+            },
+            launcher_log="L" * 10_000 + "last",
+        ),
+    )
+    assert outcome.ok
+    assert outcome.ranks[0].log_tail == "", "a missing log is an empty one"
+    assert len(outcome.ranks[1].log_tail) == RANK_LOG_CAP and outcome.ranks[1].log_tail.endswith("the end")
+    assert len(outcome.launcher_log) == 4000 and outcome.launcher_log.endswith("last")
+
+
+def tensor_file(tmp_path: Path, name: str, value: torch.Tensor) -> bytes:
+    path = tmp_path / name
+    tensorfile.save(path, [value])
+    return path.read_bytes()
+
+
+def test_only_this_modes_output_files_count_and_broken_ones_are_errors(tmp_path):
+    ok = ranks_record({"rank": 0, "state": "ok"}, {"rank": 1, "state": "ok"})
+    value = torch.arange(6, dtype=torch.float32)
+    good = tensor_file(tmp_path, "good.pkbt", value)
+    files = {
+        "launch.json": ok,
+        "out/t0_r0.pkbt": good,
+        "out/t0_r1.pkbt": b"not a tensor file",
+        "out/s0_r0.pkbt": good,  # a benchmark's input set: not a trial's output
+        "out/t0_r0.pkbt.bak": good,
+        "out/notes.txt": b"ignored",
+    }
+    outcome = run_launch(cpu_launch(), ScriptedBackend(files))
+    assert set(outcome.outputs) == {(0, 0)} and torch.equal(outcome.outputs[(0, 0)].tensors[0], value)
+    assert set(outcome.output_errors) == {(0, 1)} and outcome.output_errors[(0, 1)]
+    assert outcome.fresh_outputs == {} and outcome.fresh_output_errors == {}
+
+    bench = run_launch(cpu_launch(mode="benchmark"), ScriptedBackend({**files, "out/f3_r1.pkbt": good}))
+    assert set(bench.outputs) == {(0, 0)}, "set 0's output, not trial 0's"
+    assert set(bench.fresh_outputs) == {(3, 1)} and bench.output_errors == {}
+
+
+def test_timing_and_convention_records_are_taken_only_when_well_formed():
+    ok = ranks_record({"rank": 0, "state": "ok"}, {"rank": 1, "state": "ok"})
+    broken = run_launch(cpu_launch(), ScriptedBackend({"launch.json": ok, "timing.json": "{not json"}))
+    assert broken.timing is None and broken.convention is None
+    timing = {"device_ms": [1.0, 2.0], "warmup_calls": 3}
+    convention = {"requested": "auto", "used": "original", "why": "w" * 1000, "extra": "dropped", "x": 1}
+    outcome = run_launch(
+        cpu_launch(),
+        ScriptedBackend(
+            {"launch.json": ok, "timing.json": json.dumps(timing), "convention.json": json.dumps(convention)}
+        ),
+    )
+    assert outcome.timing == timing
+    assert outcome.convention == {"requested": "auto", "used": "original", "why": "w" * 300}
+    not_strings = run_launch(
+        cpu_launch(), ScriptedBackend({"launch.json": ok, "convention.json": '{"used": 1, "why": null}'})
+    )
+    assert not_strings.convention is None
+
+
+def test_the_launch_sees_copies_of_its_files_and_its_directory_is_removed(isolated_dirs):
+    backend = ScriptedBackend(
+        {"launch.json": ranks_record({"rank": 0, "state": "ok"}, {"rank": 1, "state": "ok"})}
+    )
+    request = cpu_launch()
+    seen: list[list[str]] = []
+    outcome = run_launch(request, backend, collect=lambda d: seen.append(sorted(os.listdir(d))) or "read")
+    (launch,) = backend.seen
+    problem_copy = Path(launch.config["problem_path"])
+    assert problem_copy.parent == launch.launch_dir / "src" and problem_copy != request.problem_path
+    assert launch.config["solution_path"] == launch.config["problem_path"], (
+        "the reference as its own candidate"
+    )
+    assert launch.config["world_size"] == 2 and launch.config["seeds"] == request.seeds
+    assert outcome.collected == "read" and "launch.json" in seen[0]
+    assert not launch.launch_dir.exists() and list(isolated_dirs.iterdir()) == []
+
+
+def test_cancelled_launches_raise_and_leave_nothing(isolated_dirs):
+    cancel = threading.Event()
+    cancel.set()
+    backend = ScriptedBackend()
+    with pytest.raises(Cancelled, match="before it started"):
+        run_launch(cpu_launch(), backend, cancel=cancel)
+    assert backend.seen == []
+    with pytest.raises(Cancelled, match="every process of the launch was killed"):
+        run_launch(cpu_launch(), ScriptedBackend(cancelled=True))
+    assert list(isolated_dirs.iterdir()) == []
+
+
+def test_longest_stages_takes_each_stages_slowest_rank():
+    ranks = [
+        launches.RankOutcome(0, "ok", stages={"import": 1.0, "trials": 3.0}),
+        launches.RankOutcome(1, "ok", stages={"import": 2.0}),
+        launches.RankOutcome(2, "ok"),
+    ]
+    assert launches.longest_stages(ranks) == {"import": 2.0, "trials": 3.0}
+    assert launches.longest_stages([]) == {}
+
+
+# ---------------------------------------------------------------- tool launches
+
+
+def test_a_tool_launch_reports_its_exit_code_only_when_it_is_an_integer(isolated_dirs):
+    tools = ToolLaunches(
+        ScriptedBackend({"launch.json": '{"exit_code": 3}', "build.log": "compiler said no"})
+    )
+    launch_dir = tools.new_dir()
+    outcome = tools.run("build", launch_dir, {"extensions": []}, 30.0)
+    assert outcome.exit_code == 3 and not outcome.timed_out and outcome.log == "compiler said no"
+    assert launch_dir.exists(), "the caller reads the tool's result, then removes the directory"
+
+    forged = ToolLaunches(ScriptedBackend({"launch.json": '{"exit_code": "0"}'}, launcher_log="launcher"))
+    outcome = forged.run("build", forged.new_dir(), {}, 30.0)
+    assert outcome.exit_code is None and outcome.log == "launcher"
+
+
+def test_a_discovery_that_never_reported_timed_out():
+    tools = ToolLaunches(ScriptedBackend({"launch.json": "[1, 2"}))
+    assert tools.run("discover", tools.new_dir(), {}, 30.0).timed_out
+    killed = ToolLaunches(ScriptedBackend({"launch.json": '{"exit_code": 0}'}, killed_at_deadline=True))
+    assert killed.run("build", killed.new_dir(), {}, 30.0).timed_out
+
+
+def test_a_tool_launch_runs_on_cpu_with_its_parameters_in_the_config():
+    backend = ScriptedBackend({"launch.json": '{"exit_code": 0}'})
+    tools = ToolLaunches(backend)
+    launch_dir = tools.new_dir()
+    tools.run("build", launch_dir, {"extensions": ["e"]}, 12.0)
+    (launch,) = backend.seen
+    assert launch.device == "cpu" and launch.gpus == [] and launch.timeout_s == 12.0
+    assert launch.config["mode"] == "build" and launch.config["extensions"] == ["e"]
+    assert launch.config["launch_dir"] == str(launch_dir)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        ToolLaunches(backend, cancel).run("build", launch_dir, {}, 1.0)

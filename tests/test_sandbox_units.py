@@ -1,0 +1,285 @@
+"""The sandbox's parts that need no engine and run no launcher (sandbox/): log tails, the launch file,
+the variables every launch gets, backend choice, the warm pool's bookkeeping, killing what a launch
+left, and the container a Docker launch asks for (against a stand-in Docker client).
+tests/test_sandbox_docker.py and tests/test_warm_pool.py run the real thing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandbox.base
+from sandbox import SandboxUnavailable, base, select_backend
+from sandbox.pool import WarmKey, WarmPool
+
+# ---------------------------------------------------------------- base
+
+
+def test_tail_reads_the_last_bytes_leniently(tmp_path):
+    log = tmp_path / "rank0.log"
+    log.write_bytes(b"a" * 100 + "é".encode() + b"end")
+    assert base.tail(log, 4) == "\ufffdend", "a character cut in half is replaced, not an error"
+    assert base.tail(log, 1000).endswith("éend") and len(base.tail(log)) == 104
+    assert base.tail(tmp_path / "missing.log") == ""
+    log.write_bytes(b"x" * (2 * base.LOG_CAP_BYTES))
+    assert len(base.tail(log)) == base.LOG_CAP_BYTES
+
+
+def test_the_launch_file_appears_whole_and_private(tmp_path):
+    launch_dir = tmp_path / "launch"
+    launch_dir.mkdir()
+    config = {"mode": "outputs", "seeds": [1, 2]}
+    base.write_config(launch_dir, config)
+    path = launch_dir / base.CONFIG_NAME
+    assert json.loads(path.read_text()) == config
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in launch_dir.iterdir()] == [base.CONFIG_NAME], "no partial file left"
+
+
+def test_every_launch_keeps_multicast_off_and_a_warm_sandbox_knows_no_secret(tmp_path):
+    assert base.LAUNCH_ENV["NCCL_NVLS_ENABLE"] == "0"
+    assert base.LAUNCH_ENV["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert base.LAUNCH_ENV["NVSHMEM_DISABLE_NVLS"] == "1"
+    setup = base.warm_setup(tmp_path, 4, "cpu", 2, ((0, 1), (2, 3), (4,), (5,)))
+    assert setup["launch_dir"] == str(tmp_path) and setup["world_size"] == 4
+    assert setup["rank_cpus"] == [[0, 1], [2, 3], [4], [5]]
+    assert not {"seeds", "solution_path", "problem_path", "mode"} & set(setup), "seeds come with the launch"
+
+
+def test_backend_choice():
+    with pytest.raises(
+        SandboxUnavailable, match="unknown sandbox backend 'vm'; choose auto, docker or process"
+    ):
+        select_backend("vm")
+    process = select_backend("process")
+    assert process.name == "process" and not process.isolated and "without isolation" in process.note
+
+
+# ---------------------------------------------------------------- the warm pool's bookkeeping
+
+
+class Handles:
+    """Stand-in sandboxes: each a number, ready at once, alive until marked dead; records what was
+    discarded."""
+
+    def __init__(self) -> None:
+        self.dead: set[int] = set()
+        self.discarded: list[int] = []
+        self.count = 0
+
+    def pool(self, launches: Path, per_key: int = 1, max_keys: int = 2) -> WarmPool:
+        def start(slot: Any) -> int:
+            slot.launch_dir.mkdir()
+            for r in range(slot.key.world_size):
+                (slot.launch_dir / f"rank{r}.ready").touch()  # as a warmed-up launcher's workers leave
+            self.count += 1
+            return self.count
+
+        return WarmPool(
+            new_dir=lambda launch_id: launches / launch_id,
+            start=start,
+            alive=lambda handle: handle not in self.dead,
+            discard=lambda slot: self.discarded.append(slot.handle),
+            per_key=per_key,
+            max_keys=max_keys,
+        )
+
+
+CPU2 = WarmKey("cpu", (), 2, 1)
+CPU4 = WarmKey("cpu", (), 4, 1)
+GPU01 = WarmKey("cuda", (0, 1), 2, 1)
+
+
+def test_a_warm_sandbox_serves_only_its_own_shape(isolated_dirs):
+    handles = Handles()
+    pool = handles.pool(isolated_dirs, per_key=2)
+    pool.replenish(CPU2)
+    pool.settle(timeout_s=5)
+    assert pool.size() == 2
+    assert pool.take(CPU4) is None and pool.take(WarmKey("cpu", (), 2, 2)) is None
+    assert pool.take(WarmKey("cpu", (), 2, 1, ((0,), (1,)))) is None, "pinned cores are part of the shape"
+    assert pool.take(CPU2) is not None and pool.size() == 1
+
+
+def test_only_the_most_recently_used_shapes_stay_warm(isolated_dirs):
+    handles = Handles()
+    pool = handles.pool(isolated_dirs, per_key=1, max_keys=2)
+    for key in (CPU2, CPU4, GPU01):
+        pool.replenish(key)
+        pool.settle(timeout_s=5)
+    assert handles.discarded == [1], "the oldest shape's sandbox is stopped"
+    assert pool.take(CPU2) is None and pool.take(CPU4) is not None and pool.take(GPU01) is not None
+
+
+def test_dead_and_expiring_sandboxes_are_never_handed_out(isolated_dirs, monkeypatch):
+    handles = Handles()
+    pool = handles.pool(isolated_dirs, per_key=1)
+    pool.replenish(CPU2)
+    pool.settle(timeout_s=5)
+    handles.dead.add(1)
+    assert pool.take(CPU2) is None and handles.discarded == [1]
+    pool.replenish(CPU2)
+    pool.settle(timeout_s=5)
+    monkeypatch.setattr(sandbox.base, "WARM_IDLE_S", 0.0)  # every sandbox is about to exit on its own
+    assert pool.take(CPU2) is None and handles.discarded == [1, 2]
+
+
+def test_a_closed_pool_stops_everything_and_starts_nothing(isolated_dirs):
+    handles = Handles()
+    pool = handles.pool(isolated_dirs, per_key=2)
+    pool.replenish(CPU2)
+    pool.settle(timeout_s=5)
+    pool.close()
+    assert sorted(handles.discarded) == [1, 2] and pool.size() == 0
+    pool.replenish(CPU2)
+    pool.settle(timeout_s=5)
+    assert handles.count == 2 and pool.take(CPU2) is None
+
+
+# ---------------------------------------------------------------- the process backend's clean-up
+
+
+def test_kill_launch_kills_every_process_carrying_the_launch_marker():
+    from sandbox.process import kill_launch
+
+    sleeper = ["sleep", "60"]
+    marked = subprocess.Popen(sleeper, env={**os.environ, "PKB_LAUNCH": "feedface"}, start_new_session=True)
+    other = subprocess.Popen(sleeper, env={**os.environ, "PKB_LAUNCH": "cafe"}, start_new_session=True)
+    try:
+        time.sleep(0.2)  # its environment is readable once it runs
+        kill_launch(marked.pid, "PKB_LAUNCH=feedface")
+        assert marked.wait(timeout=10) == -9
+        assert other.poll() is None, "another launch's process is left alone"
+    finally:
+        for proc in (marked, other):
+            proc.kill()
+            proc.wait()
+
+
+# ---------------------------------------------------------------- the container a Docker launch asks for
+
+
+class StubContainer:
+    def __init__(self, labels: dict[str, str] | None = None) -> None:
+        self.labels = labels or {}
+        self.removed = self.started = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        return {"StatusCode": 0}
+
+    def logs(self, **_: Any) -> bytes:
+        return b"launcher said bye"
+
+    def kill(self) -> None:
+        raise AssertionError("a container that exited is not killed")
+
+    def remove(self, force: bool = False) -> None:
+        self.removed = True
+
+
+class StubClient:
+    """Answers what DockerBackend asks of an engine; records the containers it was asked to create."""
+
+    def __init__(self, existing: list[StubContainer] | None = None) -> None:
+        self.existing = existing or []
+        self.created: list[tuple[str, list[str], dict[str, Any]]] = []
+        self.containers = self
+
+    def list(self, all: bool, filters: dict[str, str]) -> list[StubContainer]:
+        assert filters == {"label": "pkb.sandbox"}
+        return self.existing
+
+    def create(self, image: str, command: list[str], **options: Any) -> StubContainer:
+        self.created.append((image, command, options))
+        self.last = StubContainer()
+        return self.last
+
+
+@pytest.fixture
+def docker_backend(monkeypatch, tmp_path):
+    from sandbox.docker import DockerBackend
+
+    monkeypatch.setenv("PKB_SANDBOX_IMAGE", "pkb-sandbox:stub")
+    monkeypatch.setenv("PKB_SANDBOX_MEMORY", "5g")
+    monkeypatch.setenv("PKB_SANDBOX_PIDS", "77")
+    monkeypatch.setenv("PKB_SANDBOX_SHM", "1g")
+    monkeypatch.setenv("PKB_TEST_SECRET", "do-not-pass")
+    client = StubClient()
+    backend = DockerBackend(client)  # type: ignore[arg-type]
+    backend.extensions_dir = tmp_path / "extensions"
+    return backend, client
+
+
+def test_a_docker_launch_asks_for_a_locked_down_container(docker_backend, tmp_path):
+    from sandbox.docker import owner_id
+
+    backend, client = docker_backend
+    launch_dir = tmp_path / "pkb-launch-abc"
+    launch_dir.mkdir()
+    launch = base.SandboxLaunch(
+        launch_id="abc",
+        launch_dir=launch_dir,
+        config={"mode": "outputs", "launch_dir": str(launch_dir), "seeds": [7]},
+        device="cpu",
+        gpus=[],
+        timeout_s=30,
+        harness_root=Path("/opt/harness-root"),
+        threads=3,
+        cpus=((2, 3), (4, 5)),
+    )
+    run = backend.run(launch)
+    assert run.exit_code == 0 and not run.killed_at_deadline and run.launcher_log == "launcher said bye"
+    assert client.last.started and client.last.removed, "the container is removed after its launch"
+    ((image, command, options),) = client.created
+    assert image == "pkb-sandbox:stub" and command[1:3] == ["-m", "harness.launch"]
+    assert options["network_mode"] == "none" and options["read_only"] is True
+    assert options["cap_drop"] == ["ALL"] and options["security_opt"] == ["no-new-privileges"]
+    assert options["user"] == "65534:65534" and options["ipc_mode"] == "private"
+    assert (options["mem_limit"], options["memswap_limit"], options["pids_limit"], options["shm_size"]) == (
+        "5g",
+        "5g",
+        77,
+        "1g",
+    )
+    assert options["labels"] == {"pkb.sandbox": "1", "pkb.launch": "abc", "pkb.owner": owner_id()}
+    assert options["cpuset_cpus"] == "2,3,4,5"
+    env = options["environment"]
+    assert (
+        env["NCCL_NVLS_ENABLE"] == "0" and env["CUDA_VISIBLE_DEVICES"] == "" and env["OMP_NUM_THREADS"] == "3"
+    )
+    assert "PKB_TEST_SECRET" not in env, "the host's environment does not reach the sandbox"
+    mounts = {m["Target"]: m for m in options["mounts"]}
+    assert mounts["/launch"]["Source"] == str(launch_dir) and mounts["/launch"]["ReadOnly"] is False
+    assert mounts["/usr"]["ReadOnly"] and mounts["/opt/pkb/harness"]["ReadOnly"]
+    assert mounts["/opt/pkb/harness"]["Source"] == "/opt/harness-root/harness"
+    assert mounts["/opt/pkb/extensions"]["ReadOnly"] and env["PKB_EXTENSIONS"] == "/opt/pkb/extensions"
+    assert all(m["ReadOnly"] for target, m in mounts.items() if target != "/launch")
+    written = json.loads((launch_dir / base.CONFIG_NAME).read_text())
+    assert written["launch_dir"] == "/launch", "host paths are rewritten to the container's"
+
+
+def test_only_containers_of_gone_owners_are_swept(monkeypatch):
+    from sandbox import docker as docker_backend_module
+
+    here = socket.gethostname()
+    ours = StubContainer({"pkb.owner": f"{here}:{os.getpid()}"})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = StubContainer({"pkb.owner": f"{here}:{gone.pid}"})
+    elsewhere = StubContainer({"pkb.owner": f"other-{here}:{os.getpid()}"})
+    unowned = StubContainer()
+    client = StubClient([ours, dead, elsewhere, unowned])
+    assert docker_backend_module.sweep(client) == 3  # type: ignore[arg-type]
+    assert not ours.removed and dead.removed and elsewhere.removed and unowned.removed
