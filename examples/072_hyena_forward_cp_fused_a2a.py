@@ -23,8 +23,8 @@ Predicted effect on 2 H200s: on `large` (L = 32768, D = 2048) the reference spen
 three inbound all-to-alls with their copies, ~0.2 ms in the return one, and ~0.8 ms in the FFT
 convolution and elementwise work; this version exposes ~0.1 ms of communication and ~0.2 ms less
 copying around the same FFT work: about 1.5x. On `pkb` both are launch-bound (tensors of 4 MB);
-this one launches ~15 kernels and 2 collectives against ~35 and 4: about 1.5-2x. Predictions, not
-yet measured (docs/wave-a-b.md has the commands).
+this one launches ~15 kernels and 2 collectives against ~35 and 4: about 1.5-2x. These were
+predictions; the measured figures are in docs/gpu-results.md.
 
 Conditions: any device (CPU/gloo included: everything is torch and torch.distributed, so the CPU
 tests check it); bf16 inputs; the zigzag or contiguous split; any batch and group size.

@@ -73,7 +73,7 @@ SIZES = {
 # y: RMS about 1.4 at `pkb` (float64, one layer as in problem 56 with q scaled by 2). Correct
 # solutions differ in rounding: a float32 TP sum instead of the bf16 all-reduce, q, k, v or ctx kept
 # in float32, bf16 probabilities (flash attention) instead of two terms. Measured on CPU (W = 2, 4;
-# 5 trials): a float64 solution (tests/candidates/wave_b/055_float64.py) differs from the reference
+# 5 trials): a float64 solution (tests/candidates/by_problem/055_float64.py) differs from the reference
 # by up to 0.0312 (relative norm <= 0.0047); one with flash attention's bf16 probabilities
 # (055_bf16_probs.py; 4 trials) by up to 0.0625 (relative norm <= 0.004). atol 0.1 admits the
 # latter near zero; at long sequences outputs are smaller (RMS about 0.35 at 4096 tokens, float64

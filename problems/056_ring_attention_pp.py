@@ -70,7 +70,7 @@ SIZES = {
 # one stage-pair without CP). Correct solutions differ in rounding (q, k, v and ctx in bf16 or not,
 # bf16 probabilities as in flash attention, y0 sent in float32), and stage 1 amplifies stage 0's
 # rounding through its softmax. Measured on CPU (W = 2, 4; 4 trials): a float64 solution
-# (tests/candidates/wave_b/056_float64.py) differs from the reference by up to 0.0625 on stage 1
+# (tests/candidates/by_problem/056_float64.py) differs from the reference by up to 0.0625 on stage 1
 # (relative norm <= 0.0045), one with flash attention's bf16 probabilities (056_bf16_probs.py) by
 # up to 0.078 (relative norm <= 0.0043); with q scaled by 2, as in problem 54, stage 1 differed by up to 0.17,
 # so q is not scaled here. The tolerance leaves a margin; at `large` the relative norm binds.

@@ -68,7 +68,7 @@ SIZES = {
 # 4096-token sequence (float64 autograd on one replica, divided by sqrt 2). Correct solutions differ
 # in rounding: bf16 P and dS in the products (flash attention), bf16 partials or bf16 DP sums.
 # Measured on CPU (W = 2, 4; 5 trials): a float64 autograd solution
-# (tests/candidates/wave_b/057_float64.py) differs from the reference by one bf16 unit in the last
+# (tests/candidates/by_problem/057_float64.py) differs from the reference by one bf16 unit in the last
 # place at most (max abs 0.0156, relative norm <= 0.0026), and a ring with P and dS rounded to
 # bf16 (057_bf16_terms.py, 4 trials) by as much (relative norm <= 0.0027); the tolerance leaves
 # a margin. At `large` the relative norm is the binding check.

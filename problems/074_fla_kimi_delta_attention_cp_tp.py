@@ -25,9 +25,9 @@ the recurrence of all H heads over the first c + 1 blocks only (later tokens can
 the chunked (WY) form of the delta rule (chunks of 64 steps: S/64 steps of matrix products instead of
 S steps of matrix-vector products); one float32 all-reduce of the block's outputs over the TP pair, one
 rounding to bf16. The chunked form equals the recurrence in exact arithmetic; in float32 it is within
-1e-5 of a float64 step-by-step recurrence on these inputs (tests/test_wave_b_d.py). Within a chunk,
-keys are scaled by exp(-cumulative log-decay), at most exp(64 * 0.06) here, so the form loses nothing
-to overflow.
+1e-5 of a float64 step-by-step recurrence on these inputs (tests/test_problems_linear_attention.py).
+Within a chunk, keys are scaled by exp(-cumulative log-decay), at most exp(64 * 0.06) here, so the
+form loses nothing to overflow.
 
 Inputs: q, k, v standard normal, different on every rank and in every trial; beta N(0, 1). g is drawn
 from U(-9, -5), so the per-channel decay lies in 0.94 .. 0.9998 (mean about 0.995): the state keeps
@@ -74,10 +74,10 @@ SIZES = {
 }
 # Outputs are bf16 of RMS ~0.04, max ~0.2 (q is scaled by K**-0.5; the pair's sum of two). A file in
 # the original's convention (five all-gathers, the recurrence step by step in float32, a bf16
-# all-reduce: tests/candidates/wave_b/074_original_style.py) differs from the float32 sum by at most
-# 9.8e-4, relative norm 2.9e-3 (CPU, W = 4, 2 trials): the bf16 all-reduce rounds twice. The chunked
-# form alone is within 1e-5 of a float64 recurrence (tests/test_wave_b_d.py). Computing a block from
-# a zero state (no CP exchange) is off by ~75% in norm on the last block.
+# all-reduce: tests/candidates/by_problem/074_original_style.py) differs from the float32 sum by at
+# most 9.8e-4, relative norm 2.9e-3 (CPU, W = 4, 2 trials): the bf16 all-reduce rounds twice. The
+# chunked form alone is within 1e-5 of a float64 recurrence (tests/test_problems_linear_attention.py).
+# Computing a block from a zero state (no CP exchange) is off by ~75% in norm on the last block.
 TOLERANCE = {"atol": 2e-3, "rtol": 0.02, "rel_norm": 0.01}
 CHUNK = 64
 N_TP = 2

@@ -21,8 +21,8 @@ form (chunks of 64 steps) solves each chunk's unit-lower-triangular system for t
 u = (I + A)^-1 beta (v - k S) at once and carries the state from chunk to chunk: S/64 steps of
 matrix products instead of S steps of matrix-vector products. It equals the recurrence in exact
 arithmetic; in float32 it is within 1e-5 of a float64 step-by-step recurrence on these inputs
-(tests/test_wave_b_d.py). Within a chunk, keys are scaled by exp(-cumulative log-decay), at most
-exp(64 * 0.03) here, so the form loses nothing to overflow.
+(tests/test_problems_linear_attention.py). Within a chunk, keys are scaled by exp(-cumulative
+log-decay), at most exp(64 * 0.03) here, so the form loses nothing to overflow.
 
 Inputs: q, k, v standard normal, different on every rank and in every trial. gate is drawn from
 U(-7, -4), so decay_t lies in 0.978 .. 0.999: the state keeps most of the sequence (the last rank's
@@ -64,7 +64,7 @@ SIZES = {
 }
 # Outputs are bf16 of RMS ~0.015, max ~0.08 (q is scaled by K**-0.5). The float32 chunked reference
 # and a file in the original's convention (five all-to-alls, the recurrence step by step in float32,
-# tests/candidates/wave_b/075_original_style.py) differ by at most 1.2e-4, relative norm 4.2e-5
+# tests/candidates/by_problem/075_original_style.py) differ by at most 1.2e-4, relative norm 4.2e-5
 # (CPU, W = 2, 2 trials); atol leaves room for bf16 products in the chunk (as flash-linear-attention's
 # kernels use), unmeasured. Computing each rank's tokens from a zero state (no exchange;
 # 075_no_state.py) is off by ~80% in norm on the last rank.

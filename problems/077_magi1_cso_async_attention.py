@@ -81,7 +81,7 @@ SIZES = {
 # Outputs are bf16 of RMS ~0.45 at the CPU size and ~0.12 at `pkb` (ranges of 5400-21600 keys at
 # W = 2; computed in float32 on CPU). As for problem 54: float32 solutions are within one bf16 unit of
 # the reference; flash attention's bf16 probabilities add up to 2^-9 of sum |p v| per output. Measured
-# on CPU (2 trials): a float64 token-parallel solution (tests/candidates/wave_b/077_float64.py) differs
+# on CPU (2 trials): a float64 token-parallel solution (tests/candidates/by_problem/077_float64.py) differs
 # by at most 0.0156, relative norm 1.5e-3 (W = 2) and 1.6e-3 (W = 4). At `pkb` the relative norm is
 # the binding check, as at 54's `large`.
 TOLERANCE = {"atol": 0.03, "rtol": 0.02, "rel_norm": 0.01}

@@ -1,5 +1,5 @@
 """Problem 71 with the 7-tap kernel: the alternative to the reference's in-place form, for comparing on
-GPUs (docs/wave-b.md). Halos as the reference (one all-gather of the chunk tails); the block convolved
+GPUs (docs/gpu-results.md). Halos as the reference (one all-gather of the chunk tails); the block convolved
 with symmetric padding k-1 (output k-1 longer), its first L_local columns copied out contiguously, then
 each chunk's first k-1 outputs recomputed from its halo. A correct solution."""
 
