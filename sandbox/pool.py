@@ -27,14 +27,13 @@ from typing import Any
 
 import structlog
 
-from sandbox.base import WARM_IDLE_S, tail, warm_setup
+import sandbox.base as base
+from sandbox.base import tail, warm_setup
 
 log = structlog.get_logger("sandbox.pool")
 
 SETTLE_S = 120.0
-EXPIRY_MARGIN_S = (
-    30.0  # a sandbox this close to exiting on its own (WARM_IDLE_S in sandbox/base.py) is not handed out
-)
+EXPIRY_MARGIN_S = 30.0  # a sandbox this close to exiting on its own (base.WARM_IDLE_S) is not handed out
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ class WarmPool:
 
     @staticmethod
     def _expiring(slot: WarmSlot) -> bool:
-        return time.monotonic() - slot.started >= WARM_IDLE_S - EXPIRY_MARGIN_S
+        return time.monotonic() - slot.started >= base.WARM_IDLE_S - EXPIRY_MARGIN_S
 
     def _report_stale(self, slot: WarmSlot) -> None:
         age = time.monotonic() - slot.started

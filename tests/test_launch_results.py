@@ -181,7 +181,7 @@ def test_the_launch_sees_copies_of_its_files_and_its_directory_is_removed(isolat
     assert launch.config["solution_path"] == launch.config["problem_path"], (
         "the reference as its own candidate"
     )
-    assert launch.config["world_size"] == 2 and launch.config["seeds"] == request.seeds
+    assert launch.config["world_size"] == 2 and launch.config["seeds"] == request.settings["seeds"]
     assert outcome.collected == "read" and "launch.json" in seen[0]
     assert not launch.launch_dir.exists() and list(isolated_dirs.iterdir()) == []
 
