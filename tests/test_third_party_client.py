@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from .conftest import ROOT
-from .test_contract import TOOLS
+from .test_mcp_snapshot import TOOLS
 
 INSPECTOR = os.environ.get("PKB_INSPECTOR")
 pytestmark = [

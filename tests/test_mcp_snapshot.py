@@ -2,7 +2,7 @@
 annotations), resources and resource templates, prompts (and one rendered prompt), and the server's
 instructions. A change to any of them is a deliberate, reviewed diff: regenerate with
 
-    PKB_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_contract.py
+    PKB_UPDATE_SNAPSHOTS=1 python -m pytest tests/test_mcp_snapshot.py
 
 and review `git diff tests/snapshots/`. A missing snapshot fails (it is never written silently)."""
 
