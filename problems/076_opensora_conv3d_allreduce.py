@@ -15,7 +15,9 @@ the original harness does: stride 1, no padding, no dilation, one group.
 Source: Open-Sora VAE channel-parallel Conv3d (ParallelKernelBench problem 76). The call and the
 per-rank shapes at world size 8 are the original's (input [1, 64, 19, 66, 66], weight
 [512, 64, 3, 3, 3], output [1, 512, 17, 64, 64]): the layer has 512 input channels in all, split
-over the ranks, so a rank holds 512/W of them.
+over the ranks, so a rank holds 512/W of them. On CPU (the tests' machine: 2 cores, no bf16 matrix
+units) one call at `pkb` would take minutes (0.5 TFLOP per rank at W = 2), so on a CPU device the
+input is cpu_frames x cpu_height x cpu_width instead: the same channels and kernel.
 
 Differences from the original: none in the workload or the call; the inputs are random and differ
 per rank and per trial, and the weights are scaled so the output is O(1).
@@ -33,10 +35,29 @@ DTYPE = "bfloat16"
 WORLD_SIZES = "world size >= 2 dividing channels_in (pkb: 512 % W == 0)"
 SIZES = {
     # channels_in: the layer's input channels, split over ranks; frames x height x width: input size
-    "pkb": {"channels_in": 512, "channels_out": 512, "frames": 19, "height": 66, "width": 66},
+    # cpu_frames, cpu_height, cpu_width: the input size on a CPU device (tests), see the docstring
+    "pkb": {
+        "channels_in": 512,
+        "channels_out": 512,
+        "frames": 19,
+        "height": 66,
+        "width": 66,
+        "cpu_frames": 5,
+        "cpu_height": 8,
+        "cpu_width": 8,
+    },
     # estimate, not yet measured: at W = 2, 2 TFLOP per rank (~2.5 ms at 790 TFLOP/s) and an
     # all-reduce of a 285 MB output (~0.8 ms)
-    "large": {"channels_in": 512, "channels_out": 512, "frames": 19, "height": 130, "width": 130},
+    "large": {
+        "channels_in": 512,
+        "channels_out": 512,
+        "frames": 19,
+        "height": 130,
+        "width": 130,
+        "cpu_frames": 5,
+        "cpu_height": 10,
+        "cpu_width": 10,
+    },
 }
 KERNEL = 3
 # Outputs are O(1) (standard deviation 1, up to ~6). Correct solutions differ in the order of the
@@ -57,12 +78,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def volume(ctx):
+    """The input's frames, height and width (the reduced ones on a CPU device)."""
+    prefix = "cpu_" if ctx.device.type == "cpu" else ""
+    return tuple(ctx.size[prefix + key] for key in ("frames", "height", "width"))
+
+
 def make_inputs(ctx):
     """This rank's random input channels and kernel slice; a shared bias. Weights N(0, 1/fan_in)."""
     s = ctx.size
     c_local = s["channels_in"] // ctx.world_size
     fan_in = s["channels_in"] * KERNEL**3
-    x = ctx.randn(1, c_local, s["frames"], s["height"], s["width"])
+    x = ctx.randn(1, c_local, *volume(ctx))
     weight = ctx.randn(s["channels_out"], c_local, KERNEL, KERNEL, KERNEL, scale=fan_in**-0.5)
     bias = ctx.randn(s["channels_out"], shared=True, scale=0.5)
     return x, weight, bias, 1, 0, 1, 1, None
@@ -78,9 +105,10 @@ def solution(input, weight, bias, stride, padding, dilation, groups=1, group=Non
 
 def _shapes(ctx):
     s = ctx.size
-    out_voxels = (s["frames"] - KERNEL + 1) * (s["height"] - KERNEL + 1) * (s["width"] - KERNEL + 1)
+    frames, height, width = volume(ctx)
+    out_voxels = (frames - KERNEL + 1) * (height - KERNEL + 1) * (width - KERNEL + 1)
     c_local = s["channels_in"] // ctx.world_size
-    x_local = c_local * s["frames"] * s["height"] * s["width"]
+    x_local = c_local * frames * height * width
     w_local = s["channels_out"] * c_local * KERNEL**3
     return out_voxels, c_local, x_local, w_local
 

@@ -17,7 +17,10 @@ does.
 
 Source: DistriFusion patch-parallel convolution (ParallelKernelBench problem 87), synchronous (fresh
 halos every call). The call and the per-rank shapes are the original's: x [1, 1280, 32, 128] per
-rank, weight [1280, 1280, 3, 3]; the band height is per rank, so the map is 32 W rows high.
+rank, weight [1280, 1280, 3, 3]; the band height is per rank, so the map is 32 W rows high. On CPU
+(the tests' machine: 2 cores, no bf16 matrix units) one call at `pkb` would take about a minute (0.12
+TFLOP per rank), so on a CPU device the band is cpu_height_local x cpu_width instead: the same
+channels and kernel.
 
 Differences from the original: none in the workload or the call. The reference sends only the halo
 rows to the neighbours (the original all-gathers); the inputs are random and differ per rank and
@@ -37,10 +40,11 @@ DTYPE = "bfloat16"
 WORLD_SIZES = "any world size >= 2"
 SIZES = {
     # channels (in = out); height_local: rows of this rank's band; width: the map's width
-    "pkb": {"channels": 1280, "height_local": 32, "width": 128},
+    # cpu_height_local, cpu_width: the band on a CPU device (tests), see the docstring
+    "pkb": {"channels": 1280, "height_local": 32, "width": 128, "cpu_height_local": 4, "cpu_width": 8},
     # estimate, not yet measured: 0.97 TFLOP per rank (~1.2 ms at 790 TFLOP/s, ~1.5-2 ms as cuDNN
     # runs it); halos of 1.3 MB each way
-    "large": {"channels": 1280, "height_local": 64, "width": 512},
+    "large": {"channels": 1280, "height_local": 64, "width": 512, "cpu_height_local": 4, "cpu_width": 16},
 }
 KERNEL = 3
 PADDING = 1
@@ -61,11 +65,16 @@ def check_world_size(world_size, size):
     return None
 
 
+def band(ctx):
+    """This rank's rows and the map's width (the reduced ones on a CPU device)."""
+    prefix = "cpu_" if ctx.device.type == "cpu" else ""
+    return ctx.size[prefix + "height_local"], ctx.size[prefix + "width"]
+
+
 def make_inputs(ctx):
     """This rank's random band; shared weight N(0, 1/fan_in) and bias N(0, 0.25)."""
-    s = ctx.size
-    c = s["channels"]
-    x = ctx.randn(1, c, s["height_local"], s["width"])
+    c = ctx.size["channels"]
+    x = ctx.randn(1, c, *band(ctx))
     weight = ctx.randn(c, c, KERNEL, KERNEL, shared=True, scale=(c * KERNEL * KERNEL) ** -0.5)
     bias = ctx.randn(c, shared=True, scale=0.5)
     return x, weight, bias, 1, PADDING, None
@@ -95,8 +104,8 @@ def traffic(ctx):
     No schedule moves less: those rows exist only on the neighbour. FLOPs: the band's convolution.
     HBM: read the band, the weight and the bias, write the output.
     """
-    s = ctx.size
-    c, h, width = s["channels"], s["height_local"], s["width"]
+    c = ctx.size["channels"]
+    h, width = band(ctx)
     isz = ctx.dtype.itemsize
     neighbours = 1 if ctx.world_size == 2 else 2
     return {

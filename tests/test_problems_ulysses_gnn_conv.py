@@ -322,9 +322,6 @@ def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
 
 # ---------------------------------------------------------------- integration: real ranks on CPU
 
-HEAVY = {76}  # a 0.5 TFLOP convolution per rank at W = 2: one check takes about a minute on 2 cores
-
-
 def check(pid, path, world_size, trials=2):
     return service.check(
         RunRequest(
@@ -345,7 +342,7 @@ def check(pid, path, world_size, trials=2):
     [(38, 2), (38, 4), (65, 2), (65, 4), (66, 4), (69, 2), (69, 4), (72, 2), (72, 4), (76, 2), (87, 4)],
 )
 def test_original_style_candidate_passes(pid, world_size):
-    r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size, trials=1 if pid in HEAVY else 2)
+    r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size)
     assert r.verdict == "pass", r.message
 
 
