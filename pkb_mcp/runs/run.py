@@ -16,7 +16,7 @@ from pkb_mcp import problems
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
-from pkb_mcp.runs import conventions, static_report
+from pkb_mcp.runs import conventions, pairing, static_report
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
 
@@ -115,8 +115,10 @@ class Run:
         self.request = request
         self.convention = conventions.requested(request.convention)
         world_size = request.world_size
+        # a file named after a problem runs against it, whatever id was given (runs/pairing.py)
+        problem_ref, paired_note = pairing.for_request(request.problem, request.path)
         self.problem, self.device = preflight(
-            request.problem, world_size, request.size, request.device, request.timeout_s
+            problem_ref, world_size, request.size, request.device, request.timeout_s
         )
         gpus = request.gpus
         self.gpus = gpus if gpus is not None and self.device == "cuda" else gpus_for(self.device, world_size)
@@ -142,7 +144,7 @@ class Run:
             backend=self.backend.name, isolated=self.backend.isolated, note=self.backend.note
         )
         self.warnings = [] if self.backend.isolated else [self.backend.note]
-        self.notes: list[str] = []
+        self.notes: list[str] = [paired_note] if paired_note else []
 
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
         """Build the solution's load_inline extensions into the node's cache before its launches run
