@@ -80,8 +80,16 @@ def test_outcomes_are_classified_from_the_result():
     assert classify(_check("fail", "rank 0: 3 elements differ", ["wrong", "aborted"])) == "wrong"
     assert classify(_check("timeout", "deadline", ["timeout", "timeout"])) == "timeout"
     assert classify(_check("fail", "raised ValueError", ["error", "wrong"])) == "error"
-    built = _check("fail", "raised RuntimeError: Error building extension 'x'", ["error", "error"])
+    built = _check("fail", "failed to build extension 'x': cuda.cu:127: error: no", ["error", "aborted"])
     assert classify(built) == "build"
+    # a build that failed but was never loaded is no cause: the candidate raised first
+    raised = _check(
+        "fail",
+        "rank 0, trial 0: raised TypeError: solution() takes 2",
+        ["error", "aborted"],
+        notes=["extension x failed to build: cuda.cu:127: error: no"],
+    )
+    assert classify(raised) == "error"
     refused = _check("fail", "rank 0: raised ConventionError: problem 12 cannot run", ["error", "error"])
     assert classify(refused) == "refused"
     multicast = _check("fail", "uses NVLink multicast", ["error", "error"])

@@ -36,7 +36,7 @@ from pkb_mcp.evaluation.records import (
 )
 from pkb_mcp.evaluation.store import EvalStore
 from pkb_mcp.models import BenchResult, CheckResult, RunRequest
-from pkb_mcp.runs import conventions, pairing
+from pkb_mcp.runs import conventions, pairing, verdicts
 
 POLL_S = 0.25
 
@@ -92,7 +92,8 @@ def pair_files(files: list[Path]) -> dict[Path, pairing.Pairing]:
 
 
 def classify(result: CheckResult | BenchResult) -> Outcome:
-    """The category of a candidate's check or benchmark."""
+    """The category of a candidate's check or benchmark: `build` only where a rank failed on a build
+    (a build that failed but was never loaded is no cause), `error` where the candidate raised."""
     if result.verdict in ("pass", "suspect"):
         return "pass"
     if "ConventionError" in result.message or all(
@@ -101,7 +102,7 @@ def classify(result: CheckResult | BenchResult) -> Outcome:
         return "refused"  # a stated difference from the original, or a refusal before running
     if result.verdict == "timeout":
         return "timeout"
-    if any("failed to build" in n for n in result.notes) or "Error building extension" in result.message:
+    if verdicts.failed_to_build(result.ranks):
         return "build"
     states = {r.state for r in result.ranks}
     if "wrong" in states and not states & {"error", "crashed", "exited", "timeout"}:
