@@ -1,7 +1,9 @@
 """`pkb eval`: a batch of solution files, each checked and, if correct, benchmarked; one report.
 
 Files are named by problem: the original benchmark's `{id}_{name}_{backend}.py` or ours
-`NNN_slug.py`. Each file's check, then its benchmark, is a job of the scheduler (pkb_mcp/jobs/scheduler.py),
+`NNN_slug.py`; the name decides the problem, the id only where the name is no problem's
+(pkb_mcp/runs/pairing.py), and a file that names no problem stops the batch before it runs. Each
+file's check, then its benchmark, is a job of the scheduler (pkb_mcp/jobs/scheduler.py),
 so the files' jobs spread over the node's GPUs as the scheduler allows and each runs in sandboxed launches
 of its own. Per-file results are kept in a table beside the scheduler's jobs, in one SQLite file
 (pkb_mcp/evaluation/store.py): a re-run skips what is done, and jobs an interrupted run left behind are
