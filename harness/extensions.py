@@ -257,7 +257,7 @@ def load_library(request: Request, library: Path) -> Any:
     return module
 
 
-def _marked(directory: Path, mark: str) -> dict[str, Any] | None:
+def read_mark(directory: Path, mark: str) -> dict[str, Any] | None:
     try:
         data = json.loads((directory / mark).read_text())
     except (OSError, ValueError):
@@ -314,11 +314,11 @@ class _Loader:
         verbose = bool(given.get("verbose", False))
         if self.cache is not None:
             cached = self.cache / key
-            failed = _marked(cached, FAILED_MARK)
+            failed = read_mark(cached, FAILED_MARK)
             if failed is not None:
                 why = str(failed.get("log", ""))[-FAILURE_LOG_CHARS:]
                 raise RuntimeError(f"Error building extension '{request.name}': {why}")
-            if _marked(cached, OK_MARK) is not None:
+            if read_mark(cached, OK_MARK) is not None:
                 return load_library(request, cached / f"{request.name}.so")
         return self._build_here(request, key, verbose)
 
@@ -329,10 +329,10 @@ class _Loader:
         with open(directory / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                failed = _marked(directory, FAILED_MARK)
+                failed = read_mark(directory, FAILED_MARK)
                 if failed is not None:
                     raise RuntimeError(str(failed.get("log", "")))
-                if _marked(directory, OK_MARK) is None:
+                if read_mark(directory, OK_MARK) is None:
                     try:
                         build(request, directory, verbose)
                     except Exception as exc:

@@ -240,7 +240,9 @@ def check(
     run.notes += conventions.notes(cand_outcome)
     progress(2, 3, "judging outputs")
     mac_key = tensorfile.result_key(seeds)
-    ranks = judge_ranks(p, world_size, list(range(trials)), cand_outcome, ref_outcome, mac_key)
+    ranks = judge_ranks(
+        p, world_size, list(range(trials)), cand_outcome, ref_outcome, mac_key, sources=run.sources
+    )
     verdict, why = decide(ranks)
     in_trials = f"{trials} trial" + ("s" if trials != 1 else "")
     message = f"all {world_size} ranks match the reference in {in_trials}" if verdict == "pass" else why

@@ -19,7 +19,7 @@ import pytest
 
 from pkb_mcp.errors import UserError
 from pkb_mcp.evaluation import report as eval_report
-from pkb_mcp.evaluation.batch import classify, collect_files, evaluate, name_parts
+from pkb_mcp.evaluation.batch import classify, collect_files, evaluate, pair_files
 from pkb_mcp.evaluation.records import EvalReport, EvalSettings, FileResult
 from pkb_mcp.models import CheckResult, RankResult, SandboxInfo
 
@@ -51,11 +51,11 @@ def test_files_come_from_directories_globs_and_paths_each_once(tmp_path):
         collect_files([tmp_path / "missing*.py"])
 
 
-def test_the_problem_id_and_backend_come_from_the_name():
-    assert name_parts(Path("019_blocked_fp8_quantize_triton.py")) == (19, "triton")
-    assert name_parts(Path("1_allreduce_cuda.py")) == (1, "cuda")
-    assert name_parts(Path("001_allreduce.py")) == (1, None)
-    assert name_parts(Path("allreduce.py")) == (None, None)
+def test_the_problem_and_backend_come_from_the_name():
+    names = ["019_blocked_fp8_quantize_triton.py", "1_allreduce_cuda.py", "001_allreduce.py", "allreduce.py"]
+    paired = pair_files([Path(n) for n in names])
+    found = [(p.problem.id if p.problem else None, p.backend) for p in paired.values()]
+    assert found == [(19, "triton"), (1, "cuda"), (1, None), (None, None)]
 
 
 def _check(verdict: str, message: str, states: list[str], notes: list[str] | None = None) -> CheckResult:
@@ -80,8 +80,16 @@ def test_outcomes_are_classified_from_the_result():
     assert classify(_check("fail", "rank 0: 3 elements differ", ["wrong", "aborted"])) == "wrong"
     assert classify(_check("timeout", "deadline", ["timeout", "timeout"])) == "timeout"
     assert classify(_check("fail", "raised ValueError", ["error", "wrong"])) == "error"
-    built = _check("fail", "raised RuntimeError: Error building extension 'x'", ["error", "error"])
+    built = _check("fail", "failed to build extension 'x': cuda.cu:127: error: no", ["error", "aborted"])
     assert classify(built) == "build"
+    # a build that failed but was never loaded is no cause: the candidate raised first
+    raised = _check(
+        "fail",
+        "rank 0, trial 0: raised TypeError: solution() takes 2",
+        ["error", "aborted"],
+        notes=["extension x failed to build: cuda.cu:127: error: no"],
+    )
+    assert classify(raised) == "error"
     refused = _check("fail", "rank 0: raised ConventionError: problem 12 cannot run", ["error", "error"])
     assert classify(refused) == "refused"
     multicast = _check("fail", "uses NVLink multicast", ["error", "error"])
@@ -274,7 +282,7 @@ def test_environment_errors_are_kept_apart_from_candidate_failures(tmp_path, mon
     batch.mkdir()
     for name in ("001_allreduce_torch.py", "018_tp_rms_norm_torch.py"):
         shutil.copy(EXAMPLES / name, batch / name)
-    (batch / "999_nothing_torch.py").write_text("def solution(x):\n    return x\n")
+    (batch / "048_fsdp_and_tp_torch.py").write_text("def solution(x):\n    return x\n")
     (batch / "helper.py").write_text("")
     report = evaluate(
         [batch], world_size=2, device="cpu", trials=1, bench=False, sandbox="process", store=tmp_path / "s.db"
@@ -285,10 +293,8 @@ def test_environment_errors_are_kept_apart_from_candidate_failures(tmp_path, mon
         "env",
         "the reference of problem 18 failed on rank 0 (simulated)",
     )
-    assert (
-        outcomes["999_nothing_torch.py"][0] == "skipped"
-        and "does not exist" in outcomes["999_nothing_torch.py"][1]
-    )
+    unrunnable = outcomes["048_fsdp_and_tp_torch.py"]  # not at world size 2
+    assert unrunnable[0] == "skipped" and "cannot run at world size 2" in unrunnable[1]
     assert outcomes["helper.py"][0] == "skipped" and "no problem id" in outcomes["helper.py"][1]
     assert (report.summary.attempted, report.summary.correct, report.summary.correct_pct) == (1, 1, 100.0)
 

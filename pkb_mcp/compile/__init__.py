@@ -35,6 +35,8 @@ which imports only modules listed above it:
 - `cache`: results kept by content;
 - `extensions`: discovery and build launches, and the extension cache they fill;
 - `units`: one unit's compiler runs, in a build launch or from the cache, and their diagnostics;
+- `failures`: a failed extension build as a run reports it, leading with the compiler's first errors
+  (`parse.first_errors`) at the solution's lines;
 - `cuda_file` and `solution`: the two kinds of input, each built from units.
 
 May import the standard library, pydantic, torch (for its header locations), harness.extensions,

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from harness import extensions as requests
 from pkb_mcp import config
 from pkb_mcp.compile.flags import prebuild_refusal
+from pkb_mcp.compile.parse import first_errors
 from pkb_mcp.launches import read_result
 from pkb_mcp.log import get
 from sandbox.toolchain import jit_env
@@ -69,6 +70,8 @@ class Prepared:
     failed: list[str] = field(default_factory=list)  # names whose build failed (the launch reports why)
     skipped: list[str] = field(default_factory=list)  # why a request is left to the launch to build
     build_s: float = 0.0
+    requests: list[requests.Request] = field(default_factory=list)  # every build the solution asks for
+    logs: dict[str, str] = field(default_factory=dict)  # a failed build's compiler output, by name
 
     def notes(self) -> list[str]:
         out = []
@@ -78,8 +81,10 @@ class Prepared:
             )
         if self.cached:
             out.append(f"extension {', '.join(self.cached)} loaded from the build cache")
-        if self.failed:
-            out.append(f"extension {', '.join(self.failed)} failed to build; the launch's error shows why")
+        for name in self.failed:
+            errors = first_errors(self.logs.get(name, ""), limit=1)
+            why = f": {errors[0].one_line()}" if errors else " (its compiler output names no error)"
+            out.append(f"extension {name} failed to build{why}")
         out += self.skipped
         return out
 
@@ -176,6 +181,8 @@ def build_requests(
             prepared.cached.append(request.name)
         elif state == "failed":
             prepared.failed.append(request.name)
+            kept = requests.read_mark(config.extensions_dir() / key, requests.FAILED_MARK) or {}
+            prepared.logs[request.name] = str(kept.get("log", ""))
         elif (refusal := prebuild_refusal(request)) is not None:
             prepared.skipped.append(f"extension {request.name} is built inside each launch: {refusal}")
         elif tools.isolated:
@@ -226,8 +233,10 @@ def _install_results(
         if entry.get("ok") is True and _install(launch_dir / "extensions" / key, key):
             prepared.built.append(request.name)
         elif entry.get("ok") is False:
-            _record_failure(key, str(entry.get("log", ""))[-requests.FAILURE_LOG_CHARS :])
+            log_text = str(entry.get("log", ""))[-requests.FAILURE_LOG_CHARS :]
+            _record_failure(key, log_text)
             prepared.failed.append(request.name)
+            prepared.logs[request.name] = log_text
 
 
 def _install(built: Path, key: str) -> bool:
@@ -277,4 +286,5 @@ def prepare(text: str, tools: ToolRunner, timeout_s: float) -> Prepared:
     wanted, why = parse_requests(found.get("calls"))
     prepared, _ = build_requests(wanted, tools, timeout_s)
     prepared.skipped = why + prepared.skipped
+    prepared.requests = wanted
     return prepared

@@ -1,7 +1,8 @@
 """Reading compiler output: nvcc/EDG, gcc/clang and tool messages into diagnostics; ptxas resource
 reports into per-kernel resources; C++ names demangled.
 
-Offers `parse_diagnostics`, `parse_ptxas_resources` and `demangle`. Imports only pkb_mcp.compile.results."""
+Offers `parse_diagnostics`, `first_errors` (what a failed build's message leads with),
+`parse_ptxas_resources` and `demangle`. Imports only pkb_mcp.compile.results."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from pkb_mcp.compile.results import Diagnostic, KernelResources, Severity
+from pkb_mcp.compile.results import Diagnostic, KernelResources, Severity, tool_message
 
 _EDG_RE = re.compile(
     r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<sev>catastrophic error|internal error|error|warning)"
@@ -109,6 +110,34 @@ def parse_diagnostics(output: str, *, tool: str) -> list[Diagnostic]:
             )
     unique = list({(d.file, d.line, d.column, d.severity, d.message): d for d in found}.values())
     return unique
+
+
+# Where no compiler named a line: the linker's words, or any tool's "error: " (collect2's summary
+# comes after the linker's cause, so the order written is kept)
+_OTHER_ERROR_RE = re.compile(
+    r"undefined reference to|undefined symbol|multiple definition of|cannot find -l|\berror: "
+)
+
+
+def first_errors(output: str, limit: int = 3) -> list[Diagnostic]:
+    """The first errors of a build's output (nvcc, g++, ptxas, else the linker), in the order written,
+    each file named without its directory (the build's directory means nothing to the user): what
+    every failed build's message leads with. The rest of a torch build's log (its command lines, the
+    ninja steps) is left out."""
+    found = []
+    for d in parse_diagnostics(output, tool="build"):
+        if d.severity != "error":
+            continue
+        name = d.file.replace("\\", "/").rsplit("/", 1)[-1] if d.file else None
+        tool = d.tool if d.tool != "build" else ("nvcc" if name and name.endswith((".cu", ".cuh")) else "c++")
+        found.append(d.model_copy(update={"file": name, "tool": tool}))
+    if not found:
+        for line in output.splitlines():
+            if _OTHER_ERROR_RE.search(line):
+                text = line.strip().removeprefix("error: ")[:300]
+                tool = "ld" if " ld" in line or "/ld:" in line else "build"
+                found.append(tool_message(text, tool=tool))
+    return found[:limit]
 
 
 def _is_header(line: str) -> bool:

@@ -1,7 +1,9 @@
 """`pkb eval`: a batch of solution files, each checked and, if correct, benchmarked; one report.
 
 Files are named by problem: the original benchmark's `{id}_{name}_{backend}.py` or ours
-`NNN_slug.py`. Each file's check, then its benchmark, is a job of the scheduler (pkb_mcp/jobs/scheduler.py),
+`NNN_slug.py`; the name decides the problem, the id only where the name is no problem's
+(pkb_mcp/runs/pairing.py), and a file that names no problem stops the batch before it runs. Each
+file's check, then its benchmark, is a job of the scheduler (pkb_mcp/jobs/scheduler.py),
 so the files' jobs spread over the node's GPUs as the scheduler allows and each runs in sandboxed launches
 of its own. Per-file results are kept in a table beside the scheduler's jobs, in one SQLite file
 (pkb_mcp/evaluation/store.py): a re-run skips what is done, and jobs an interrupted run left behind are
@@ -19,7 +21,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -37,9 +38,8 @@ from pkb_mcp.evaluation.records import (
 )
 from pkb_mcp.evaluation.store import EvalStore
 from pkb_mcp.models import BenchResult, CheckResult, RunRequest
-from pkb_mcp.runs import conventions
+from pkb_mcp.runs import conventions, pairing, verdicts
 
-FILE_NAME = re.compile(r"^(\d{1,3})_([A-Za-z0-9_]*?)(?:_([A-Za-z0-9]+))?\.py$")
 POLL_S = 0.25
 
 Progress = Callable[[int, int, str, str], None]  # (files done, files in all, file, what is happening)
@@ -69,19 +69,33 @@ def collect_files(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-def name_parts(path: Path) -> tuple[int | None, str | None]:
-    """(problem id, backend) from a file name; (None, None) when the name carries no id."""
-    m = FILE_NAME.match(path.name)
-    if not m:
-        return None, None
-    return int(m.group(1)), m.group(3)
+def pair_files(files: list[Path]) -> dict[Path, pairing.Pairing]:
+    """Each file's problem, by its name (pkb_mcp/runs/pairing.py); one error naming every file that
+    pairs with no problem, before anything runs."""
+    paired: dict[Path, pairing.Pairing] = {}
+    unknown: list[str] = []
+    for path in files:
+        try:
+            paired[path] = pairing.pair(path)
+        except UserError as exc:
+            unknown.append(str(exc))
+    if unknown:
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise UserError(
+            f"{len(unknown)} file(s) name no problem, so nothing was run: "
+            + "; ".join(unknown[:5])
+            + more
+            + ". Rename them, or leave them out of the paths"
+        )
+    return paired
 
 
 # ---------------------------------------------------------------- outcomes
 
 
 def classify(result: CheckResult | BenchResult) -> Outcome:
-    """The category of a candidate's check or benchmark."""
+    """The category of a candidate's check or benchmark: `build` only where a rank failed on a build
+    (a build that failed but was never loaded is no cause), `error` where the candidate raised."""
     if result.verdict in ("pass", "suspect"):
         return "pass"
     if "ConventionError" in result.message or all(
@@ -90,7 +104,7 @@ def classify(result: CheckResult | BenchResult) -> Outcome:
         return "refused"  # a stated difference from the original, or a refusal before running
     if result.verdict == "timeout":
         return "timeout"
-    if any("failed to build" in n for n in result.notes) or "Error building extension" in result.message:
+    if verdicts.failed_to_build(result.ranks):
         return "build"
     states = {r.state for r in result.ranks}
     if "wrong" in states and not states & {"error", "crashed", "exited", "timeout"}:
@@ -173,11 +187,18 @@ class _Batch:
             timeout_s=self.s.timeout_s if check else self.s.bench_timeout_s,
         )
 
-    def start(self, path: Path) -> _Entry:
+    def start(self, path: Path, paired: pairing.Pairing) -> _Entry:
         data = path.read_bytes()
         sha = hashlib.sha256(data).hexdigest()
-        pid, backend = name_parts(path)
-        base = FileResult(file=str(path), sha256=sha, problem_id=pid, backend=backend, outcome="skipped")
+        pid = paired.problem.id if paired.problem is not None else None
+        base = FileResult(
+            file=str(path),
+            sha256=sha,
+            problem_id=pid,
+            backend=paired.backend,
+            pairing=paired.remark,
+            outcome="skipped",
+        )
         key = hashlib.sha256(
             json.dumps([str(path.resolve()), sha, pid, self.s.model_dump()]).encode()
         ).hexdigest()
@@ -278,11 +299,11 @@ class _Batch:
             result=result.model_dump(mode="json"),
         )
 
-    def run(self, files: list[Path]) -> list[FileResult]:
+    def run(self, files: dict[Path, pairing.Pairing]) -> list[FileResult]:
         total = len(files)
         entries: list[_Entry] = []
-        for path in files:
-            entries.append(self.start(path))
+        for path, paired in files.items():
+            entries.append(self.start(path, paired))
             self.progress(self._done(entries), total, path.name, self._what(entries[-1]))
         said = ""
         while any(e.stage != "done" for e in entries):
@@ -361,7 +382,7 @@ def evaluate(
     from sandbox import SandboxUnavailable, select_backend
 
     t0 = time.monotonic()
-    files = collect_files(paths)
+    files = pair_files(collect_files(paths))
     cluster = None
     if ray is not None:
         from pkb_mcp.jobs.cluster import RayCluster

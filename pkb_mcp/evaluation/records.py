@@ -35,6 +35,11 @@ class FileResult(BaseModel):
     backend: str | None = Field(
         None, description="the last word of an original-format name (cuda, triton...)"
     )
+    pairing: str | None = Field(
+        None,
+        description="how the file was paired with its problem where its name and id disagree (the name "
+        "wins) or its name is no problem's (paired by the id)",
+    )
     convention: str | None = Field(None, description="how solution() was called: ours or original")
     outcome: Outcome
     correct: bool = False

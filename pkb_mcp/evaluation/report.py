@@ -32,6 +32,7 @@ CSV_COLUMNS = [
     "floor_ms",
     "pct_of_floor",
     "reused",
+    "pairing",
     "message",
 ]
 NO_MATPLOTLIB = "PNG not written: matplotlib is not installed (pip install 'pkb-mcp[plots]')"
@@ -113,6 +114,10 @@ def to_markdown(report: EvalReport) -> str:
             f"| {Path(r.file).name} | {problem} | {r.convention or ''} | {r.outcome} | {speed_text(r)} | "
             f"{_num(r.pct_of_floor, '.1f')} | {message} |"
         )
+    remarks = [r.pairing for r in report.results if r.pairing]
+    if remarks:
+        lines += ["", "Files paired with a problem other than their id's, or by their id alone:", ""]
+        lines += [f"- {remark}" for remark in remarks]
     lines += ["", "| score | value |", "| --- | --- |"]
     lines.append(f"| attempted | {s.attempted} of {s.files} |")
     lines.append(f"| correct | {s.correct} ({_num(s.correct_pct, '.1f')}%) |")

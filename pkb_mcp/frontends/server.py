@@ -38,7 +38,7 @@ from pkb_mcp.models import (
     lean_property,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profiles_root
-from pkb_mcp.runs import benchmark
+from pkb_mcp.runs import benchmark, pairing
 
 MAX_SOURCE_BYTES = 1 << 20
 TRACEBACK_CHARS = 1500
@@ -223,7 +223,8 @@ class Tools:
         with one sentence)."""
         file = self.solution_file(source, path, (".py",))
         with tool_errors():
-            _, dev = service.preflight(problem, world_size, size, device, timeout_s, self.local_gpus)
+            paired, _ = pairing.for_request(problem, file)  # the problem the run will use (its note then)
+            _, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus)
         return RunRequest(
             problem=problem,
             path=str(file),

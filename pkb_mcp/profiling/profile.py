@@ -393,7 +393,7 @@ def profile(
         raise reference_failed(p, ref_outcome)
     progress(1, 3, "profiling the candidate")
     cand_outcome = launch(run.solution)
-    failed = [rank_result(f) for f in cand_outcome.ranks if f.state != "ok"]
+    failed = [rank_result(f, run.sources) for f in cand_outcome.ranks if f.state != "ok"]
     progress(2, 3, "analysing the traces")
     sides = {"candidate": cand_outcome.collected or [], "reference": ref_outcome.collected or []}
     figures = {side: traces.analyze(t) for side, t in sides.items()}

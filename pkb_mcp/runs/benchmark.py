@@ -211,7 +211,9 @@ def _judge_launches(
     cand_records: list[TimingRecord] = []
     for launch, (ref_outcome, cand_outcome) in enumerate(ran):
         sets = int(ref_records[launch]["input_sets"])
-        fields["ranks"] = judge_ranks(p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key)
+        fields["ranks"] = judge_ranks(
+            p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key, sources=run.sources
+        )
         refused = refused_timing(fields["ranks"], cand_outcome, mac_key)
         if refused is not None:
             return (refused[0], refused[1] + _launch_of(launch, launches)), cand_records
@@ -226,7 +228,9 @@ def _judge_launches(
             run.warnings.append(f"{judged} ({timed} timed)")
             cand_records.append(cand_outcome.timing)
             continue
-        fresh_ranks = judge_ranks(p, world_size, fresh_keys, cand_outcome, ref_outcome, mac_key, fresh=True)
+        fresh_ranks = judge_ranks(
+            p, world_size, fresh_keys, cand_outcome, ref_outcome, mac_key, fresh=True, sources=run.sources
+        )
         verdict, why = decide(fresh_ranks)
         if verdict != "pass":
             fields["ranks"] = fresh_ranks

@@ -13,10 +13,11 @@ from typing import Any
 
 from harness.contracts import LaunchSettings, TimingConfig
 from pkb_mcp import problems
+from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
-from pkb_mcp.runs import conventions, static_report
+from pkb_mcp.runs import conventions, pairing, static_report
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
 
@@ -115,8 +116,10 @@ class Run:
         self.request = request
         self.convention = conventions.requested(request.convention)
         world_size = request.world_size
+        # a file named after a problem runs against it, whatever id was given (runs/pairing.py)
+        problem_ref, paired_note = pairing.for_request(request.problem, request.path)
         self.problem, self.device = preflight(
-            request.problem, world_size, request.size, request.device, request.timeout_s
+            problem_ref, world_size, request.size, request.device, request.timeout_s
         )
         gpus = request.gpus
         self.gpus = gpus if gpus is not None and self.device == "cuda" else gpus_for(self.device, world_size)
@@ -142,19 +145,28 @@ class Run:
             backend=self.backend.name, isolated=self.backend.isolated, note=self.backend.note
         )
         self.warnings = [] if self.backend.isolated else [self.backend.note]
-        self.notes: list[str] = []
+        # what a failed build's message is mapped back to (prepare_extensions adds the builds)
+        self.sources = failures.SolutionSources(self.solution.name, self._text())
+        self.notes: list[str] = [paired_note] if paired_note else []
 
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
         """Build the solution's load_inline extensions into the node's cache before its launches run
         (pkb_mcp/compile/extensions.py); a solution without any costs nothing here."""
         from pkb_mcp.compile import extensions
 
-        text = self.solution.read_text(encoding="utf-8", errors="replace")
+        text = self.sources.text
         if not extensions.may_build(text):
             return
         progress(0, 3, "finding and building the solution's extensions")
         prepared = extensions.prepare(text, ToolLaunches(self.backend, cancel), BUILD_TIMEOUT_S)
         self.notes += prepared.notes()
+        self.sources.builds, self.sources.logs = prepared.requests, prepared.logs
+
+    def _text(self) -> str:
+        try:
+            return self.solution.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
 
     def launch(
         self, mode: str, solution: Path, seeds: list[int], timing: TimingConfig | None = None
@@ -208,10 +220,16 @@ class Run:
         return why, [RankResult(rank=r, state="error", message=each) for r in range(self.world_size)]
 
 
-def rank_result(rank_outcome: RankOutcome) -> RankResult:
+def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | None = None) -> RankResult:
+    """A rank's result from how it ended; a failed build's message leads with the compiler's first
+    errors, at the solution's lines where `sources` finds them (pkb_mcp/compile/failures.py)."""
     error = rank_outcome.error.strip().splitlines()[0][:300] if rank_outcome.error.strip() else ""
+    raised = f"raised {error}" + (f" during {rank_outcome.stage}" if rank_outcome.stage else "")
+    if rank_outcome.state == "error":
+        text = f"{rank_outcome.error}\n{rank_outcome.traceback}"
+        raised = failures.build_failure(text, sources) or raised
     messages = {
-        "error": f"raised {error}" + (f" during {rank_outcome.stage}" if rank_outcome.stage else ""),
+        "error": raised,
         "crashed": f"crashed ({rank_outcome.signal or error or 'no status'})",
         "timeout": "still running at the deadline (deadlock or too slow); killed",
         "aborted": "killed after another rank failed (it was likely waiting in a collective)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from harness import tensorfile
 from pkb_mcp import problems
+from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import RankResult, RooflineResult, TimingStats
@@ -26,12 +27,14 @@ def judge_ranks(
     ref: LaunchOutcome,
     mac_key: bytes | None = None,
     fresh: bool = False,
+    sources: failures.SolutionSources | None = None,
 ) -> list[RankResult]:
     """Each rank's worst outcome over the trials (or timed input sets; with `fresh`, the timed calls
     on fresh input sets), in rank order.
 
     With `mac_key` (derived from the launch's secret seeds), every candidate output file must carry the
     keyed digest the harness wrote into it: a file rewritten after the harness wrote it is rejected.
+    `sources` maps a failed build's errors to the solution's lines (run.Run.sources).
     """
     wants = ref.fresh_outputs if fresh else ref.outputs
     gots = cand.fresh_outputs if fresh else cand.outputs
@@ -40,7 +43,7 @@ def judge_ranks(
     for rank in range(world_size):
         rank_outcome = cand.ranks[rank]
         if rank_outcome.state != "ok":
-            results.append(rank_result(rank_outcome))
+            results.append(rank_result(rank_outcome, sources))
             continue
         worst: RankResult | None = None
         for key in keys:
@@ -81,6 +84,12 @@ PEER_LOSS = ("closed by peer", "reset by peer", "remote worker", "communicator w
 
 def lost_a_peer(r: RankResult) -> bool:
     return r.state == "aborted" or (r.state == "error" and any(m in r.message for m in PEER_LOSS))
+
+
+def failed_to_build(ranks: list[RankResult]) -> bool:
+    """Whether a rank failed because an extension of the solution failed to build (not because the
+    solution raised, or because a build failed that it never loaded)."""
+    return any(r.state == "error" and r.message.startswith(failures.BUILD_FAILED) for r in ranks)
 
 
 def decide(ranks: list[RankResult]) -> tuple[str, str]:
