@@ -268,16 +268,18 @@ def test_an_interrupted_eval_resumes_where_it_stopped(tmp_path, isolated_dirs):
 def test_environment_errors_are_kept_apart_from_candidate_failures(tmp_path, monkeypatch, isolated_dirs):
     """A file whose job fails in the harness (here: the reference of its problem, simulated) is an
     `env` outcome: not attempted, not in the scores; the batch goes on with the other files."""
+    import dataclasses
+
     from pkb_mcp import service
 
-    real_check = service.check
+    real = service.VERBS["check"]
 
-    def flaky_check(ref, *args, **kwargs):
-        if int(ref) == 18:
+    def flaky_check(request, *args, **kwargs):
+        if int(request.problem) == 18:
             raise UserError("the reference of problem 18 failed on rank 0 (simulated)")
-        return real_check(ref, *args, **kwargs)
+        return real.run(request, *args, **kwargs)
 
-    monkeypatch.setattr(service, "check", flaky_check)
+    monkeypatch.setitem(service.VERBS, "check", dataclasses.replace(real, run=flaky_check))
     batch = tmp_path / "batch"
     batch.mkdir()
     for name in ("001_allreduce_torch.py", "018_tp_rms_norm_torch.py"):

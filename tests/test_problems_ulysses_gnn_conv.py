@@ -322,6 +322,7 @@ def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
 
 # ---------------------------------------------------------------- integration: real ranks on CPU
 
+
 def check(pid, path, world_size, trials=2):
     return service.check(
         RunRequest(
