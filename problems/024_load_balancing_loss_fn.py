@@ -7,8 +7,8 @@ Hugging Face Transformers' `load_balancing_loss_fn` (Switch Transformer eq. 4-6)
   f[e]  = (number of (token, j) with expert e among the token's top_k logits) / tokens
   loss_r = E * sum over e of f[e] * mean over tokens of P[:, e]
 
-Every rank must return the mean of loss_r over all ranks, float32 [1] (the loss data parallelism
-trains on; its gradient is what DDP's averaging produces). The reference computes P in float32 from
+Every rank must return the mean of loss_r over all ranks, a 0-dim float32 tensor, as the original
+returns it (the loss data parallelism trains on; its gradient is what DDP's averaging produces). The reference computes P in float32 from
 the bf16 logits, picks the top_k experts from the logits (softmax keeps their order), counts them
 without a host synchronization, and all-reduces the one float32 loss.
 
@@ -17,12 +17,10 @@ The signature and the call (gate_logits, num_experts, 2, None) are the original'
 attention_mask None (no padding), as the original's harness passes. gate_logits may also be a tuple
 of per-layer logits, which are concatenated along the tokens, as Transformers does.
 
-Differences from the original: the loss is returned as float32 [1], not as a 0-dim tensor: the judge
-names a mismatching element by its index, which a 0-dim output lacks (the suite's end-to-end test
-asks for one). An original file computes the same value, and fails only on that shape ("output 0 is
-float32[], expected float32[1]"). Its inputs are also unlike the original's: each rank's router has
-its own random bias per expert, small on rank 0 and large on rank W-1, so ranks route unevenly, each
-rank's loss differs from the mean by more than 10% and a rank that skips the all-reduce fails.
+Differences from the original: none in the call or the output (an original file passes unchanged).
+Its inputs are unlike the original's: each rank's router has its own random bias per expert, small on
+rank 0 and large on rank W-1, so ranks route unevenly, each rank's loss differs from the mean by more
+than 10% and a rank that skips the all-reduce fails.
 """
 
 import torch
@@ -80,7 +78,7 @@ def solution(gate_logits, num_experts, top_k=2, attention_mask=None):
     experts = torch.arange(num_experts, device=gate_logits.device)
     # counts by comparison: bincount and one_hot would read the indices' range back to the host
     counts = (selected.unsqueeze(-1) == experts).sum(dim=(0, 1)).to(torch.float32)
-    loss = (torch.dot(counts, prob_mean) * (num_experts / tokens)).reshape(1)
+    loss = torch.dot(counts, prob_mean) * (num_experts / tokens)  # 0-dim, as the original's
     dist.all_reduce(loss, op=dist.ReduceOp.SUM)
     return loss.div_(dist.get_world_size())
 
@@ -110,11 +108,9 @@ ORIGINAL = {
     "signature": "solution(gate_logits, num_experts, top_k=2, attention_mask=None)",
     "args": lambda inputs, env: inputs,
     "differences": (
-        "the loss is returned as float32 [1], not as a 0-dim tensor: the judge names a mismatching "
-        "element by its index, which a 0-dim output lacks (the suite's end-to-end test asks for one). An "
-        'original file computes the same value, and fails only on that shape ("output 0 is float32[], '
-        "expected float32[1]\"). Its inputs are also unlike the original's: each rank's router has its own"
-        " random bias per expert, small on rank 0 and large on rank W-1, so ranks route unevenly, each "
-        "rank's loss differs from the mean by more than 10% and a rank that skips the all-reduce fails."
+        "none in the call or the output (an original file passes unchanged). Its inputs are unlike the "
+        "original's: each rank's router has its own random bias per expert, small on rank 0 and large on "
+        "rank W-1, so ranks route unevenly, each rank's loss differs from the mean by more than 10% and a "
+        "rank that skips the all-reduce fails."
     ),
 }

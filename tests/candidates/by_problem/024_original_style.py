@@ -1,8 +1,9 @@
 """Problem 24 in the original benchmark's convention, computed the way Transformers' Mixtral code does
 (bf16 softmax, top-k of the probabilities, one-hot expert mask, means), then the scalar all-reduced
 and averaged over the ranks. Called as solution(gate_logits, num_experts, 2, None). It returns a
-0-dim tensor, as the original does, and fails on that shape alone: the problem returns float32 [1]
-(024_original_style_reshaped.py is this file with that one change, and passes)."""
+0-dim tensor, as the original and the problem do, and passes: Transformers' own arithmetic (bf16
+softmax and means) is within the tolerance (024_original_style_reshaped.py returns float32 [1] and
+fails on that shape alone)."""
 
 import torch
 import torch.distributed as dist
