@@ -19,7 +19,6 @@ from pkb_mcp.evaluation.records import NOT_ATTEMPTED, EvalReport, EvalSummary, F
 FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 CSV_COLUMNS = [
     "file",
-    "attempt",
     "problem_id",
     "problem",
     "backend",
@@ -37,6 +36,7 @@ CSV_COLUMNS = [
     "reused",
     "pairing",
     "message",
+    "attempt",
 ]
 NO_MATPLOTLIB = "PNG not written: matplotlib is not installed (pip install 'pkb-mcp[plots]')"
 
