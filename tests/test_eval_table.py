@@ -82,6 +82,8 @@ def test_a_problem_correct_only_in_attempt_2_counts_once_in_best_of_k():
     # k is the attempts asked for, even where the last produced no file
     assert table.published_table(results, SUITE, attempts=4).rows[-1].correct == pytest.approx(1.0)
     assert table.published_table(results, SUITE).attempts == 2
+    thirds = table.published_table(results, SUITE, attempts=3)
+    assert table.to_markdown(thirds)[-1].startswith("| **all** | 5 | 3 | 0 | 1.33 (26.7%) | 0.67 (13.3%) |")
 
 
 def test_a_problem_whose_files_reached_no_verdict_is_not_judged_and_not_correct():

@@ -120,7 +120,8 @@ def published_table(
 def _count(n: float | None, of: int) -> str:
     if n is None:
         return ""
-    return f"{n:g} ({100.0 * n / of:.1f}%)" if of else f"{n:g}"
+    count = f"{round(n, 2):g}"  # a mean over attempts may be a fraction of a problem
+    return f"{count} ({100.0 * n / of:.1f}%)" if of else count
 
 
 def to_markdown(table: PublishedTable) -> list[str]:
