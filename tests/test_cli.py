@@ -81,6 +81,15 @@ def run(*args):
         (["bench", "1", "missing.py", "--device", "cpu", "--world-size", "2"], "does not exist"),
         (["profile", "1", "missing.py", "--device", "cpu", "--world-size", "2"], "does not exist"),
         (["compile", "missing.cu"], "does not exist"),
+        (  # --attempts: each path is one attempt of the whole set, so no file may be in two
+            [
+                "eval",
+                "--attempts",
+                str(ROOT / "examples" / "original"),
+                str(ROOT / "examples" / "original" / "001_allreduce_torch.py"),
+            ],
+            "is in attempt 1 and attempt 2",
+        ),
         (["bogus"], "invalid choice"),
     ],
 )

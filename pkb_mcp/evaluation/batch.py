@@ -9,7 +9,9 @@ of its own. Per-file results are kept in a table beside the scheduler's jobs, in
 (pkb_mcp/evaluation/store.py): a re-run skips what is done, and jobs an interrupted run left behind are
 adopted, not submitted again. A crash, a hang or a failed build is that file's verdict; errors of the
 harness or the environment are a category of their own, reported apart and left out of the scores
-(docs/measurement.md defines correct %, fast_p and the geometric mean).
+(docs/measurement.md defines correct %, fast_p and the geometric mean). With `attempts`, each path given
+is one attempt of the whole set by one model, and the published table (pkb_mcp/evaluation/table.py)
+gives best of k over them.
 
 `evaluate` is the Python entry point: an evaluation script calls it without the CLI
 (`from pkb_mcp.evaluation.batch import evaluate`). pkb_mcp/evaluation/report.py summarizes and writes
@@ -30,6 +32,7 @@ from typing import Any
 from pkb_mcp import config, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.evaluation import report as eval_report
+from pkb_mcp.evaluation import table as eval_table
 from pkb_mcp.evaluation.records import (
     EvalReport,
     EvalSettings,
@@ -66,6 +69,25 @@ def collect_files(paths: Iterable[str | Path]) -> list[Path]:
                 found.append(m)
     if not found:
         raise UserError("no solution files found; pass files, directories or globs of .py files")
+    return found
+
+
+def collect_attempts(paths: Iterable[str | Path], attempts: bool) -> dict[Path, int]:
+    """Each file and the index of its attempt: with `attempts`, each path (a directory or a glob) is one
+    attempt of the whole set; without, every file is of attempt 0. A file in two attempts is an error."""
+    if not attempts:
+        return dict.fromkeys(collect_files(paths), 0)
+    found: dict[Path, int] = {}
+    seen: dict[Path, int] = {}
+    for index, path in enumerate(paths):
+        for f in collect_files([path]):
+            if f.resolve() in seen:
+                raise UserError(
+                    f"{f} is in attempt {seen[f.resolve()] + 1} and attempt {index + 1}; with --attempts "
+                    "each path is one attempt, and a file belongs to one"
+                )
+            seen[f.resolve()] = index
+            found[f] = index
     return found
 
 
@@ -299,7 +321,11 @@ class _Batch:
             result=result.model_dump(mode="json"),
         )
 
-    def run(self, files: dict[Path, pairing.Pairing]) -> list[FileResult]:
+    def run(
+        self, files: dict[Path, pairing.Pairing], attempt_of: dict[Path, int] | None = None
+    ) -> list[FileResult]:
+        """Every file's result, each with its attempt (`attempt_of`; default 0): the attempt is the
+        path's place on this command line, not a setting of the run, so a reused result takes it too."""
         total = len(files)
         entries: list[_Entry] = []
         for path, paired in files.items():
@@ -315,7 +341,12 @@ class _Batch:
             if not changed:
                 said = self._heartbeat(entries, total, said)
                 time.sleep(POLL_S)
-        return [e.result for e in entries if e.result is not None]
+        attempts = attempt_of or {}
+        return [
+            e.result.model_copy(update={"attempt": attempts.get(e.path, 0)})
+            for e in entries
+            if e.result is not None
+        ]
 
     def _heartbeat(self, entries: list[_Entry], total: int, said: str) -> str:
         """What the first running job says it is doing, when that changed (its progress message)."""
@@ -369,6 +400,7 @@ def evaluate(
     convention: str = "auto",
     bench: bool = True,
     rerun: bool = False,
+    attempts: bool = False,
     store: Path | None = None,
     out_dir: Path | None = None,
     progress: Progress = _quiet,
@@ -376,13 +408,16 @@ def evaluate(
 ) -> EvalReport:
     """Check, and benchmark where correct, every solution file under `paths`; summarize; write the
     report formats into `out_dir` when given. Resumes from `store` (default $PKB_STATE_DIR/eval.sqlite).
+    `attempts`: each of `paths` is one attempt of the whole set, for best of k in the published table.
     `ray`: the address of a Ray cluster whose nodes run the jobs (docs/scale-out.md)."""
     from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobStore
     from sandbox import SandboxUnavailable, select_backend
 
     t0 = time.monotonic()
-    files = pair_files(collect_files(paths))
+    paths = list(paths)
+    attempt_of = collect_attempts(paths, attempts)
+    files = pair_files(list(attempt_of))
     cluster = None
     if ray is not None:
         from pkb_mcp.jobs.cluster import RayCluster
@@ -426,7 +461,7 @@ def evaluate(
 
             gpus = torch.cuda.device_count()
         scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
-        results = _Batch(settings, scheduler, results_store, rerun, progress).run(files)
+        results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
     finally:
         if scheduler is not None:
             scheduler.stop()
@@ -439,6 +474,12 @@ def evaluate(
         resumed=sum(r.reused for r in results),
         results=results,
         summary=eval_report.summarize(results),
+        table=eval_table.published_table(
+            results,
+            eval_table.suite_categories(),
+            attempts=len(paths) if attempts else 1,
+            benched=bench,
+        ),
     )
     if out_dir is not None:
         report.reports, notes = eval_report.write_reports(report, out_dir)

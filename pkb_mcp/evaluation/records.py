@@ -1,6 +1,6 @@
-"""The records of a `pkb eval` batch: the settings, one result per file with its outcome, the summary
-and the report, shared by the batch (pkb_mcp/evaluation/batch.py), its store and its report formats
-(pkb_mcp/evaluation/report.py)."""
+"""The records of a `pkb eval` batch: the settings, one result per file with its outcome, the summary,
+the published table and the report, shared by the batch (pkb_mcp/evaluation/batch.py), its store, its
+table (pkb_mcp/evaluation/table.py) and its report formats (pkb_mcp/evaluation/report.py)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,14 @@ class FileResult(BaseModel):
     check_job: str | None = None
     bench_job: str | None = None
     reused: bool = Field(False, description="taken from an earlier run of the same file and settings")
+    attempt: int = Field(
+        0, description="which attempt of the set the file is (pkb eval --attempts: the index of its path)"
+    )
+
+
+def is_fast(result: FileResult, p: float) -> bool:
+    """Correct with a credited speedup above p: what fast_p counts, for a file and for a problem."""
+    return result.correct and result.credited and result.speedup is not None and result.speedup > p
 
 
 class EvalSummary(BaseModel):
@@ -68,6 +76,40 @@ class EvalSummary(BaseModel):
     outcomes: dict[str, int]
 
 
+class TableRow(BaseModel):
+    """One row of the published table: a category of one variant, or every category ("all")."""
+
+    variant: str
+    category: str = Field(description="the original benchmark's category (a problem's CATEGORY), or all")
+    problems: int = Field(description="the suite's problems in the category: the denominator of every figure")
+    with_files: int = Field(description="problems with a file in at least one attempt")
+    unjudged: int = Field(
+        description="problems with files, none of which reached a verdict (skipped or env) in any attempt"
+    )
+    correct: float = Field(description="problems with a correct file, per attempt (the mean over attempts)")
+    fast_1: float | None = Field(
+        description="problems with a correct file faster than the reference, per attempt (the mean); "
+        "None without a benchmark"
+    )
+    best_correct: int = Field(description="problems with a correct file in at least one attempt (best of k)")
+    best_fast_1: int | None = Field(
+        description="problems with a correct, faster file in at least one attempt (best of k)"
+    )
+
+
+class PublishedTable(BaseModel):
+    """What the original benchmark's paper reports, per category and overall, by variant
+    (docs/measurement.md, "The published table")."""
+
+    attempts: int = Field(description="k: the attempts of the whole set (pkb eval --attempts)")
+    variants: list[str]
+    rows: list[TableRow]
+    repeated: list[str] = Field(
+        default_factory=list,
+        description="problems with more than one file in one attempt: each counts once, by its best file",
+    )
+
+
 class EvalReport(BaseModel):
     settings: EvalSettings
     store: str
@@ -75,5 +117,6 @@ class EvalReport(BaseModel):
     resumed: int = Field(description="files whose result came from an earlier run")
     results: list[FileResult]
     summary: EvalSummary
+    table: PublishedTable | None = Field(None, description="the published table: per category, best of k")
     reports: dict[str, str] = Field(default_factory=dict, description="format -> path written")
     notes: list[str] = Field(default_factory=list)

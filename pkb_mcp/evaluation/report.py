@@ -1,6 +1,7 @@
 """The scores of a `pkb eval` batch and its report formats: JSON, CSV, a Markdown table and a PNG.
 
-Every score is defined once, in docs/measurement.md ("Batch evaluation"); `summarize` computes them.
+Every score is defined once, in docs/measurement.md ("Batch evaluation"); `summarize` computes them
+over the files, and pkb_mcp/evaluation/table.py the published table over the suite's problems.
 The PNG needs matplotlib, an optional extra (`pip install pkb-mcp[plots]`): without it the other
 formats are written and a note says what is missing.
 """
@@ -12,7 +13,8 @@ import io
 import math
 from pathlib import Path
 
-from pkb_mcp.evaluation.records import NOT_ATTEMPTED, EvalReport, EvalSummary, FileResult
+from pkb_mcp.evaluation import table
+from pkb_mcp.evaluation.records import NOT_ATTEMPTED, EvalReport, EvalSummary, FileResult, is_fast
 
 FAST_P = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 CSV_COLUMNS = [
@@ -34,6 +36,7 @@ CSV_COLUMNS = [
     "reused",
     "pairing",
     "message",
+    "attempt",
 ]
 NO_MATPLOTLIB = "PNG not written: matplotlib is not installed (pip install 'pkb-mcp[plots]')"
 
@@ -51,7 +54,7 @@ def fast_p(results: list[FileResult], p: float) -> float | None:
         return None
     if p == 0:
         return sum(r.correct for r in tried) / len(tried)
-    fast = [r for r in tried if r.correct and r.credited and r.speedup is not None and r.speedup > p]
+    fast = [r for r in tried if is_fast(r, p)]
     return len(fast) / len(tried)
 
 
@@ -96,6 +99,7 @@ def speed_text(r: FileResult) -> str:
 
 def to_markdown(report: EvalReport) -> str:
     s, st = report.summary, report.settings
+    several = report.table is not None and report.table.attempts > 1
     lines = [
         "# pkb eval",
         "",
@@ -103,15 +107,17 @@ def to_markdown(report: EvalReport) -> str:
         f"{st.trials} trials, sandbox {st.sandbox}, convention {st.convention}; {report.wall_s:.1f} s"
         + (f"; {report.resumed} from an earlier run" if report.resumed else ""),
         "",
-        "| file | problem | convention | outcome | speedup (quartile range) | % of floor | message |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        ("| attempt " if several else "")
+        + "| file | problem | convention | outcome | speedup (quartile range) | % of floor | message |",
+        ("| --- " if several else "") + "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report.results:
         problem = f"{r.problem_id} {r.problem or ''}".strip() if r.problem_id is not None else ""
         message = r.message.replace("|", "\\|").replace("\n", " ")
         message = message if len(message) <= 160 else message[:157] + "..."
         lines.append(
-            f"| {Path(r.file).name} | {problem} | {r.convention or ''} | {r.outcome} | {speed_text(r)} | "
+            (f"| {r.attempt + 1} " if several else "")
+            + f"| {Path(r.file).name} | {problem} | {r.convention or ''} | {r.outcome} | {speed_text(r)} | "
             f"{_num(r.pct_of_floor, '.1f')} | {message} |"
         )
     remarks = [r.pairing for r in report.results if r.pairing]
@@ -125,7 +131,9 @@ def to_markdown(report: EvalReport) -> str:
         lines.append(f"| fast_{p} | {_num(value, '.3f')} |")
     lines.append(f"| geometric mean speedup (correct) | {_num(s.geomean_speedup)} |")
     lines.append(f"| outcomes | {', '.join(f'{k} {v}' for k, v in sorted(s.outcomes.items()))} |")
-    lines += ["", 'Definitions: docs/measurement.md, "Batch evaluation".']
+    if report.table is not None:
+        lines += ["", *table.to_markdown(report.table)]
+    lines += ["", 'Definitions: docs/measurement.md, "Batch evaluation" and "The published table".']
     return "\n".join(lines) + "\n"
 
 

@@ -141,6 +141,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         convention=args.convention,
         bench=not args.no_bench,
         rerun=args.rerun,
+        attempts=args.attempts,
         store=Path(args.store) if args.store else None,
         out_dir=Path(args.out),
         progress=_Bar(args.json),
@@ -340,7 +341,9 @@ def _add_eval(sub: Any) -> None:
         help="check and benchmark a batch of solution files (directories, globs); report and scores",
         description="Each file (named NNN_slug.py or the original's {id}_{name}_{backend}.py) is checked "
         "and, if correct, benchmarked in sandboxed launches of its own; results are kept in a SQLite store, "
-        "so a re-run resumes. Writes report.json, report.csv, report.md and report.png into --out.",
+        "so a re-run resumes. Writes report.json, report.csv, report.md and report.png into --out, with the "
+        "published table: correct and fast_1 per category of the original benchmark and overall, over the "
+        "whole suite, and best of k with --attempts.",
     )
     p.add_argument("paths", nargs="+", help="solution files, directories of them, or globs")
     p.add_argument("--trials", type=int, default=5)
@@ -352,6 +355,12 @@ def _add_eval(sub: Any) -> None:
     )
     p.add_argument("--no-bench", action="store_true", help="check only: no speedups, only fast_0")
     p.add_argument("--rerun", action="store_true", help="run every file again, even those already done")
+    p.add_argument(
+        "--attempts",
+        action="store_true",
+        help="each PATH is one attempt of the whole set by one model (a directory of its files): the "
+        "published table gives best of k over them",
+    )
     p.add_argument("--store", default=None, help="the SQLite store (default $PKB_STATE_DIR/eval.sqlite)")
     p.add_argument("--out", default="pkb-eval", help="directory for the reports (default ./pkb-eval)")
     p.add_argument(
