@@ -8,9 +8,10 @@ Hugging Face Transformers' `load_balancing_loss_fn` (Switch Transformer eq. 4-6)
   loss_r = E * sum over e of f[e] * mean over tokens of P[:, e]
 
 Every rank must return the mean of loss_r over all ranks, a 0-dim float32 tensor, as the original
-returns it (the loss data parallelism trains on; its gradient is what DDP's averaging produces). The reference computes P in float32 from
-the bf16 logits, picks the top_k experts from the logits (softmax keeps their order), counts them
-without a host synchronization, and all-reduces the one float32 loss.
+returns it (the loss data parallelism trains on; its gradient is what DDP's averaging produces). The
+reference computes P in float32 from the bf16 logits, picks the top_k experts from the logits
+(softmax keeps their order), counts them without a host synchronization, and all-reduces the one
+float32 loss.
 
 Source: Hugging Face Transformers' Mixtral `load_balancing_loss_fn` (ParallelKernelBench problem 24).
 The signature and the call (gate_logits, num_experts, 2, None) are the original's: top_k is 2 and
