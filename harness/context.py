@@ -86,6 +86,13 @@ class ProblemContext:
         out = torch.rand(*shape, generator=self._generator(shared), device=self.device, dtype=torch.float32)
         return (out * (high - low) + low).to(dtype)
 
+    def full(self, shape: tuple[int, ...], value: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A constant tensor (the original benchmark's inputs of its primitives, `problems/original/`)."""
+        dtype = dtype or self.dtype
+        if self.is_meta:
+            return torch.empty(*shape, dtype=dtype, device="meta")
+        return torch.full(shape, value, dtype=dtype, device=self.device)
+
     def randint(self, low: int, high: int, *shape: int, shared: bool = False) -> torch.Tensor:
         """Integers in [low, high), int64."""
         if self.is_meta:

@@ -56,6 +56,7 @@ class RunRequest(BaseModel):
     problem: int | str = 0  # id or name (compile has none)
     world_size: int = 4
     size: str = "pkb"
+    variant: str = "pkb"  # the workload: pkb's, or the original benchmark's exactly (docs/variants.md)
     device: str | None = None  # None: cuda where a GPU is present
     timeout_s: float = 300.0  # each launch's wall-clock limit
     sandbox: str = "auto"
@@ -130,6 +131,7 @@ class ProblemDetail(ProblemSummary):
     inputs: list[InputSpec] = Field(description="rank 0's")
     traffic: Traffic
     reference_source: str
+    variant: str = Field("pkb", description="pkb: pkb's workload; original: the original benchmark's exactly")
     original: OriginalConvention | None = Field(None, description="the original benchmark's convention")
 
 

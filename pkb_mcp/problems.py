@@ -1,4 +1,6 @@
-"""The problem suite: discover `problems/NNN_slug.py`, validate each file's metadata, look problems up.
+"""The problem suite: discover `problems/NNN_slug.py` (the `pkb` variant) and
+`problems/original/NNN_slug.py` (the `original` variant, docs/variants.md), validate each file's
+metadata, look problems up.
 
 A malformed problem is refused with one error naming the file and what is wrong (docs/problem-format.md
 is the contract). Problem files are ours and trusted; candidate code never comes through here.
@@ -23,7 +25,8 @@ from pkb_mcp import config
 from pkb_mcp.errors import UserError
 
 FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.py$")
-REQUIRED_PRESETS = ("pkb", "large")
+VARIANTS = ("pkb", "original")
+REQUIRED_PRESETS = {"pkb": ("pkb", "large"), "original": ("pkb",)}  # original: the original's shapes only
 TRAFFIC_KEYS = ("nvlink_bytes", "hbm_bytes", "flops")
 BOUNDS = ("atol", "rtol", "rel_norm")
 
@@ -48,6 +51,7 @@ class Problem:
     mutates_inputs: bool
     path: Path
     module: ModuleType
+    variant: str = "pkb"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -112,8 +116,8 @@ def _load_module(path: Path) -> ModuleType:
     return module
 
 
-def load_problem(path: Path) -> Problem:
-    """Load and validate one problem file, or raise ProblemFormatError naming the file."""
+def load_problem(path: Path, variant: str = "pkb") -> Problem:
+    """Load and validate one problem file of a variant, or raise ProblemFormatError naming the file."""
     match = FILE_PATTERN.match(path.name)
     if not match:
         raise ProblemFormatError(f"{path.name}: problem files are named NNN_slug.py")
@@ -140,9 +144,11 @@ def load_problem(path: Path) -> Problem:
     if dtype not in DTYPES:
         raise ProblemFormatError(f"{path.name}: DTYPE {dtype!r} is not one of {sorted(DTYPES)}")
     sizes = need("SIZES", dict)
-    for preset in REQUIRED_PRESETS:
+    for preset in REQUIRED_PRESETS[variant]:
         if not isinstance(sizes.get(preset), dict):
             raise ProblemFormatError(f"{path.name}: SIZES needs a {preset!r} preset")
+    if variant == "original" and set(sizes) != {"pkb"}:
+        raise ProblemFormatError(f"{path.name}: an original variant has one preset, 'pkb' (the original's)")
     tolerance = need("TOLERANCE", dict)
     own = tolerance.get("outputs", {})
     if not isinstance(own, dict) or not all(type(i) is int and i >= 0 for i in own):
@@ -178,6 +184,7 @@ def load_problem(path: Path) -> Problem:
         mutates_inputs=bool(getattr(module, "MUTATES_INPUTS", False)),
         path=path.resolve(),
         module=module,
+        variant=variant,
     )
     try:
         traffic = problem.traffic(2, "pkb")
@@ -193,31 +200,44 @@ def load_problem(path: Path) -> Problem:
 
 
 @cache
-def _suite(directory: Path) -> dict[int, Problem]:
+def _suite(directory: Path, variant: str) -> dict[int, Problem]:
     if not directory.is_dir():
         raise UserError(f"the problem suite {directory} does not exist; set PKB_PROBLEMS_DIR")
+    folder = directory / "original" if variant == "original" else directory
     problems: dict[int, Problem] = {}
-    for path in sorted(directory.glob("*.py")):
+    for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
-        problem = load_problem(path)
+        problem = load_problem(path, variant)
         if problem.id in problems:
             raise ProblemFormatError(f"{path.name}: id {problem.id} is also {problems[problem.id].path.name}")
         problems[problem.id] = problem
+    if variant == "original":
+        ours = _suite(directory, "pkb")
+        for pid, problem in problems.items():
+            if pid not in ours or ours[pid].name != problem.name:
+                raise ProblemFormatError(f"original/{problem.path.name}: no problem {pid} of that name")
     return problems
 
 
-def suite() -> dict[int, Problem]:
-    return _suite(config.problems_dir())
+def suite(variant: str = "pkb") -> dict[int, Problem]:
+    """The problems of a variant by id (the `original` variant: those that have its file so far)."""
+    if variant not in VARIANTS:
+        raise UserError(f"variant {variant!r} is not one of {', '.join(VARIANTS)}")
+    return _suite(config.problems_dir(), variant)
 
 
-def resolve(ref: int | str) -> Problem:
-    """A problem by id (1, "1", "001") or name ("allreduce")."""
-    problems = suite()
+def resolve(ref: int | str, variant: str = "pkb") -> Problem:
+    """A problem by id (1, "1", "001") or name ("allreduce"), in a variant."""
+    problems = suite(variant)
     key = str(ref).strip()
+    found = None
     if key.isdigit() and int(key) in problems:
-        return problems[int(key)]
-    for problem in problems.values():
-        if problem.name == key.lower():
-            return problem
+        found = problems[int(key)]
+    found = found or next((p for p in problems.values() if p.name == key.lower()), None)
+    if found is not None:
+        return found
+    if variant != "pkb":
+        ours = resolve(ref)  # raises for a problem that does not exist at all
+        raise UserError(f"problem {ours.id} ({ours.name}) has no {variant} variant yet; see docs/variants.md")
     raise UserError(f"problem {key} does not exist; see pkb problems")

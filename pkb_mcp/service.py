@@ -100,8 +100,10 @@ def list_problems(category: str | None = None, text: str | None = None) -> list[
     return found
 
 
-def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> ProblemDetail:
-    p = problems.resolve(ref)
+def show_problem(
+    ref: int | str, world_size: int = 4, size: str = "pkb", variant: str = "pkb"
+) -> ProblemDetail:
+    p = problems.resolve(ref, variant)
     check_world_size(p, world_size, size)
     t = p.traffic(world_size, size)
     return ProblemDetail(
@@ -119,6 +121,7 @@ def show_problem(ref: int | str, world_size: int = 4, size: str = "pkb") -> Prob
             nvlink_bytes=t["nvlink_bytes"], hbm_bytes=t["hbm_bytes"], flops=t["flops"], rounds=t["rounds"]
         ),
         reference_source=p.path.read_text(),
+        variant=p.variant,
         original=conventions.describe(p, world_size, size),
     )
 
@@ -169,9 +172,9 @@ def calibrate(
 
 
 def roofline_of(
-    ref: int | str, world_size: int = 4, size: str = "pkb", time_ms: float | None = None
+    ref: int | str, world_size: int = 4, size: str = "pkb", time_ms: float | None = None, variant: str = "pkb"
 ) -> RooflineResult:
-    p = problems.resolve(ref)
+    p = problems.resolve(ref, variant)
     check_world_size(p, world_size, size)
     if time_ms is not None and time_ms <= 0:
         raise UserError(f"time {time_ms} ms is not positive; pass --time-ms with a measured time")

@@ -20,9 +20,16 @@ SUITE = {1: "primitive", 2: "primitive", 3: "TP", 4: "TP", 5: "EP"}
 
 
 def _file(
-    pid: int | None, outcome: str, speedup: float | None = None, *, credited: bool = True, attempt: int = 0
+    pid: int | None,
+    outcome: str,
+    speedup: float | None = None,
+    *,
+    credited: bool = True,
+    attempt: int = 0,
+    variant: str = "pkb",
 ) -> FileResult:
     return FileResult(
+        variant=variant,
         file=f"attempt{attempt}/{pid}_x_cuda.py",
         sha256="0",
         problem_id=pid,
@@ -109,10 +116,8 @@ def test_without_a_benchmark_fast_1_is_unknown():
     assert table.to_markdown(t)[-1] == "| **all** | 5 | 1 | 0 | 1 (20.0%) |  |"
 
 
-def test_variants_are_grouped_apart_pkb_first(monkeypatch):
-    # FileResult has no variant yet: the table reads it through variant_of, here from the file's folder
-    monkeypatch.setattr(table, "variant_of", lambda r: "original" if r.attempt == 1 else "pkb")
-    results = [_file(1, "pass", 2.0, attempt=1), _file(3, "pass", 0.5, attempt=0)]
+def test_variants_are_grouped_apart_pkb_first():
+    results = [_file(1, "pass", 2.0, attempt=1, variant="original"), _file(3, "pass", 0.5, attempt=0)]
     t = table.published_table(results, SUITE, attempts=2)
     assert t.variants == ["pkb", "original"]
     assert [(r.variant, r.category) for r in t.rows][:4] == [

@@ -202,6 +202,7 @@ class _Batch:
             path=str(path.resolve()),
             world_size=self.s.world_size,
             size=self.s.size,
+            variant=self.s.variant,
             device=self.s.device,
             sandbox=self.s.sandbox,
             convention=self.s.convention,
@@ -217,6 +218,7 @@ class _Batch:
             file=str(path),
             sha256=sha,
             problem_id=pid,
+            variant=self.s.variant,
             backend=paired.backend,
             pairing=paired.remark,
             outcome="skipped",
@@ -238,6 +240,7 @@ class _Batch:
                 self.s.device,
                 self.s.timeout_s,
                 local_gpus=self.scheduler.cluster is None,
+                variant=self.s.variant,
             )
         except UserError as exc:
             entry.result = base.model_copy(update={"message": str(exc)})
@@ -393,6 +396,7 @@ def evaluate(
     world_size: int = 4,
     device: str | None = None,
     size: str = "pkb",
+    variant: str = "pkb",
     trials: int = 5,
     timeout_s: float = 120.0,
     bench_timeout_s: float = 300.0,
@@ -443,6 +447,7 @@ def evaluate(
         world_size=world_size,
         device=device,
         size=size,
+        variant=variant,
         trials=trials,
         timeout_s=timeout_s,
         bench_timeout_s=bench_timeout_s,

@@ -19,6 +19,9 @@ class EvalSettings(BaseModel):
     world_size: int = 4
     device: str = "cpu"
     size: str = "pkb"
+    variant: str = Field(
+        "pkb", description="the workload: pkb's or the original benchmark's (docs/variants.md)"
+    )
     trials: int = 5
     timeout_s: float = Field(120.0, description="limit of each check job")
     bench_timeout_s: float = Field(300.0, description="limit of each benchmark job")
@@ -32,6 +35,7 @@ class FileResult(BaseModel):
     sha256: str
     problem_id: int | None = None
     problem: str | None = None
+    variant: str = Field("pkb", description="the workload the file ran against: pkb's or the original's")
     backend: str | None = Field(
         None, description="the last word of an original-format name (cuda, triton...)"
     )

@@ -29,9 +29,8 @@ def suite_categories() -> dict[int, str]:
 
 
 def variant_of(result: FileResult) -> str:
-    """The variant a file ran in. Until FileResult records one (the `original` variant, issue 28), every
-    file ran in the pkb variant."""
-    return str(getattr(result, "variant", None) or DEFAULT_VARIANT)
+    """The variant a file ran in (docs/variants.md)."""
+    return result.variant or DEFAULT_VARIANT
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pkb_mcp import log, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import render
 from pkb_mcp.models import RunRequest
-from pkb_mcp.problems import ProblemFormatError
+from pkb_mcp.problems import VARIANTS, ProblemFormatError
 from pkb_mcp.runs import benchmark
 
 EXIT_PASS, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -62,7 +62,7 @@ def cmd_problems(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    detail = service.show_problem(args.problem, args.world_size, args.size)
+    detail = service.show_problem(args.problem, args.world_size, args.size, args.variant)
     text = render.show(detail)
     if args.source:
         text += "\n\n" + detail.reference_source
@@ -134,6 +134,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         world_size=args.world_size,
         device=args.device,
         size=args.size,
+        variant=args.variant,
         trials=args.trials,
         timeout_s=args.timeout,
         bench_timeout_s=args.bench_timeout,
@@ -158,7 +159,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
-    result = service.roofline_of(args.problem, args.world_size, args.size, args.time_ms)
+    result = service.roofline_of(args.problem, args.world_size, args.size, args.time_ms, args.variant)
     _emit(args, result, render.roofline(result))
     return EXIT_PASS
 
@@ -253,6 +254,12 @@ def _common(p: argparse.ArgumentParser, run: bool = False) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--world-size", type=int, default=4, help="number of ranks (default 4)")
     p.add_argument("--size", default="pkb", help="size preset: pkb (the original's) or large")
+    p.add_argument(
+        "--variant",
+        choices=list(VARIANTS),
+        default="pkb",
+        help="the workload: pkb's (default), or the original benchmark's exactly (docs/variants.md)",
+    )
     if run:
         p.add_argument(
             "--device", choices=["cpu", "cuda"], default=None, help="cuda when a GPU is present, else cpu"

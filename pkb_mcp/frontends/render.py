@@ -178,7 +178,8 @@ def show(d: ProblemDetail) -> str:
     t = d.traffic
     return "\n".join(
         [
-            f"problem {d.id} {d.name} [{d.category}] from {d.source}",
+            f"problem {d.id} {d.name} [{d.category}] from {d.source}"
+            + ("" if d.variant == "pkb" else f", {d.variant} variant (docs/variants.md)"),
             "",
             d.description,
             "",

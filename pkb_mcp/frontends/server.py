@@ -111,6 +111,10 @@ def Arg(**kwargs: Any) -> Any:
 ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. 12 or 'allgather_gemm'")]
 WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on cuda)")]
 SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
+Variant = Annotated[
+    Literal["pkb", "original"],
+    Arg(description="the workload: pkb's, or the original benchmark's exactly (its inputs, call, tolerance)"),
+]
 Source = Annotated[str | None, Arg(description="the code; or give path")]
 SourcePath = Annotated[str | None, Arg(description="a file on the server; or give source")]
 Device = Annotated[Literal["cpu", "cuda"] | None, Arg(description="default: cuda when the node has GPUs")]
@@ -217,6 +221,7 @@ class Tools:
         size: str,
         device: str | None,
         timeout_s: float,
+        variant: str = "pkb",
         **more: Any,
     ) -> RunRequest:
         """A run tool's request: its candidate as a file, checked before any work starts (ToolErrors
@@ -224,12 +229,13 @@ class Tools:
         file = self.solution_file(source, path, (".py",))
         with tool_errors():
             paired, _ = pairing.for_request(problem, file)  # the problem the run will use (its note then)
-            _, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus)
+            _, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus, variant)
         return RunRequest(
             problem=problem,
             path=str(file),
             world_size=world_size,
             size=size,
+            variant=variant,
             device=dev,
             timeout_s=timeout_s,
             **more,
@@ -356,11 +362,11 @@ def _add_problem_tools(mcp: MCPServer) -> None:
 
     @mcp.tool(annotations=READ_ONLY)
     def get_reference(
-        problem: ProblemRef, world_size: WorldSize = 4, size: SizePreset = "pkb"
+        problem: ProblemRef, world_size: WorldSize = 4, size: SizePreset = "pkb", variant: Variant = "pkb"
     ) -> Annotated[CallToolResult, ProblemDetail]:
         """A problem's contract: reference source, signature, per-rank input shapes, tolerance, traffic."""
         with tool_errors():
-            detail = service.show_problem(problem, world_size, size)
+            detail = service.show_problem(problem, world_size, size, variant)
         return reply(detail, render.show(detail) + "\n\nreference source:\n" + detail.reference_source)
 
     @mcp.tool(annotations=READ_ONLY)
@@ -371,10 +377,11 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         time_ms: Annotated[
             float | None, Arg(gt=0, description="a measured time to place on the roofline")
         ] = None,
+        variant: Variant = "pkb",
     ) -> Annotated[CallToolResult, RooflineResult]:
         """The floor from NVLink bytes, HBM bytes and FLOPs per GPU and the node's ceilings; % of floor."""
         with tool_errors():
-            result = service.roofline_of(problem, world_size, size, time_ms)
+            result = service.roofline_of(problem, world_size, size, time_ms, variant)
         return reply(result, render.roofline(result))
 
 
@@ -411,11 +418,21 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         device: Device = None,
         timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
         convention: Convention = "auto",
+        variant: Variant = "pkb",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
         request = tools.run_request(
-            problem, source, path, world_size, size, device, timeout_s, trials=trials, convention=convention
+            problem,
+            source,
+            path,
+            world_size,
+            size,
+            device,
+            timeout_s,
+            variant,
+            trials=trials,
+            convention=convention,
         )
         job_id = tools.scheduler.submit("check", request)
         return await tools.finish(job_id, wait, ctx)
@@ -439,6 +456,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             ),
         ] = 1,
         convention: Convention = "auto",
+        variant: Variant = "pkb",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, BenchOutput]:
         """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
@@ -450,6 +468,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             size,
             device,
             timeout_s,
+            variant,
             launches=launches,
             convention=convention,
         )
@@ -515,12 +534,13 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
         size: SizePreset = "pkb",
         device: Device = None,
         timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
+        variant: Variant = "pkb",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, ProfileOutput]:
         """Each rank's call split into communication, compute, overlap and gaps, beside the reference;
         waits, top kernels; trace and timeline as resources. Use when a benchmark disappoints."""
         request = tools.run_request(
-            problem, source, path, world_size, size, device, timeout_s, profiles_dir=str(profiles)
+            problem, source, path, world_size, size, device, timeout_s, variant, profiles_dir=str(profiles)
         )
         job_id = tools.scheduler.submit("profile", request)
         return await tools.finish(job_id, wait, ctx)

@@ -92,10 +92,11 @@ def preflight(
     device: str | None,
     timeout_s: float = 60.0,
     local_gpus: bool = True,
+    variant: str = "pkb",
 ) -> tuple[problems.Problem, str]:
     """Everything about a run request that can be refused before any work starts. `local_gpus`:
     whether the run will hold this machine's GPUs (not so where a cluster's nodes run it)."""
-    problem = problems.resolve(ref)
+    problem = problems.resolve(ref, variant)
     check_world_size(problem, world_size, size)
     if timeout_s <= 0:
         raise UserError(f"timeout {timeout_s} s is not positive; pass a time limit in seconds")
@@ -119,7 +120,7 @@ class Run:
         # a file named after a problem runs against it, whatever id was given (runs/pairing.py)
         problem_ref, paired_note = pairing.for_request(request.problem, request.path)
         self.problem, self.device = preflight(
-            problem_ref, world_size, request.size, request.device, request.timeout_s
+            problem_ref, world_size, request.size, request.device, request.timeout_s, variant=request.variant
         )
         gpus = request.gpus
         self.gpus = gpus if gpus is not None and self.device == "cuda" else gpus_for(self.device, world_size)
