@@ -22,9 +22,11 @@ Differences from the original: the original applies its softmax across the heads
 of across the sequence, so a head's output never mixes positions (with one head per rank, at world
 size 8, every weight is 1 and it returns V). Here the softmax runs over the keys, which is attention
 and needs the whole sequence; a solution file written for the original therefore fails here, on
-every element, until it moves the softmax. The call, the shapes and the weights' layout are the
-original's. The projection weights are random with a temperature per head (q rows scaled by a
-factor uniform in [0.5, 3)), so some heads attend sharply and others broadly.
+every element, until it moves the softmax. The call and the weights' layout are the original's; the
+per-rank shapes are the original's at world size 8 only: the original splits a sequence of 16
+(seq_local = 16 / W: 8 at W = 2, 4 at W = 4), here every rank holds seq_local = 2 at any W. The
+projection weights are random with a temperature per head (q rows scaled by a factor uniform in
+[0.5, 3)), so some heads attend sharply and others broadly.
 """
 
 import torch
@@ -144,7 +146,9 @@ ORIGINAL = {
         " head's output never mixes positions (with one head per rank, at world size 8, every weight is 1"
         " and it returns V). Here the softmax runs over the keys, which is attention and needs the whole "
         "sequence; a solution file written for the original therefore fails here, on every element, until"
-        " it moves the softmax. The call, the shapes and the weights' layout are the original's. The "
+        " it moves the softmax. The call and the weights' layout are the original's; the per-rank "
+        "shapes are the original's at world size 8 only: the original splits a sequence of 16 "
+        "(seq_local = 16 / W: 8 at W = 2, 4 at W = 4), here every rank holds seq_local = 2 at any W. The "
         "projection weights are random with a temperature per head (q rows scaled by a factor uniform in "
         "[0.5, 3)), so some heads attend sharply and others broadly."
     ),

@@ -24,6 +24,12 @@ problem 43). The original keeps the master weights and moments in bf16 with lr 1
 bf16 weights mostly vanishes in rounding, so gathering the unchanged weights passed, and the new
 moments were never checked. Here master weights and moments are float32 (mixed precision as in
 ZeRO and FSDP), the gathered parameters are bf16, and the new master shard and moments are outputs.
+
+Differences from the original: those above; an original file is handed copies of the state, made
+inside its timed call, which it must update in place as an optimizer step does. The original's own
+reference updates clones and leaves its arguments as they were, so it fails here: its master shard
+and moments come back unchanged (its gathered parameters are right). The hyper-parameters passed are
+this problem's, not the original's (lr 1e-3, betas 0.9 and 0.999, step 1 + trial % 7).
 """
 
 import torch
@@ -125,7 +131,10 @@ ORIGINAL = {
         "The original returns only the gathered parameters, its state in bf16; here the master shard and "
         "the moments are float32 and are outputs too. An original file is handed copies of them, made "
         "inside its timed call (three copies our convention does not pay), which it must update in place "
-        "as an optimizer step does; its gathered parameters are judged in bf16. The hyper-parameters "
-        "passed are this problem's (lr 0.01, betas 0.9 and 0.95, eps 1e-8, step 4)."
+        "as an optimizer step does; its gathered parameters are judged in bf16. The original's own "
+        "reference updates clones of its state and leaves its arguments as they were, so it fails here: "
+        "its master shard and moments come back unchanged (its gathered parameters are right). The "
+        "hyper-parameters passed are this problem's (lr 0.01, betas 0.9 and 0.95, eps 1e-8, step 4; the "
+        "original's are lr 1e-3, betas 0.9 and 0.999, step 1 + trial % 7, zero moments)."
     ),
 }

@@ -1,27 +1,30 @@
 """Reduce-scatter of gradients through FP8 with delayed scaling, and the amax history update.
-
 Each rank holds a bf16 gradient g [W * n] (W blocks of n; block d is summed on rank d) and the FP8
 scaling state that every rank shares, as Transformer Engine keeps it: amax_history float32 [16]
 (newest first) and this step's scaling factors float32 [2] = (scale, scale_inv), which the previous
 step set to scale = 448 / max(history) and scale_inv = 1 / scale. Every rank must:
-
   1. quantize its gradient with the given scale: code = float8_e4m3fn(clamp(float32(g) * scale,
      -448, 448)), rounded to nearest even (the clamp saturates values above the history's amax);
   2. reduce-scatter the dequantized codes: rank d returns out [n] in bf16, the float32 sum over ranks
      of code * scale_inv for block d, rounded to bf16 once;
   3. update the history: new_history = [amax, history[0], ..., history[14]], where amax is the
      largest |g| over all ranks' gradients (identical on every rank).
-
 It returns (out, new_history). The codes are a function of the given scale, so every correct
 solution produces the same codes and the same out up to float32 rounding. Use the given factors:
 recomputing the scale with an approximate division moves codes a step, and scaling just in time
 (from this step's amax) changes most of them. The inputs are not modified.
-
 Source: delayed-scaling FP8 gradient reduce-scatter in the style of Transformer Engine
 (ParallelKernelBench problem 52). Here the scaling factors are part of the input state, as in
 Transformer Engine, so the FP8 codes are fully determined, and the history is float32, as Transformer
 Engine stores it, where the original has a bf16 history.
-"""
+Differences from the original: the original scales each rank's gradient just in time by its own
+scale, max(history with this rank's own amax appended) / 448 (the original's history holds 1e-8, so
+in effect the rank's own amax), where here every rank uses the given delayed scale, so most codes
+differ; its new history rolls the oldest entry out and appends the rank's own amax last, where here
+the maximum over ranks goes first; its history is bf16 (float32 here); it rounds each dequantized
+contribution to bf16 and reduce-scatters in bf16, and returns the mean over ranks where here out is
+the float32 sum rounded once (twice the original's at W = 2). So the original's own reference fails
+here."""
 
 import torch
 import torch.distributed as dist
@@ -103,7 +106,13 @@ ORIGINAL = {
     "signature": "solution(flat_grads: Tensor, amax_history: Tensor) -> tuple[Tensor, Tensor]",
     "args": lambda inputs, env: inputs[:2],
     "differences": (
-        "The original derives this step's scale from the history itself (448 / max(history), the value "
-        "passed here as scales[0]), and its history is bf16 (float32 here)."
+        "The original scales each rank's gradient just in time by its own scale, max(history with "
+        "this rank's own amax appended) / 448 (the original's history holds 1e-8, so in effect the "
+        "rank's own amax), where here every rank uses the given delayed scale, so most codes differ; "
+        "its new history rolls the oldest entry out and appends the rank's own amax last, where here "
+        "the maximum over ranks goes first; its history is bf16 (float32 here); it rounds each "
+        "dequantized contribution to bf16 and reduce-scatters in bf16, and returns the mean over "
+        "ranks where here out is the float32 sum rounded once (twice the original's at W = 2). So the"
+        " original's own reference fails here."
     ),
 }

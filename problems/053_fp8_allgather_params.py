@@ -1,27 +1,28 @@
 """FSDP all-gather of sharded parameters through FP8 with delayed scaling, and the amax history update.
-
 Each rank holds its shard of a flat bf16 parameter p [n] (rank r holds elements r*n .. (r+1)*n of the
 full parameter) and the FP8 scaling state that every rank shares: amax_history float32 [16] (newest
 first) and this step's scaling factors float32 [2] = (scale, scale_inv), which the previous step set
 to scale = 448 / max(history) and scale_inv = 1 / scale. Every rank must:
-
   1. quantize its shard with the given scale: code = float8_e4m3fn(clamp(float32(p) * scale, -448,
      448)), rounded to nearest even (the clamp saturates values above the history's amax);
   2. all-gather the codes and dequantize them: out [W * n] in bf16, code * scale_inv in float32
      rounded to bf16 once, rank r's shard at r*n .. (r+1)*n;
   3. update the history: new_history = [amax, history[0], ..., history[14]], where amax is the
      largest |p| over all ranks' shards (identical on every rank).
-
 It returns (out, new_history). The codes are a function of the given scale, so every correct
 solution produces the same codes and the same out. Use the given factors: recomputing the scale with
 an approximate division moves codes a step, and scaling just in time (from this step's amax) changes
 most of them. The inputs are not modified.
-
 Source: FP8 parameter all-gather for FSDP, with Transformer Engine-style delayed scaling
 (ParallelKernelBench problem 53). Here the scaling factors are part of the input state, as in
 Transformer Engine, so the FP8 codes are fully determined, and the history is float32, where the
 original has a bf16 history.
-"""
+Differences from the original: the original scales each rank's shard just in time by its own scale,
+max(history with this rank's own amax appended) / 448 (the original's history holds 1e-8, so in
+effect the rank's own amax), where here every rank uses the given delayed scale, so most codes
+differ; its new history rolls the oldest entry out and appends the rank's own amax last, where here
+the maximum over ranks goes first; its history is bf16 (float32 here). So the original's own
+reference fails here."""
 
 import torch
 import torch.distributed as dist
@@ -103,7 +104,11 @@ ORIGINAL = {
     "signature": "solution(flat_param_shard: Tensor, amax_history: Tensor) -> tuple[Tensor, Tensor]",
     "args": lambda inputs, env: inputs[:2],
     "differences": (
-        "The original derives this step's scale from the history itself (448 / max(history), the value "
-        "passed here as scales[0]), and its history is bf16 (float32 here)."
+        "The original scales each rank's shard just in time by its own scale, max(history with this "
+        "rank's own amax appended) / 448 (the original's history holds 1e-8, so in effect the rank's "
+        "own amax), where here every rank uses the given delayed scale, so most codes differ; its new"
+        " history rolls the oldest entry out and appends the rank's own amax last, where here the "
+        "maximum over ranks goes first; its history is bf16 (float32 here). So the original's own "
+        "reference fails here."
     ),
 }

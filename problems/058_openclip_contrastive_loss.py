@@ -29,7 +29,8 @@ Differences from the original: the embeddings are clustered with rank-specific m
 independent random directions (with those, every negative has z close to logit_bias and the other
 ranks' part of the loss is nearly a constant that needs no communication); the reference computes in
 float32 and rounds once, where OpenCLIP with bf16 features computes the logits in bf16 (its result
-stays within the tolerance).
+stays within the tolerance); each rank holds n = 128 embeddings at any W, the original's at world size
+8 only (the original splits a batch of 1024: n = 1024 / W, 512 at W = 2).
 """
 
 import math
@@ -146,6 +147,7 @@ ORIGINAL = {
         "(with those, every negative has z close to logit_bias and the other ranks' part of the loss is "
         "nearly a constant that needs no communication); the reference computes in float32 and rounds "
         "once, where OpenCLIP with bf16 features computes the logits in bf16 (its result stays within the"
-        " tolerance)."
+        " tolerance); each rank holds n = 128 embeddings at any W, the original's at world size 8 only "
+        "(the original splits a batch of 1024: n = 1024 / W, 512 at W = 2)."
     ),
 }

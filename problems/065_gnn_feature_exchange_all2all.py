@@ -15,12 +15,18 @@ The request counts differ by pair and by trial (each rank asks itself for 1/W of
 and splits the rest unevenly over the others) and every unique seed is used at least once.
 
 Source: GraphBolt (DGL) cooperative feature exchange (ParallelKernelBench problem 65). The call is the
-original's: (local_features, seed_inverse_ids, counts_sent, counts_received, None); with the pkb
-shapes (768 unique seeds, 1024 ids, 128 features) a solution file written for the original runs
-unchanged.
+original's: (local_features, seed_inverse_ids, counts_sent, counts_received, None), and so are the
+pkb shapes (768 unique seeds, 1024 ids, 128 features); the exchange is not (below).
 
-Differences from the original: none in the workload or the call; the inputs and the request counts
-are random and differ per rank and per trial.
+Differences from the original: the call and the sizes (768 unique rows, 1024 ids, 128 features) are
+the original's; the exchange is not. The original expands on the sender: it gathers
+local_features[seed_inverse_ids] (its ids index its own rows), sends chunk i of those
+(counts_received[i] rows) to rank (r + i) % W and fills chunk j of its output (counts_sent[j] rows)
+from rank (r + j) % W, returning the received rows as they came (equal counts of 1024 / W, ids with
+repeats). Here local_features holds the rows the peers asked for (counts_received[j] for rank j),
+they are exchanged with rank j in rank order, and the receiver expands them: out =
+received[seed_inverse_ids], with uneven random counts. So the original's own reference fails here
+(its gathered rows do not split by counts that sum to 768: it raises).
 """
 
 import torch
@@ -126,7 +132,15 @@ ORIGINAL = {
     "signature": "solution(local_features, seed_inverse_ids, counts_sent, counts_received, group=None)",
     "args": lambda inputs, env: inputs,
     "differences": (
-        "none in the workload or the call; the inputs and the request counts are random and differ per "
-        "rank and per trial."
+        "the call and the sizes (768 unique rows, 1024 ids, 128 features) are the original's; the "
+        "exchange is not. The original expands on the sender: it gathers "
+        "local_features[seed_inverse_ids] (its ids index its own rows), sends chunk i of those "
+        "(counts_received[i] rows) to rank (r + i) % W and fills chunk j of its output "
+        "(counts_sent[j] rows) from rank (r + j) % W, returning the received rows as they came (equal"
+        " counts of 1024 / W, ids with repeats). Here local_features holds the rows the peers asked "
+        "for (counts_received[j] for rank j), they are exchanged with rank j in rank order, and the "
+        "receiver expands them: out = received[seed_inverse_ids], with uneven random counts. So the "
+        "original's own reference fails here (its gathered rows do not split by counts that sum to "
+        "768: it raises)."
     ),
 }

@@ -19,10 +19,16 @@ Source: GraphBolt (DGL) cooperative mini-batching, backward of the feature excha
 problem 66). The call is the original's: (grad_output, seed_inverse_ids, seed_size, counts_sent,
 counts_received, None), and so are the pkb shapes (1024 ids, 512 unique seeds, 128 features).
 
-Differences from the original: none in the workload or the call. The gradients are float32 whatever
-dtype is requested, as in the original, and DTYPE says so; the inputs and counts are random and
-differ per rank and per trial. The reference sums with index_add_ (the original's sparse.mm is the
-same sum).
+Differences from the original: the call and the sizes (1024 ids, 512 unique seeds, 128 features) are
+the original's; the order of the sum and the exchange is not. The original exchanges first and sums
+after: it sends chunk i of grad_output (counts_sent[i] rows) to rank (r + i) % W, fills chunk j of
+what it receives (counts_received[j] rows) from rank (r + j) % W, and returns the received rows
+summed by seed_inverse_ids into [seed_size, F] (a sparse.mm), with equal counts of 1024 / W. Here a
+rank sums its own gradient rows by seed_inverse_ids first and exchanges the sums with each rank j in
+rank order, with uneven random counts. So the original's own reference fails here (its gradient does
+not split by counts that sum to 512: it raises). The gradients are float32 whatever dtype is
+requested, as in the original, and DTYPE says so; the inputs and counts are random and differ per
+trial.
 """
 
 import torch
@@ -133,8 +139,15 @@ ORIGINAL = {
     ),
     "args": lambda inputs, env: inputs,
     "differences": (
-        "none in the workload or the call. The gradients are float32 whatever dtype is requested, as in "
-        "the original, and DTYPE says so; the inputs and counts are random and differ per rank and per "
-        "trial. The reference sums with index_add_ (the original's sparse.mm is the same sum)."
+        "the call and the sizes (1024 ids, 512 unique seeds, 128 features) are the original's; the "
+        "order of the sum and the exchange is not. The original exchanges first and sums after: it "
+        "sends chunk i of grad_output (counts_sent[i] rows) to rank (r + i) % W, fills chunk j of "
+        "what it receives (counts_received[j] rows) from rank (r + j) % W, and returns the received "
+        "rows summed by seed_inverse_ids into [seed_size, F] (a sparse.mm), with equal counts of 1024"
+        " / W. Here a rank sums its own gradient rows by seed_inverse_ids first and exchanges the "
+        "sums with each rank j in rank order, with uneven random counts. So the original's own "
+        "reference fails here (its gradient does not split by counts that sum to 512: it raises). The"
+        " gradients are float32 whatever dtype is requested, as in the original, and DTYPE says so; "
+        "the inputs and counts are random and differ per trial."
     ),
 }

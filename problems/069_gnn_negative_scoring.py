@@ -19,12 +19,16 @@ Positives score higher than negatives on average (logits N(1.5, 1) against N(0, 
 from 1 to K + 1; integer outputs are judged exactly. Each rank knows only its own P_r.
 
 Source: distributed link-prediction evaluation in GNN training (ParallelKernelBench problem 69). The
-call is the original's: (local_pos_scores, local_neg_scores, None), and so are the pkb shapes
-(P_r = 128 + r % 3 positives with 1000 negatives each).
+call is the original's: (local_pos_scores, local_neg_scores, None); the pkb shapes (P_r = 128 + r % 3
+positives with 1000 negatives each) are the original's at world size 8.
 
-Differences from the original: none in the call or the shapes. The rank is defined explicitly
-(ties count against the positive); the inputs are random, differ per rank and per trial, and
-have no ties.
+Differences from the original: the call is the original's; the shapes are the original's at world
+size 8 only (the original's P_r is 1024 / W + r % 3: 512 + r % 3 at W = 2, 256 + r % 3 at W = 4).
+The rank is defined on the logits, ties counting against the positive; the original all-to-alls
+every rank's scores to every rank and ranks the positive among the sigmoids computed in bf16, which
+merges neighbouring logits, its sort then placing the positive first among equal values (on CPU):
+so the original's own reference gives smaller ranks than these on many edges and fails here. The
+inputs are random, differ per rank and per trial, and have no ties.
 """
 
 import torch
@@ -118,7 +122,12 @@ ORIGINAL = {
     "signature": "solution(local_pos_scores, local_neg_scores, group=None)",
     "args": lambda inputs, env: inputs,
     "differences": (
-        "none in the call or the shapes. The rank is defined explicitly (ties count against the "
-        "positive); the inputs are random, differ per rank and per trial, and have no ties."
+        "the call is the original's; the shapes are the original's at world size 8 only (the original's "
+        "P_r is 1024 / W + r % 3: 512 + r % 3 at W = 2, 256 + r % 3 at W = 4). The rank is defined on the "
+        "logits, ties counting against the positive; the original all-to-alls every rank's scores to "
+        "every rank and ranks the positive among the sigmoids computed in bf16, which merges neighbouring "
+        "logits, its sort then placing the positive first among equal values (on CPU): so the original's "
+        "own reference gives smaller ranks than these on many edges and fails here. The inputs are "
+        "random, differ per rank and per trial, and have no ties."
     ),
 }

@@ -16,15 +16,17 @@ only. The call passes (x, weight, bias, 1, padding, None) with padding = 1, as t
 does.
 
 Source: DistriFusion patch-parallel convolution (ParallelKernelBench problem 87), synchronous (fresh
-halos every call). The call and the per-rank shapes are the original's: x [1, 1280, 32, 128] per
-rank, weight [1280, 1280, 3, 3]; the band height is per rank, so the map is 32 W rows high. On CPU
+halos every call). The call is the original's, and so are the per-rank shapes at world size 8: x
+[1, 1280, 32, 128] per rank, weight [1280, 1280, 3, 3]; the band height is per rank, so the map is
+32 W rows high. On CPU
 (the tests' machine: 2 cores, no bf16 matrix units) one call at `pkb` would take about a minute (0.12
 TFLOP per rank), so on a CPU device the band is cpu_height_local x cpu_width instead: the same
 channels and kernel.
 
-Differences from the original: none in the workload or the call. The reference sends only the halo
-rows to the neighbours (the original all-gathers); the inputs are random and differ per rank and
-per trial, the weight scaled so the output is O(1).
+Differences from the original: none in the call. Every rank's band is 32 rows high at any W, the
+original's at world size 8 only (the original's is 128 / (W / 2): 128 at W = 2, 64 at W = 4). The
+reference sends only the halo rows to the neighbours (the original all-gathers); the inputs are
+random and differ per rank and per trial, the weight scaled so the output is O(1).
 """
 
 import torch
@@ -122,7 +124,9 @@ ORIGINAL = {
     "signature": "solution(x, weight, bias, stride=1, padding=1, group=None)",
     "args": lambda inputs, env: inputs,
     "differences": (
-        "none in the workload or the call. The reference sends only the halo rows to the neighbours (the "
+        "none in the call. Every rank's band is 32 rows high at any W, the original's at world size 8 "
+        "only (the original's is 128 / (W / 2): 128 at W = 2, 64 at W = 4). The reference sends only "
+        "the halo rows to the neighbours (the "
         "original all-gathers); the inputs are random and differ per rank and per trial, the weight "
         "scaled so the output is O(1)."
     ),

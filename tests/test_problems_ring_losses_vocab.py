@@ -276,8 +276,9 @@ def test_filters_matter_at_pkb():
     inputs = rank_inputs(p, 2, seed=3)
     full = torch.cat([i[0] for i in inputs], dim=-1).reshape(16, -1)
     target = inputs[0][1].reshape(-1)
-    want = _float64_log_prob(full, target, 50, 0.9)[0]
-    no_top_p = _float64_log_prob(full, target, 50, 1.0 - 1e-12)[0]
+    top_k = p.module.TOP_K
+    want = _float64_log_prob(full, target, top_k, 0.9)[0]
+    no_top_p = _float64_log_prob(full, target, top_k, 1.0 - 1e-12)[0]
     no_top_k = _float64_log_prob(full, target, full.shape[1], 0.9)[0]
     atol = p.tolerance["atol"]
     assert (want - no_top_p).abs().min() > 100 * atol
