@@ -131,7 +131,7 @@ class ProblemDetail(ProblemSummary):
     inputs: list[InputSpec] = Field(description="rank 0's")
     traffic: Traffic
     reference_source: str
-    variant: str = Field("pkb", description="pkb: pkb's workload; original: the original benchmark's exactly")
+    variant: str = "pkb"  # pkb's workload, or the original benchmark's exactly (docs/variants.md)
     original: OriginalConvention | None = Field(None, description="the original benchmark's convention")
 
 

@@ -113,7 +113,7 @@ WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on 
 SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
 Variant = Annotated[
     Literal["pkb", "original"],
-    Arg(description="the workload: pkb's, or the original benchmark's exactly (its inputs, call, tolerance)"),
+    Arg(description="original: the original benchmark's exact workload"),
 ]
 Source = Annotated[str | None, Arg(description="the code; or give path")]
 SourcePath = Annotated[str | None, Arg(description="a file on the server; or give source")]
