@@ -42,7 +42,9 @@ def input_returned(rank, world_size):
 def solution(tensor, dst=0):
     out = tensor.clone()
     dist.reduce(out, dst=dst, op=dist.ReduceOp.SUM)
-    return out
+    # the original's reduce into a copy leaves a non-root copy as it was on NCCL; gloo (CPU) uses it as
+    # scratch, so the input itself is returned there: the same values as the original's on GPUs
+    return out if dist.get_rank() == dst else tensor
 
 
 def traffic(ctx):
