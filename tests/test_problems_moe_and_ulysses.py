@@ -375,9 +375,11 @@ def test_a_cheaper_schedule_than_the_obvious_one_exists_at_four_ranks(pid):
 # ------------------------------------------------------------------- through the harness, on CPU
 
 
-def check(pid: int, path: Path, world_size: int):
+def check(pid: int, path: Path, world_size: int, trials: int = 2):
     return service.check(
-        RunRequest(problem=pid, path=path, world_size=world_size, device="cpu", trials=2, sandbox="process")
+        RunRequest(
+            problem=pid, path=path, world_size=world_size, device="cpu", trials=trials, sandbox="process"
+        )
     )
 
 
@@ -396,10 +398,10 @@ ORIGINAL_STYLE = [
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize(("name", "failure"), ORIGINAL_STYLE)
-def test_original_style_file_passes_or_fails_as_stated(name, failure, world_size):
-    r = check(int(name[:3]), ORIGINAL / name, world_size)
+def test_original_style_file_passes_or_fails_as_stated(name, failure):
+    # at 2 ranks (as tests/test_problems_ring_losses_vocab.py's)
+    r = check(int(name[:3]), ORIGINAL / name, 2, trials=1)
     if failure is None:
         assert r.verdict == "pass", r.message
     else:
