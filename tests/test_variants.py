@@ -14,11 +14,11 @@ from pkb_mcp.models import RunRequest
 from .conftest import CANDIDATES
 
 ORIGINAL = problems.suite("original")
-PRIMITIVES = list(range(1, 9))
+BUILT = [*range(1, 9), *range(12, 17)]  # the primitives and the GEMMs so far (docs/variants.md)
 
 
-def test_the_original_variant_has_the_primitives_under_their_own_ids_and_names():
-    assert sorted(ORIGINAL) == PRIMITIVES
+def test_the_original_variant_has_its_problems_under_their_own_ids_and_names():
+    assert sorted(ORIGINAL) == BUILT
     ours = problems.suite()
     for pid, p in ORIGINAL.items():
         assert (p.variant, p.name, p.category) == ("original", ours[pid].name, ours[pid].category)
@@ -29,7 +29,8 @@ def test_the_original_variant_has_the_primitives_under_their_own_ids_and_names()
             0.01,
             float("inf"),
         )
-        assert "What a solution could skip" in p.description, "constant inputs: say what is knowable"
+        if pid <= 8:
+            assert "What a solution could skip" in p.description, "constant inputs: say what is knowable"
 
 
 def test_the_original_s_shapes_follow_the_world_size_as_its_builder_makes_them():
@@ -130,10 +131,11 @@ def _check(pid: int, path: Path, variant: str):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("pid", [1, 3, 4, 6, 7, 8])
+@pytest.mark.parametrize("pid", [1, 3, 4, 6, 7, 8, 12])
 def test_a_file_in_the_original_s_convention_passes_the_original_workload(pid):
     """Our files written the original's way (tests/candidates/original). Problem 2's returns
-    [W * rows, cols] where the original returns [W, rows, cols]: judged exactly, it fails there."""
+    [W * rows, cols] where the original returns [W, rows, cols]: judged exactly, it fails there.
+    12's is refused by the `pkb` variant, which redesigned the workload (tests/test_convention.py)."""
     (path,) = OWN_ORIGINAL_FILES.glob(f"{pid:03d}_*.py")
     r = _check(pid, path, "original")
     assert r.verdict == "pass", r.message
