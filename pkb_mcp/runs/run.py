@@ -149,6 +149,11 @@ class Run:
         # what a failed build's message is mapped back to (prepare_extensions adds the builds)
         self.sources = failures.SolutionSources(self.solution.name, self._text())
         self.notes: list[str] = [paired_note] if paired_note else []
+        if self.problem.variant != "pkb":
+            self.notes.append(
+                f"the {self.problem.variant} variant: the original benchmark's workload, its inputs and "
+                "tolerance (docs/variants.md)"
+            )
 
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
         """Build the solution's load_inline extensions into the node's cache before its launches run
