@@ -137,16 +137,15 @@ LEGIT = sorted((CANDIDATES / "legit").glob("[0-9][0-9][0-9]_*.py"))
 
 
 @pytest.mark.parametrize("variant", LEGIT, ids=[p.stem for p in LEGIT])
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_every_correct_variant_passes(variant, world_size, isolated_dirs):
+def test_every_correct_variant_passes(variant, isolated_dirs):
     """Correct solutions computed another way (tests/candidates/legit/NNN_*.py: other precisions,
     orders, schedules) pass each output's bounds: the bounds are no tighter than what correct
-    solutions differ by (docs/scripts/tolerance_study.py measures the margins)."""
+    solutions differ by (docs/scripts/tolerance_study.py measures the margins, at 2, 4 and 8 ranks)."""
     r = service.check(
         RunRequest(
             problem=int(variant.name[:3]),
             path=variant,
-            world_size=world_size,
+            world_size=2,
             device="cpu",
             trials=2,
             sandbox="process",

@@ -200,14 +200,14 @@ def test_cso_inputs_are_reduced_on_cpu_and_windows_end_at_their_range():
 # ------------------------------------------------------------------ integration: real ranks on CPU
 
 
-def check(pid: int, path: Path, world_size: int):
+def check(pid: int, path: Path, world_size: int, trials: int = 1):
     return service.check(
         RunRequest(
             problem=pid,
             path=path,
             world_size=world_size,
             device="cpu",
-            trials=2,
+            trials=trials,
             timeout_s=120,
             sandbox="process",
         )

@@ -375,7 +375,7 @@ def test_a_cheaper_schedule_than_the_obvious_one_exists_at_four_ranks(pid):
 # ------------------------------------------------------------------- through the harness, on CPU
 
 
-def check(pid: int, path: Path, world_size: int, trials: int = 2):
+def check(pid: int, path: Path, world_size: int, trials: int = 1):
     return service.check(
         RunRequest(
             problem=pid, path=path, world_size=world_size, device="cpu", trials=trials, sandbox="process"

@@ -207,14 +207,14 @@ def test_backward_inputs_are_a_real_forward_and_replicas_differ(world_size):
 # ------------------------------------------------------------------ integration: real ranks on CPU
 
 
-def check(pid: int, path: Path, world_size: int):
+def check(pid: int, path: Path, world_size: int, trials: int = 1):
     return service.check(
         RunRequest(
             problem=pid,
             path=path,
             world_size=world_size,
             device="cpu",
-            trials=2,
+            trials=trials,
             timeout_s=300,
             sandbox="process",
         )
