@@ -60,6 +60,17 @@ def test_an_unknown_name_with_a_known_id_pairs_by_the_id_with_a_warning():
     assert "problem 26 (moe_token_preprocess) by its id" in paired.warning
 
 
+@pytest.mark.parametrize("name", ["086_gather_once.py", "024_no_allreduce.py", "077_float64.py"])
+def test_words_that_describe_a_file_of_a_known_id_do_not_pair_it_elsewhere(name):
+    """086_gather_once.py (tests/candidates/legit) once ran as problem 6 (gather) with a backend
+    "once": a name found only without its last word decides only one off from the id."""
+    paired = pairing.pair(name)
+    assert paired.problem is not None and paired.problem.id == int(name[:3]) and paired.note is None
+    assert paired.warning is not None and "is no problem's name" in paired.warning
+    assert f"problem {int(name[:3])} ({paired.problem.name}) by its id" in paired.warning
+    assert pairing.for_request(int(name[:3]), name) == (int(name[:3]), None)
+
+
 def test_neither_a_known_id_nor_a_known_name_is_an_error_and_no_id_pairs_nothing():
     with pytest.raises(UserError, match=r"999_nothing_torch\.py: neither its id 999 nor its name"):
         pairing.pair("999_nothing_torch.py")
