@@ -2,7 +2,7 @@
 is left as is and fails with a per-rank diagnosis where one element is perturbed, and failing
 candidates are reported per rank without leaving a process or a launch directory behind.
 
-Each problem runs at 2 ranks in the process backend, every fourth also at 4 ranks in the sandbox
+Each problem runs at 2 ranks in the process backend, every eighth also at 4 ranks in the sandbox
 `auto` picks (Docker wherever an engine answers: CI starts one); the failure-mode tests below pin the
 process backend, which tests/test_sandbox_docker.py complements for Docker."""
 
@@ -44,12 +44,12 @@ def solution(*args):
 
 
 def world_sizes(pid):
-    """2 ranks for every problem (4 where 2 are not allowed), and 4 for every fourth problem too: CI's
+    """2 ranks for every problem (4 where 2 are not allowed), and 4 for every eighth problem too: CI's
     2 cores start each rank's torch in turn, so 4 ranks for all of them would cost a quarter hour
     (each problem's shapes and traffic at 2, 4 and 8 ranks are fast tests: tests/test_problems.py)."""
     p = problems.suite()[pid]
     allowed = [w for w in (2, 4) if not p.world_size_error(w, "pkb")]
-    return allowed if IDS.index(pid) % 4 == 0 else allowed[:1]
+    return allowed if IDS.index(pid) % 8 == 0 else allowed[:1]
 
 
 CASES = [(pid, w) for pid in IDS for w in world_sizes(pid)]

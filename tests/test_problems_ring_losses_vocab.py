@@ -402,14 +402,15 @@ def test_chunked_references_over_many_chunks_match_the_unchunked_semantics(world
     full = torch.cat([run["inputs"][0] for run in runs[83]], dim=-1)
     b, s, vocab = full.shape
     target = runs[83][0]["inputs"][1]
-    want = _float64_log_prob(full.reshape(b * s, vocab), target.reshape(-1), 50, 0.9)[0].view(b, s)
+    top_k = problem(83).module.TOP_K  # the original's 10, as the call passes it
+    want = _float64_log_prob(full.reshape(b * s, vocab), target.reshape(-1), top_k, 0.9)[0].view(b, s)
     for run in runs[83]:
         assert (run["out"].double() - want).abs().max() < 1e-5
 
     # 84: the float64 autograd gradient of sum(grad_output * log_prob), each rank its vocabulary slice
     x = torch.cat([run["inputs"][0] for run in runs[84]], dim=-1).double().reshape(b * s, vocab)
     grad_output = runs[84][0]["inputs"][2].double().reshape(-1)
-    _, kept, _, _ = _float64_log_prob(x, target.reshape(-1), 50, 0.9)
+    _, kept, _, _ = _float64_log_prob(x, target.reshape(-1), problem(84).module.TOP_K, 0.9)
     x.requires_grad_(True)
     filtered = torch.where(kept, x, torch.full_like(x, -math.inf))
     log_prob = torch.log_softmax(filtered, dim=-1).gather(1, target.reshape(-1, 1)).squeeze(1)
