@@ -231,10 +231,8 @@ def resolve(ref: int | str, variant: str = "pkb") -> Problem:
     """A problem by id (1, "1", "001") or name ("allreduce"), in a variant."""
     problems = suite(variant)
     key = str(ref).strip()
-    found = None
-    if key.isdigit() and int(key) in problems:
-        found = problems[int(key)]
-    found = found or next((p for p in problems.values() if p.name == key.lower()), None)
+    by_id = problems.get(int(key)) if key.isdigit() else None
+    found = by_id or next((p for p in problems.values() if p.name == key.lower()), None)
     if found is not None:
         return found
     if variant != "pkb":
