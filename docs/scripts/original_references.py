@@ -7,7 +7,7 @@ where the CPU backend cannot run one (CUDA or Triton in the file, a collective g
 reason names it. The files are read where they lie, never copied into this repository.
 
     python3 docs/scripts/original_references.py ../shared/pkb-original/reference --world-size 2 \\
-        --device cpu --sandbox process [--json results.jsonl]
+        --device cpu --sandbox process [--only 21,22,23] [--json results.jsonl]
 
 Problems without an `original` file yet are listed as such, not run.
 """
@@ -49,6 +49,7 @@ def main() -> int:
     parser.add_argument("--sandbox", default="auto")
     parser.add_argument("--timeout", type=float, default=600.0, help="limit of each check, seconds")
     parser.add_argument("--json", type=Path, default=None, help="also write one JSON line per file here")
+    parser.add_argument("--only", default="", help="comma-separated problem ids (default: every file)")
     args = parser.parse_args()
 
     built = problems.suite("original")
@@ -58,6 +59,8 @@ def main() -> int:
         if match is None:
             continue
         pid = int(match.group(1))
+        if args.only and pid not in {int(i) for i in args.only.split(",")}:
+            continue
         if pid not in built:
             row: dict[str, object] = {"verdict": "not built", "message": "no original file yet"}
         else:
