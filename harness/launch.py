@@ -3,6 +3,8 @@
 Run as `python -m harness.launch` inside the sandbox with the launch configuration (a LaunchConfig, or a
 ToolConfig: harness/contracts.py) as JSON on stdin (or in a file named by `--config-file`, deleted as
 soon as it is read); one that does not match its contract ends the launcher with one sentence saying why.
+In the process backend the launcher is instead a fork of the fork server (harness/forkserver.py), and
+its workers are forks of it rather than new interpreters.
 Each worker gets its set-up (a RankSetup) and then its launch (a RankConfig, with its rank and the trial
 seeds) through its stdin pipe, so seeds never touch the launch directory.
 
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
+from harness import forking
 from harness.contracts import (
     ContractError,
     LaunchConfig,
@@ -45,6 +48,7 @@ from harness.contracts import (
     read_tool_config,
     read_warm_setup,
 )
+from harness.forking import ForkedWorker
 
 PEER_GRACE_S = 5.0
 POLL_S = 0.02
@@ -99,30 +103,55 @@ def _pin(cpus: list[int]) -> Callable[[], None] | None:
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
-def spawn(setup: WorkerSetup) -> list[subprocess.Popen[bytes]]:
+Worker = subprocess.Popen[bytes] | ForkedWorker
+
+
+def _run_worker() -> None:
+    from harness import worker
+
+    worker.main()
+
+
+def spawn(setup: WorkerSetup, fork: bool = False) -> list[Worker]:
     """One worker per rank, each sent its set-up line; their stdin stays open for the launch.
-    Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py)."""
+    Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py). With `fork`
+    (a launcher forked from the fork server, torch already imported) each rank is a fork of this
+    process instead of a new interpreter."""
     launch_dir = Path(setup["launch_dir"])
     rank_cpus = setup["rank_cpus"]
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Worker] = []
     for rank in range(setup["world_size"]):
         log = open(launch_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.worker"],
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_worker_env(rank, setup),
-            cwd=launch_dir,
-            preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
-        )
+        proc: Worker
+        if fork:
+            read_end, write_end = os.pipe()
+            pid = forking.fork_child(
+                _run_worker,
+                stdin=read_end,
+                log=log.fileno(),
+                cwd=str(launch_dir),
+                env=_worker_env(rank, setup),
+                cpus=rank_cpus[rank] if rank_cpus else None,
+            )
+            os.close(read_end)
+            proc = ForkedWorker(pid, os.fdopen(write_end, "wb"))
+        else:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.worker"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_worker_env(rank, setup),
+                cwd=launch_dir,
+                preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
+            )
         log.close()
         _send(proc, rank_setup(setup, rank), close=False)
         procs.append(proc)
     return procs
 
 
-def _send(proc: subprocess.Popen[bytes], message: RankSetup | RankConfig | None, close: bool) -> None:
+def _send(proc: Worker, message: RankSetup | RankConfig | None, close: bool) -> None:
     assert proc.stdin is not None
     try:
         if message is not None:
@@ -134,7 +163,7 @@ def _send(proc: subprocess.Popen[bytes], message: RankSetup | RankConfig | None,
         pass  # the worker died already; its outcome is read from its exit status
 
 
-def wait_for_launch(path: Path, idle_s: float, procs: list[subprocess.Popen[bytes]]) -> LaunchConfig | None:
+def wait_for_launch(path: Path, idle_s: float, procs: list[Worker]) -> LaunchConfig | None:
     """A warm sandbox's launch: the file the host writes into the launch directory; None at idle_s, or as
     soon as a worker has died (a sandbox that cannot serve a launch must not look ready for one)."""
     give_up = time.monotonic() + idle_s
@@ -147,14 +176,15 @@ def wait_for_launch(path: Path, idle_s: float, procs: list[subprocess.Popen[byte
     return None
 
 
-def launch(cfg: LaunchConfig, procs: list[subprocess.Popen[bytes]] | None = None) -> LaunchRecord:
-    """Run the launch `cfg` on `procs` (warm workers already set up) or on workers started now."""
+def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = False) -> LaunchRecord:
+    """Run the launch `cfg` on `procs` (warm workers already set up) or on workers started now
+    (forked with `fork`: see spawn)."""
     launch_dir = Path(cfg["launch_dir"])
     world_size = cfg["world_size"]
     deadline = time.monotonic() + cfg["timeout_s"]
     t0 = time.monotonic()
     if procs is None:
-        procs = spawn(setup_of(cfg))
+        procs = spawn(setup_of(cfg), fork)
     for rank, proc in enumerate(procs):
         rank_cfg: RankConfig = {**cfg, "rank": rank}
         _send(proc, rank_cfg, close=True)
@@ -291,9 +321,11 @@ def read_config(path: Path) -> LaunchConfig | ToolConfig:
     return read_launch_config(data)
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], fork_workers: bool = False) -> None:
+    """`fork_workers`: this launcher is a fork of the fork server (harness/forkserver.py), so its
+    ranks are forks of it too."""
     try:
-        launch_dir, result = _run(dict(zip(argv[::2], argv[1::2], strict=False)))
+        launch_dir, result = _run(dict(zip(argv[::2], argv[1::2], strict=False)), fork_workers)
     except ContractError as exc:
         sys.exit(f"harness.launch: {exc}")
     if launch_dir is None:
@@ -304,12 +336,12 @@ def main(argv: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def _run(args: dict[str, str]) -> tuple[str | None, LaunchRecord | ToolRecord | None]:
+def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRecord | ToolRecord | None]:
     """The launch the arguments name, run: its directory and record; (None, None) for a warm sandbox
     that was never used."""
     if "--warm" in args:
         setup = read_warm_setup(_json(args["--warm"], "the warm set-up"))
-        procs = spawn(setup)
+        procs = spawn(setup, fork)
         warm_cfg = wait_for_launch(Path(args["--config-file"]), setup["idle_s"], procs)
         if warm_cfg is None:
             for proc in procs:
@@ -327,7 +359,7 @@ def _run(args: dict[str, str]) -> tuple[str | None, LaunchRecord | ToolRecord | 
         cfg = read_config(Path(args["--config-file"]))
         if cfg["mode"] in TOOL_MODES:
             return cfg["launch_dir"], run_tool(cast(ToolConfig, cfg))
-        return cfg["launch_dir"], launch(cast(LaunchConfig, cfg))
+        return cfg["launch_dir"], launch(cast(LaunchConfig, cfg), fork=fork)
     stdin_cfg = read_launch_config(_json(sys.stdin.read(), "the launch configuration"))
     return stdin_cfg["launch_dir"], launch(stdin_cfg)
 

@@ -12,14 +12,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+import structlog
 
 from sandbox.base import (
     CONFIG_NAME,
@@ -34,30 +39,47 @@ from sandbox.pool import Pooled, WarmSlot
 from sandbox.toolchain import jit_env
 
 FILE_SIZE_CAP = 16 << 30
+log = structlog.get_logger("sandbox.process")
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME")
+
+
+LIMITS = {"core": 0, "fsize": FILE_SIZE_CAP, "nofile": 8192}
+FORK_SERVER_START_S = 120.0  # importing torch on a loaded 2-core host
+FORK_REPLY_S = 30.0
 
 
 def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_CAP, FILE_SIZE_CAP))
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(8192, hard), hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(LIMITS["nofile"], hard), hard))
 
 
 def _launch_processes(session: int, marker: str) -> list[int]:
-    """Processes still alive from this launch: in its session or carrying its marker."""
-    pids = []
+    """Processes still alive from this launch: in its session, descended from its launcher (whose pid
+    is the session id; a launcher forked by the fork server is a subreaper, so its ranks' orphans stay
+    its descendants), or carrying its marker in their environment."""
+    parents: dict[int, int] = {}
+    found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             stat = (entry / "stat").read_text()
             fields = stat[stat.rindex(")") + 2 :].split()
+            parents[int(entry.name)] = int(fields[1])
             if int(fields[3]) == session or marker.encode() in (entry / "environ").read_bytes():
-                pids.append(int(entry.name))
+                found.add(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue
-    return pids
+    for pid in parents:
+        ancestor, hops = parents.get(pid), 0
+        while ancestor is not None and ancestor > 1 and hops < 64:
+            if ancestor == session:
+                found.add(pid)
+                break
+            ancestor, hops = parents.get(ancestor), hops + 1
+    return sorted(found)
 
 
 def kill_launch(session: int, marker: str) -> None:
@@ -71,10 +93,149 @@ def kill_launch(session: int, marker: str) -> None:
         time.sleep(0.05)
 
 
+class Launched:
+    """A launcher the fork server started, watched as a subprocess.Popen is (poll, wait, pid)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def end(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self._ended.wait(timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """harness/forkserver.py, started on first use with the launches' scrubbed environment (torch
+    imported once there; every launcher a fork of it) and started again if it died. `launch` returns
+    None when the server cannot be had: the backend then starts the launcher as a new interpreter."""
+
+    def __init__(self, env: dict[str, str], cwd: Path):
+        self._env, self._cwd = env, cwd
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._replies: queue.Queue[Launched | str] = queue.Queue()
+        self._running: dict[int, Launched] = {}
+
+    def launch(self, argv: list[str], env: dict[str, str], cwd: Path, log: int) -> Launched | None:
+        with self._lock:
+            sock = self._connected()
+            if sock is None:
+                return None
+            request = {"argv": argv, "env": env, "cwd": str(cwd), "limits": LIMITS}
+            try:
+                socket.send_fds(sock, [json.dumps(request).encode()], [log])
+                reply = self._replies.get(timeout=FORK_REPLY_S)
+            except (OSError, queue.Empty):
+                self._stop()
+                return None
+            if isinstance(reply, str):
+                raise RuntimeError(f"the fork server refused a launch: {reply}")
+            return reply
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _connected(self) -> socket.socket | None:
+        if self._sock is not None and self._proc is not None and self._proc.poll() is None:
+            return self._sock
+        self._stop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.forkserver", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=self._cwd,
+                env=self._env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log.warning("fork server not started", error=str(exc))
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        ours.settimeout(FORK_SERVER_START_S)
+        try:
+            ready = json.loads(ours.recv(4096) or b"{}")
+        except (OSError, ValueError):
+            ready = {}
+        if "ready" not in ready:
+            log.warning("fork server did not start; launches start their own interpreters")
+            ours.close()
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+            return None
+        ours.settimeout(None)
+        self._sock = ours
+        threading.Thread(target=self._read, args=(ours,), name="pkb-forkserver", daemon=True).start()
+        return ours
+
+    def _read(self, sock: socket.socket) -> None:
+        """Route the server's replies: a fork's pid to the waiting request, an exit to its launcher."""
+        while True:
+            try:
+                data = sock.recv(4096)
+                message = json.loads(data) if data else None
+            except (OSError, ValueError):
+                message = None
+            if not isinstance(message, dict):
+                break
+            pid = message.get("pid")
+            if "error" in message:
+                self._replies.put(str(message["error"])[:500])
+            elif isinstance(pid, int) and "exit" in message:
+                launched = self._running.pop(pid, None)
+                if launched is not None:
+                    launched.end(int(message["exit"]))
+            elif isinstance(pid, int):
+                self._running[pid] = Launched(pid)
+                self._replies.put(self._running[pid])
+        # the server is gone: what it had started can no longer be watched through it
+        for pid, launched in list(self._running.items()):
+            kill_launch(pid, "")
+            launched.end(-signal.SIGKILL)
+        self._running.clear()
+
+    def _stop(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
 class ProcessBackend(Pooled):
     name = "process"
     isolated = False
     note = "process backend: candidate code ran as this user without isolation"
+    _forks: ForkServer | None = None
 
     def _start(
         self,
@@ -86,7 +247,7 @@ class ProcessBackend(Pooled):
         cpus: tuple[tuple[int, ...], ...],
         harness_root: Path,
         warm: dict | None,
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen[bytes] | Launched:
         tmp = launch_dir / "tmp"
         tmp.mkdir(exist_ok=True)
         env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
@@ -109,11 +270,14 @@ class ProcessBackend(Pooled):
         args = ["--config-file", str(launch_dir / CONFIG_NAME)]
         if warm is not None:
             args += ["--warm", json.dumps(warm)]
-        with open(launch_dir / "launcher.log", "wb") as log:
+        with open(launch_dir / "launcher.log", "wb") as launcher_log:
+            forked = self._fork_server(harness_root).launch(args, env, launch_dir, launcher_log.fileno())
+            if forked is not None:
+                return forked
             return subprocess.Popen(
                 [sys.executable, "-m", "harness.launch", *args],
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=launcher_log,
                 stderr=subprocess.STDOUT,
                 cwd=launch_dir,
                 env=env,
@@ -121,8 +285,19 @@ class ProcessBackend(Pooled):
                 preexec_fn=_limits,
             )
 
+    def _fork_server(self, harness_root: Path) -> ForkServer:
+        """One per backend, its environment what every launch shares (nothing of any one launch)."""
+        if self._forks is None:
+            env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
+            env.update(LAUNCH_ENV)
+            home = Path(tempfile.mkdtemp(prefix="pkb-forkserver-"))
+            env.update({"HOME": str(home), "TMPDIR": str(home), "PYTHONPATH": str(harness_root)})
+            env.update({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **jit_env()})
+            self._forks = ForkServer(env, home)
+        return self._forks
+
     @staticmethod
-    def _alive(proc: subprocess.Popen[bytes] | None) -> bool:
+    def _alive(proc: subprocess.Popen[bytes] | Launched | None) -> bool:
         return proc is not None and proc.poll() is None
 
     @staticmethod

@@ -1,0 +1,149 @@
+"""Forking a fresh process from one that has imported torch: the child takes its own stdin, log,
+working directory, environment, CPUs and limits, runs a target as an interpreter runs its main module,
+and exits with its status (harness/forkserver.py forks launchers this way, harness/launch.py ranks).
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import BinaryIO
+
+PR_SET_CHILD_SUBREAPER = 36
+POLL_S = 0.02
+
+
+def become_subreaper() -> None:
+    """Orphans of this process's descendants become its children, not init's (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter would exit with for `sys.exit(code)`."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finish(target: Callable[[], object]) -> int:
+    """Run `target` as a fresh interpreter would run its main module, to its exit status: an
+    uncaught exception is printed, then non-daemon threads are joined and atexit functions run."""
+    import atexit
+    import threading
+
+    try:
+        target()
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # as the interpreter reports any uncaught exception
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(BaseException):
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return code
+
+
+def fork_child(
+    target: Callable[[], object],
+    *,
+    stdin: int | None,
+    log: int,
+    cwd: str,
+    env: Mapping[str, str],
+    cpus: list[int] | None = None,
+    session: bool = False,
+    limits: Mapping[str, int] | None = None,
+) -> int:
+    """Fork; the child takes `stdin` (or /dev/null), writes stdout and stderr to `log`, works in `cwd`
+    with exactly `env`, keeps to `cpus`, then runs `target` and exits with its status. Returns the pid."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        if session:
+            os.setsid()
+        if limits:
+            _set_limits(limits)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null if stdin is None else stdin, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own stdin
+        sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        code = _finish(target)
+    except BaseException:  # a child must never return into its parent's code
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _set_limits(limits: Mapping[str, int]) -> None:
+    names = {"core": resource.RLIMIT_CORE, "fsize": resource.RLIMIT_FSIZE, "nofile": resource.RLIMIT_NOFILE}
+    for key, value in limits.items():
+        which = names[key]
+        _, hard = resource.getrlimit(which)
+        soft = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (soft, soft if key != "nofile" else hard))
+
+
+class ForkedWorker:
+    """A process forked by this one (fork_child), watched as a subprocess.Popen is."""
+
+    def __init__(self, pid: int, stdin: BinaryIO):
+        self.pid, self.stdin = pid, stdin
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if give_up is not None and time.monotonic() > give_up:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(POLL_S)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
