@@ -59,7 +59,8 @@ def standings(results: Iterable[FileResult]) -> dict[tuple[str, int, int], _Stan
         s.judged = s.judged or r.outcome not in NOT_ATTEMPTED
         s.correct = s.correct or r.correct
         s.fast = s.fast or is_fast(r, 1.0)
-        s.original_correct = s.original_correct or bool(r.original_correct)
+        # a file correct by pkb's rules is correct by the original's (runs/protections.py)
+        s.original_correct = s.original_correct or r.correct or bool(r.original_correct)
     return out
 
 
