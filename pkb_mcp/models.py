@@ -87,6 +87,10 @@ Verdict = Literal["pass", "fail", "timeout"]
 BenchVerdict = Literal["pass", "fail", "timeout", "suspect"]
 
 
+# A check's or benchmark's `protections` (pkb_mcp/runs/protections.py names them)
+PROTECTIONS_NOTE = "original variant: correct by its rules, failed by these of pkb's (docs/variants.md)"
+
+
 class ProblemSummary(Result):
     id: int
     name: str
@@ -183,6 +187,7 @@ class CheckResult(Result):
     verdict: Verdict
     message: str
     ranks: list[RankResult] = Field(description="each rank's worst outcome")
+    protections: list[str] = Field([], description=PROTECTIONS_NOTE)
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []
@@ -272,6 +277,7 @@ class BenchResult(Result):
         None, description="on GPUs: within the spread of identical code between runs, so no evidence"
     )
     ranks: list[RankResult] = []
+    protections: list[str] = Field([], description=PROTECTIONS_NOTE)
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []

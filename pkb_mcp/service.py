@@ -39,7 +39,7 @@ from pkb_mcp.models import (
     Traffic,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profile
-from pkb_mcp.runs import conventions
+from pkb_mcp.runs import conventions, protections
 from pkb_mcp.runs.benchmark import bench, timing_config
 from pkb_mcp.runs.run import (
     Progress,
@@ -214,9 +214,16 @@ def check(
     if not 1 <= trials <= MAX_TRIALS:
         raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
 
-    def result(verdict: str, message: str, ranks: list[RankResult]) -> CheckResult:
+    def result(
+        verdict: str, message: str, ranks: list[RankResult], named: list[str] | None = None
+    ) -> CheckResult:
         return CheckResult(
-            verdict=verdict, message=message, ranks=ranks, trials=trials, **run.result_fields()
+            verdict=verdict,
+            message=message,
+            ranks=ranks,
+            trials=trials,
+            protections=named or [],
+            **run.result_fields(),
         )
 
     if (cannot := run.cannot_run()) is not None:
@@ -249,8 +256,12 @@ def check(
     verdict, why = decide(ranks)
     in_trials = f"{trials} trial" + ("s" if trials != 1 else "")
     message = f"all {world_size} ranks match the reference in {in_trials}" if verdict == "pass" else why
+    # correct by the original benchmark's rules, failed by pkb's protections: named (original variant)
+    found = protections.judged_outputs(p, list(range(trials)), cand_outcome, ref_outcome, ranks, mac_key)
+    if found:
+        message = protections.message(found)
     progress(3, 3, message)
-    return result(verdict, message, ranks)
+    return result(verdict, message, ranks, protections.names(found) if found else [])
 
 
 # ---------------------------------------------------------------- the verbs that run as jobs

@@ -131,6 +131,27 @@ def test_variants_are_grouped_apart_pkb_first():
     assert table.to_markdown(t)[2].startswith("| variant | category |")
 
 
+def test_the_original_variant_counts_correct_by_the_original_s_rules_too():
+    """The difference the protections make: an original-variant file failed only by pkb's protections
+    is not correct, and is correct by the original's rules; a correct file is both; the pkb variant
+    has no such figure."""
+    protected = _file(1, "wrong", variant="original").model_copy(
+        update={"original_correct": True, "protections": ["aliasing"]}
+    )
+    wrong = _file(3, "wrong", variant="original").model_copy(update={"original_correct": False})
+    results = [protected, wrong, _file(2, "pass", 1.2, variant="original"), _file(4, "pass", 2.0)]
+    t = table.published_table(results, SUITE)
+    original, pkb = _rows(t)[("original", "all")], _rows(t)[("pkb", "all")]
+    assert (original.correct, original.original_correct, original.best_original_correct) == (1, 2, 2)
+    assert _rows(t)[("original", "primitive")].original_correct == 2
+    assert pkb.correct == 1 and pkb.original_correct is None and pkb.best_original_correct is None
+    lines = table.to_markdown(t)
+    assert "correct by the original's rules" in lines[0]
+    assert lines[2].endswith("| correct | fast_1 | correct by the original's rules |")
+    assert "| pkb | **all** | 5 | 1 | 0 | 1 (20.0%) | 1 (20.0%) |  |" in lines
+    assert "| original | **all** | 5 | 3 | 0 | 1 (20.0%) | 1 (20.0%) | 2 (40.0%) |" in lines
+
+
 def test_the_markdown_rows_of_one_attempt_and_of_k():
     lines = table.to_markdown(table.published_table(ONE_ATTEMPT, SUITE))
     assert lines[2:] == [

@@ -19,7 +19,7 @@ import pytest
 
 from pkb_mcp.errors import UserError
 from pkb_mcp.evaluation import report as eval_report
-from pkb_mcp.evaluation.batch import classify, collect_files, evaluate, pair_files
+from pkb_mcp.evaluation.batch import _from_check, classify, collect_files, evaluate, pair_files
 from pkb_mcp.evaluation.records import EvalReport, EvalSettings, FileResult
 from pkb_mcp.models import CheckResult, RankResult, SandboxInfo
 
@@ -73,6 +73,29 @@ def _check(verdict: str, message: str, states: list[str], notes: list[str] | Non
         sandbox=SandboxInfo(backend="process", isolated=False),
         notes=notes or [],
     )
+
+
+def test_a_file_failed_only_by_pkb_s_protections_is_correct_by_the_original_s_rules():
+    """The original variant's files carry `original_correct` and the protections named (the published
+    table's difference); the pkb variant's carry neither."""
+    base = FileResult(
+        file="5_scatter_cuda.py", sha256="0", problem_id=5, variant="original", outcome="skipped"
+    )
+    named = _check("fail", "correct by the original benchmark's rules; ...", ["pass", "wrong"])
+    named.protections = ["aliasing", "mutation"]
+    r = _from_check(base, named, "job")
+    assert (r.outcome, r.correct, r.original_correct, r.protections) == (
+        "wrong",
+        False,
+        True,
+        ["aliasing", "mutation"],
+    )
+    wrong = _from_check(base, _check("fail", "rank 1: 3 elements differ", ["pass", "wrong"]), "job")
+    assert (wrong.original_correct, wrong.protections) == (False, [])
+    passed = _from_check(base, _check("pass", "ok", ["pass", "pass"]), "job")
+    assert passed.original_correct is True
+    pkb = _from_check(base.model_copy(update={"variant": "pkb"}), named, "job")
+    assert pkb.original_correct is None and pkb.protections == []
 
 
 def test_outcomes_are_classified_from_the_result():

@@ -145,10 +145,15 @@ def test_a_file_in_the_original_s_convention_passes_the_original_workload(pid):
 @pytest.mark.integration
 def test_a_protection_the_original_lacks_still_fails_a_file_in_the_original_variant():
     """005_scatter_torch.py scatters into its input on the other ranks and returns it: right by the
-    original's rules (it compares values only), failed by pkb's aliasing check, which the original
-    variant keeps (docs/variants.md)."""
+    original's rules (it compares values only), failed by pkb's aliasing and mutation checks, which
+    the original variant keeps and names (docs/variants.md, pkb_mcp/runs/protections.py)."""
     r = _check(5, OWN_ORIGINAL_FILES / "005_scatter_torch.py", "original")
-    assert r.verdict == "fail" and "shares memory with an input" in r.message, r.message
+    assert r.verdict == "fail" and r.protections == ["aliasing", "mutation"], r.message
+    assert r.message == (
+        "correct by the original benchmark's rules; fails pkb's: aliasing: rank 1, trial 0: output 0 "
+        "shares memory with an input; mutation: rank 1, trial 0: input 0 was changed by the solution"
+    )
+    assert [(x.rank, x.state) for x in r.ranks] == [(0, "pass"), (1, "wrong")]
 
 
 @pytest.mark.integration

@@ -134,6 +134,14 @@ def classify(result: CheckResult | BenchResult) -> Outcome:
     return "error"
 
 
+def _by_original_rules(base: FileResult, outcome: Outcome, named: list[str]) -> dict[str, Any]:
+    """In the original variant: whether the file is correct by the original benchmark's rules (it
+    passed, or only pkb's protections failed it) and which protections failed it."""
+    if base.variant == "pkb":
+        return {}
+    return {"original_correct": outcome == "pass" or bool(named), "protections": named}
+
+
 def _from_check(base: FileResult, r: CheckResult, job: str) -> FileResult:
     outcome = classify(r)
     return base.model_copy(
@@ -144,6 +152,7 @@ def _from_check(base: FileResult, r: CheckResult, job: str) -> FileResult:
             "correct": outcome == "pass",
             "message": r.message,
             "check_job": job,
+            **_by_original_rules(base, outcome, r.protections),
         }
     )
 
@@ -151,6 +160,7 @@ def _from_check(base: FileResult, r: CheckResult, job: str) -> FileResult:
 def _from_bench(checked: FileResult, b: BenchResult, job: str, device: str) -> FileResult:
     outcome = classify(b)
     update: dict[str, Any] = {"outcome": outcome, "correct": outcome == "pass", "bench_job": job}
+    update.update(_by_original_rules(checked, outcome, b.protections))
     update["message"] = b.message
     if b.candidate is not None and b.speedup is not None:
         update.update(

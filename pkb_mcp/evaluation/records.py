@@ -47,6 +47,15 @@ class FileResult(BaseModel):
     convention: str | None = Field(None, description="how solution() was called: ours or original")
     outcome: Outcome
     correct: bool = False
+    original_correct: bool | None = Field(
+        None,
+        description="original variant: correct by the original benchmark's rules (correct, or failed only "
+        "by pkb's protections); None in the pkb variant",
+    )
+    protections: list[str] = Field(
+        default_factory=list,
+        description="the protections of pkb's that failed a file correct by the original's rules",
+    )
     message: str = ""
     speedup: float | None = None
     speedup_low: float | None = None
@@ -98,6 +107,14 @@ class TableRow(BaseModel):
     best_correct: int = Field(description="problems with a correct file in at least one attempt (best of k)")
     best_fast_1: int | None = Field(
         description="problems with a correct, faster file in at least one attempt (best of k)"
+    )
+    original_correct: float | None = Field(
+        None,
+        description="original variant: problems with a file correct by the original benchmark's rules, per "
+        "attempt (the mean); None in the pkb variant. Less `correct`: the problems pkb's protections fail",
+    )
+    best_original_correct: int | None = Field(
+        None, description="original variant: problems correct by the original's rules in at least one attempt"
     )
 
 

@@ -25,6 +25,8 @@ CSV_COLUMNS = [
     "convention",
     "outcome",
     "correct",
+    "original_correct",
+    "protections",
     "speedup",
     "speedup_low",
     "speedup_high",
@@ -86,7 +88,7 @@ def to_csv(report: EvalReport) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for r in report.results:
-        writer.writerow(r.model_dump(mode="json"))
+        writer.writerow({**r.model_dump(mode="json"), "protections": " ".join(r.protections)})
     return out.getvalue()
 
 

@@ -2,11 +2,13 @@
 and overall, from the files' results (pkb_mcp/evaluation/records.py) alone.
 
 For each variant and category: the suite's problems (every figure's denominator: a problem with no file,
-or whose files never reached a verdict, is not correct), the problems correct, and those correct and
-faster than the reference (fast_1, in the meaning of the summary's fast_p: a credited speedup above 1);
-per attempt, as the mean over the attempts, and as best of k (a problem counts when any attempt has it).
-The definitions are in docs/measurement.md ("The published table"). Everything here is a pure function
-of the records but `suite_categories`, which reads the suite. May import: evaluation.records, root.
+or whose files never reached a verdict, is not correct), the problems correct, those correct and
+faster than the reference (fast_1, in the meaning of the summary's fast_p: a credited speedup above 1),
+and in the original variant those correct by the original benchmark's rules (the difference is what
+pkb's protections fail: pkb_mcp/runs/protections.py); per attempt, as the mean over the attempts, and
+as best of k (a problem counts when any attempt has it). The definitions are in docs/measurement.md
+("The published table"). Everything here is a pure function of the records but `suite_categories`,
+which reads the suite. May import: evaluation.records, root.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pkb_mcp.evaluation.records import NOT_ATTEMPTED, FileResult, PublishedTable
 
 ALL = "all"
 DEFAULT_VARIANT = "pkb"
+BY_ORIGINAL = "correct by the original's rules"
 
 
 def suite_categories() -> dict[int, str]:
@@ -41,6 +44,7 @@ class _Standing:
     judged: bool = False
     correct: bool = False
     fast: bool = False
+    original_correct: bool = False  # original variant: by the original benchmark's rules
 
 
 def standings(results: Iterable[FileResult]) -> dict[tuple[str, int, int], _Standing]:
@@ -55,6 +59,8 @@ def standings(results: Iterable[FileResult]) -> dict[tuple[str, int, int], _Stan
         s.judged = s.judged or r.outcome not in NOT_ATTEMPTED
         s.correct = s.correct or r.correct
         s.fast = s.fast or is_fast(r, 1.0)
+        # a file correct by pkb's rules is correct by the original's (runs/protections.py)
+        s.original_correct = s.original_correct or r.correct or bool(r.original_correct)
     return out
 
 
@@ -72,6 +78,8 @@ def _row(
     per_problem = {pid: each(pid) for pid in ids}
     correct = sum(s.correct for ss in per_problem.values() for s in ss)
     fast = sum(s.fast for ss in per_problem.values() for s in ss)
+    by_original = variant != DEFAULT_VARIANT  # the original's rules judge the original's workload only
+    original = sum(s.original_correct for ss in per_problem.values() for s in ss)
     return TableRow(
         variant=variant,
         category=category,
@@ -82,6 +90,10 @@ def _row(
         fast_1=fast / attempts if benched else None,
         best_correct=sum(any(s.correct for s in ss) for ss in per_problem.values()),
         best_fast_1=sum(any(s.fast for s in ss) for ss in per_problem.values()) if benched else None,
+        original_correct=original / attempts if by_original else None,
+        best_original_correct=(
+            sum(any(s.original_correct for s in ss) for ss in per_problem.values()) if by_original else None
+        ),
     )
 
 
@@ -128,16 +140,24 @@ def to_markdown(table: PublishedTable) -> list[str]:
     where there is more than one attempt."""
     k = table.attempts
     several = len(table.variants) > 1
+    original = any(row.original_correct is not None for row in table.rows)
     head = ["variant"] if several else []
     head += ["category", "problems", "with a file", "not judged"]
     if k == 1:
-        head += ["correct", "fast_1"]
+        head += ["correct", "fast_1"] + ([BY_ORIGINAL] if original else [])
     else:
         head += ["correct (mean of k)", "fast_1 (mean of k)", f"correct, best of {k}", f"fast_1, best of {k}"]
+        head += [f"{BY_ORIGINAL} (mean of k)", f"{BY_ORIGINAL}, best of {k}"] if original else []
     lines = [
         f"The published table: {k} attempt{'s' if k > 1 else ''}; every figure is of the suite's "
         "problems in the category, a problem with no file counting as not correct "
-        '(docs/measurement.md, "The published table").',
+        '(docs/measurement.md, "The published table").'
+        + (
+            f" In the original variant, {BY_ORIGINAL} counts the files that pkb's protections fail "
+            "while their outputs meet the original benchmark's rules (docs/variants.md)."
+            if original
+            else ""
+        ),
         "",
         "| " + " | ".join(head) + " |",
         "| " + " | ".join("---" for _ in head) + " |",
@@ -149,6 +169,9 @@ def to_markdown(table: PublishedTable) -> list[str]:
         cells += [_count(row.correct, row.problems), _count(row.fast_1, row.problems)]
         if k > 1:
             cells += [_count(row.best_correct, row.problems), _count(row.best_fast_1, row.problems)]
+        if original:
+            cells.append(_count(row.original_correct, row.problems))
+            cells += [_count(row.best_original_correct, row.problems)] if k > 1 else []
         lines.append("| " + " | ".join(cells) + " |")
     if table.repeated:
         lines += ["", "Problems with several files in one attempt (each counts once, by its best file):", ""]

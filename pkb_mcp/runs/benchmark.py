@@ -14,7 +14,7 @@ from pkb_mcp import roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, prestart, run_launch, warm_pool
 from pkb_mcp.models import BenchResult, RunRequest, TimingStats
-from pkb_mcp.runs import conventions, stats
+from pkb_mcp.runs import conventions, protections, stats
 from pkb_mcp.runs.run import Progress, Run, no_progress, reference_failed
 from pkb_mcp.runs.verdicts import (
     below_floor,
@@ -211,12 +211,18 @@ def _judge_launches(
     cand_records: list[TimingRecord] = []
     for launch, (ref_outcome, cand_outcome) in enumerate(ran):
         sets = int(ref_records[launch]["input_sets"])
+        keys = list(range(sets))
         fields["ranks"] = judge_ranks(
-            p, world_size, list(range(sets)), cand_outcome, ref_outcome, mac_key, sources=run.sources
+            p, world_size, keys, cand_outcome, ref_outcome, mac_key, sources=run.sources
         )
         refused = refused_timing(fields["ranks"], cand_outcome, mac_key)
         if refused is not None:
-            return (refused[0], refused[1] + _launch_of(launch, launches)), cand_records
+            verdict, why, protection = refused
+            found = protections.timed_calls(p, protection, why) or protections.judged_outputs(
+                p, keys, cand_outcome, ref_outcome, fields["ranks"], mac_key
+            )
+            where = _launch_of(launch, launches)
+            return _refusal(verdict, why + where, found, where, fields), cand_records
         assert cand_outcome.timing is not None
         # every timed call on a fresh input set is judged too: right on the replayed sets is not enough
         timed = int(cand_outcome.timing.get("fresh_timed", 0))
@@ -234,13 +240,26 @@ def _judge_launches(
         verdict, why = decide(fresh_ranks)
         if verdict != "pass":
             fields["ranks"] = fresh_ranks
-            return (
-                verdict,
+            why = (
                 f"wrong on a fresh input set (a timed call on inputs never seen before; the trial number "
-                f"is the fresh call's){_launch_of(launch, launches)}: {why}",
-            ), cand_records
+                f"is the fresh call's){_launch_of(launch, launches)}: {why}"
+            )
+            found = protections.fresh_outputs(p, fresh_ranks, cand_outcome, mac_key)
+            return _refusal(verdict, why, found, _launch_of(launch, launches), fields), cand_records
         cand_records.append(cand_outcome.timing)
     return None, cand_records
+
+
+def _refusal(
+    verdict: str, why: str, found: list[protections.Breach] | None, where: str, fields: dict[str, Any]
+) -> tuple[str, str]:
+    """A refused benchmark's verdict and message (`why`); where the candidate is correct by the
+    original benchmark's rules (runs/protections.py), the message says so instead, naming the
+    protections (and the launch, `where`), and so does `fields`."""
+    if not found:
+        return verdict, why
+    fields["protections"] = protections.names(found)
+    return verdict, protections.message(found) + where
 
 
 def _credit(

@@ -103,18 +103,23 @@ def decide(ranks: list[RankResult]) -> tuple[str, str]:
     return verdict, f"{where}: {lead.message}"
 
 
-def refused_timing(ranks: list[RankResult], cand: LaunchOutcome, mac_key: bytes) -> tuple[str, str] | None:
-    """(verdict, why) when a candidate's benchmark launch gives no time to use: wrong outputs, no
-    timing record, a forged one, timed outputs that changed, or inputs it changed; else None."""
+def refused_timing(
+    ranks: list[RankResult], cand: LaunchOutcome, mac_key: bytes
+) -> tuple[str, str, str | None] | None:
+    """(verdict, why, protection) when a candidate's benchmark launch gives no time to use: wrong
+    outputs, no timing record, a forged one, timed outputs that changed, or inputs it changed; else
+    None. `protection` names the one of pkb's (runs/protections.py) that refused outputs judged right
+    (timed outputs that changed, inputs changed while timed); None for any other refusal."""
     verdict, why = decide(ranks)
     if verdict != "pass" or cand.timing is None:
-        return verdict, why or "the candidate recorded no timing"
+        return verdict, why or "the candidate recorded no timing", None
     record = cand.timing
     if not tensorfile.verify_record(mac_key, record):
         return (
             "fail",
             "the timing record was altered after the harness wrote it (a forged result file); "
             "no time of this run is used",
+            None,
         )
     if record.get("timed_output_mismatches"):
         first = record["timed_output_mismatches"][0]
@@ -128,9 +133,10 @@ def refused_timing(ranks: list[RankResult], cand: LaunchOutcome, mac_key: bytes)
             "fail",
             f"a timed call's output (call {first}) differs from the judged output of "
             f"the same inputs; results must be right on every call{rotated}",
+            "timed_outputs",
         )
     if record.get("inputs_mutated_while_timing"):
-        return "fail", "the solution changed its inputs while being timed; inputs are read-only"
+        return "fail", "the solution changed its inputs while being timed; inputs are read-only", "mutation"
     return None
 
 
