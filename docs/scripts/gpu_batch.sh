@@ -68,9 +68,9 @@ refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves,
   tail -45 "$OUT/$1.log"
 }
 examples() {  # examples WORLD_SIZE [NAME FILTER]
-  timeout "$(limit 590)" python3 docs/scripts/gpu_report.py --out "$OUT/examples$1$2.jsonl" --world-sizes "$1" \
-    --parts examples ${3:+--example "$3"} > "$OUT/examples$1$2.log" 2>&1
-  tail -30 "$OUT/examples$1$2.log"
+  timeout "$(limit 590)" python3 docs/scripts/gpu_report.py --out "$OUT/examples$1${2:-}.jsonl" --world-sizes "$1" \
+    --parts examples ${3:+--example "$3"} > "$OUT/examples$1${2:-}.log" 2>&1
+  tail -30 "$OUT/examples$1${2:-}.log"
 }
 TIMED="memoized or honest"  # the GPU hacks whose verdict rests on timing: never run beside other work
 
