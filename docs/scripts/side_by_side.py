@@ -84,7 +84,8 @@ class Row:
 def last_error(text: str) -> str:
     """The last line of a log that names an error (a traceback's last line), else its last line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if ERROR_LINE.match(line)]
+    # torchrun's own report of a failed child comes last and names no cause
+    errors = [line for line in lines if ERROR_LINE.match(line) and "ChildFailedError" not in line]
     return (errors or lines or [""])[-1][:300]
 
 
