@@ -66,8 +66,9 @@ ERROR_LINE = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b.*")
 class Row:
     """One file's verdicts on both sides, and whether (and why) they differ."""
 
-    file: str
+    file: str  # its name; `path` as given
     problem: int | None
+    path: str = ""
     backend: str = ""  # the backend the original ran it as
     original: str = "n/a"  # pass, fail, or n/a (no verdict)
     original_why: str = ""
@@ -174,8 +175,7 @@ def run_original(copy: Path, work: Path, path: Path, problem: int, backend: str,
     if stem is None:
         row.original_why = f"the original has no problem {problem}"
         return row
-    solutions = work / f"solutions_{problem}_{path.stem}"
-    solutions.mkdir()
+    solutions = Path(tempfile.mkdtemp(prefix="solutions_", dir=work))  # two folders may hold one name
     shutil.copy(path, solutions / f"{stem}_{backend}.py")
     cmd = [sys.executable, "run_local.py", "--mode", "eval", "--problem", str(problem)]
     cmd += ["--solution", backend, "--solutions-dir", str(solutions), "--trials", str(args.trials)]
@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_original(copy, work, path.resolve(), problem, backend, args)
                 run_pkb(row, path.resolve(), args)
                 judge(row)
+            row.path = str(path)
             rows.append(row)
             print_row(row)
             if args.json is not None:  # written as it goes: a run stopped at its limit keeps what finished
