@@ -36,6 +36,13 @@
 #   examples-new issue 29: examples 072 and 082 checked and benchmarked at both sizes; world size $WS, else 2
 #   profile12  issue 29: the MCP profile tool on examples/012 at large (profile_tool_wall.py) and
 #              `pkb profile` of it at pkb; world size $WS, else 2
+#   side-by-side-a .. side-by-side-d   issue 28 item 7: the original harness (run_local.py, from a copy
+#              of the original in ${ORIGINAL:-.gpu/pkb-original}: `cp -r ../shared/pkb-original .gpu/`
+#              before the call) and `pkb check --variant original` side by side, verdict agreement
+#              (docs/scripts/side_by_side.py), over a quarter each of the original-format files:
+#              tests/candidates/original/, examples/original/ (013 a C++ build failure) and the custom
+#              CUDA files (tests/candidates/original_helper_cuda.py as 001_allreduce_cuda.py, examples/001_*);
+#              $TRIALS (else 1) trials a side; world size $WS, else 2
 # LIMIT (seconds) caps the refs and pytest parts. DEADLINE (epoch seconds) caps every part's limit at
 # the time left, and skips a part when less than a minute is left; PACK (a path outside $OUT) is rewritten as a tar of $OUT after each part, so a
 # device call stopped at its limit still returns what finished.
@@ -72,7 +79,19 @@ examples() {  # examples WORLD_SIZE [NAME FILTER]
     --parts examples ${3:+--example "$3"} > "$OUT/examples$1${2:-}.log" 2>&1
   tail -30 "$OUT/examples$1${2:-}.log"
 }
-TIMED="memoized or honest"  # the GPU hacks whose verdict rests on timing: never run beside other work
+TIMED="memoized or honest"
+side_by_side() {  # side_by_side QUARTER (1-4): every fourth original-format file, from the QUARTER-th
+  local files=/tmp/side-by-side-cuda name="side_by_side_w${WS:-2}_$1"
+  mkdir -p "$files"  # the custom-CUDA files under the names the original's launcher needs
+  cp tests/candidates/original_helper_cuda.py "$files/001_allreduce_cuda.py"
+  cp examples/001_allreduce_cuda_oneshot.py examples/001_allreduce_symm_mem.py "$files/"
+  ls tests/candidates/original/[0-9]*.py examples/original/[0-9]*.py "$files"/[0-9]*.py \
+    | awk -v q="$1" 'NR % 4 == q % 4' > "/tmp/$name.files"
+  timeout "$(limit 590)" python3 docs/scripts/side_by_side.py $(cat "/tmp/$name.files") \
+    --world-size "${WS:-2}" --device "${DEVICE:-cuda}" --trials "${TRIALS:-1}" --timeout 240 \
+    --original "${ORIGINAL:-.gpu/pkb-original}" --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1
+  tail -40 "$OUT/$name.log"
+}  # the GPU hacks whose verdict rests on timing: never run beside other work
 
 for part in "$@"; do
   if [ "$(limit 60)" -lt 60 ]; then
@@ -136,6 +155,10 @@ for part in "$@"; do
       timeout "$(limit 200)" python3 -m pkb_mcp profile 12 examples/012_allgather_gemm_overlap.py \
         --world-size "${WS:-2}" --size pkb --device cuda > "$OUT/profile_p12_ex012_pkb.txt" 2>&1
       cat "$OUT/profile_p12_ex012_pkb.txt" ;;
+    side-by-side-a) side_by_side 1 ;;
+    side-by-side-b) side_by_side 2 ;;
+    side-by-side-c) side_by_side 3 ;;
+    side-by-side-d) side_by_side 4 ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
   echo "part $part: end $(date -u +%FT%TZ)" >> "$OUT/parts.txt"
