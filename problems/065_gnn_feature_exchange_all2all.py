@@ -2,8 +2,8 @@
 
 In GraphBolt's cooperative mini-batching a node's features live on the rank that owns it. Here each
 rank holds local_features [seed_size, F] in bf16 and seed_inverse_ids [sum(counts_received)]: the
-rows of local_features that the other ranks need, chunk after chunk, chunk i (counts_received[i]
-ids) for rank (r + i) % W, the rank i places after this one. A rank gathers
+rows of local_features that each rank needs, chunk after chunk, chunk i (counts_received[i] ids)
+for rank (r + i) % W, the rank i places after this one (chunk 0: its own). A rank gathers
 local_features[seed_inverse_ids], sends chunk i of it to rank (r + i) % W, and returns what it
 receives, [sum(counts_sent), F] in bf16: chunk j (counts_sent[j] rows) is what rank (r + j) % W
 sent it, in that rank's order, the chunks in the order j = 0 (its own) to W - 1. Chunks are thus
@@ -13,20 +13,21 @@ passes them. Pure data movement: judged bit for bit.
 
 The counts are circulant and random: a rank's own chunk (i = 0) has ids // W rows and the rest is
 split over the W - 1 peers in random proportions, the same on every rank, new each trial (from
-W = 3; at W = 2 the one peer gets the other half). Each chunk's
-ids are distinct rows (a chunk never asks for a row twice) and the chunks together use every row of
-local_features; the features are random per rank and trial, so a rank that skips the exchange, or
-sends a chunk to the wrong rank, returns the wrong rows.
+W = 3; at W = 2 the one peer gets the other half). Each chunk's ids are distinct rows (a chunk never
+asks for a row twice) and the chunks together use every row of local_features once or twice (ids is
+at most 2 seed_size). The features are random per rank and trial, so a rank that skips the exchange,
+or sends a chunk to the wrong rank, returns the wrong rows.
 
 Source: GraphBolt (DGL) cooperative feature exchange (ParallelKernelBench problem 65). The call, the
-exchange, the chunk order and the pkb shapes (768 feature rows, 1024 ids, 128 features) are the
-original's.
+exchange and the chunk order are the original's, and so are the pkb shapes (768 feature rows, 1024
+ids, 128 features) at W = 2, 4, 8 and 16.
 
-Differences from the original: the counts and the ids. The original sends every rank 1024 / W rows
-and draws its ids uniformly, so a chunk asks for some rows twice (a solution could send such a row
-once and copy it on the receiver). Here the counts are uneven and random per trial (from W = 3) and
-each chunk's ids are distinct, so that every row of every chunk must cross the link, and every
-feature row is used.
+Differences from the original: the counts, the ids, and the shapes at other world sizes. The original
+sends every rank 1024 / W rows and draws its ids uniformly, so a chunk asks for some rows twice (a
+solution could send such a row once and copy it on the receiver). Here the counts are uneven and
+random per trial (from W = 3) and each chunk's ids are distinct, so that every row of every chunk
+must cross the link, and every feature row is used. At other world sizes the original makes
+W * max(64, 1024 // W) ids and 3/4 as many rows (1023 and 767 at W = 3); pkb keeps 1024 and 768.
 """
 
 import torch
@@ -156,10 +157,12 @@ ORIGINAL = {
     "signature": "solution(local_features, seed_inverse_ids, counts_sent, counts_received, group=None)",
     "args": lambda inputs, env: inputs,
     "differences": (
-        "the call, the exchange, the chunk order and the sizes (768 feature rows, 1024 ids, 128 "
-        "features) are the original's; the counts and the ids are not. The original sends every rank "
-        "1024 / W rows and draws its ids uniformly, so a chunk asks for some rows twice. Here the "
-        "counts are uneven and random per trial (from W = 3) and each chunk's ids are distinct rows, "
-        "so that every row of every chunk must cross the link, and every feature row is used."
+        "the call, the exchange and the chunk order are the original's, and so are the sizes (768 "
+        "feature rows, 1024 ids, 128 features) at W = 2, 4, 8 and 16; the counts and the ids are "
+        "not. The original sends every rank 1024 / W rows and draws its ids uniformly, so a chunk "
+        "asks for some rows twice. Here the counts are uneven and random per trial (from W = 3) and "
+        "each chunk's ids are distinct rows, so that every row of every chunk must cross the link, "
+        "and every feature row is used. At other world sizes the original makes W * max(64, 1024 // W)"
+        " ids and 3/4 as many rows; pkb keeps 1024 and 768."
     ),
 }
