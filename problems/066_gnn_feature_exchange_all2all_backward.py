@@ -1,34 +1,39 @@
-"""Backward of cooperative feature fetching (problem 65): sum gradients per unique seed, send them home.
+"""Backward of cooperative feature fetching (problem 65): send the gradients home, sum them per row.
 
-Problem 65's forward received, from each rank j, the counts_sent[j] feature rows this rank asked j
-for (its seed_size = sum(counts_sent) unique seeds, in rank order) and expanded them to the
-mini-batch with seed_inverse_ids. Its backward takes the mini-batch's gradient,
-grad_output [len(seed_inverse_ids), F] in float32, and must
+Problem 65's forward gathered local_features[seed_inverse_ids] on each rank and sent chunk i of
+the gathered rows to rank (r + i) % W. Its backward takes this rank's gradient of what it received,
+grad_output [sum(counts_sent), F] in float32, whose chunk i (counts_sent[i] rows) belongs to rank
+(r + i) % W, and must
 
-  1. sum the gradient rows of each unique seed: grad_seed[u] = sum of grad_output[i] over
-     seed_inverse_ids[i] == u, [seed_size, F] (a seed the mini-batch never used gets zeros);
-  2. send the counts_sent[j] rows of rank j's seeds back to rank j, and receive from each rank j the
-     counts_received[j] rows of the features this rank had sent it,
+  1. send chunk i of grad_output back to rank (r + i) % W, and receive from each rank
+     (r + j) % W the counts_received[j] gradient rows of the rows this rank had sent it: the
+     received rows, chunk j = 0 (its own) to W - 1, line up with seed_inverse_ids;
+  2. sum them per row of local_features: out[u] = sum of received[k] over seed_inverse_ids[k] == u,
 
-returning the gradient of its local features, [sum(counts_received), F] in float32, rows in rank
-order. counts_sent on rank r equals counts_received[r] on rank j (Python ints, as the original
-passes them). The request counts differ by pair and by trial; every unique seed is used at least
-once and many of them several times.
+returning the gradient of local_features, [seed_size, F] in float32. Chunks are numbered by their
+distance from the rank, not by rank: counts_sent[i] on rank r equals counts_received[(W - i) % W]
+on rank (r + i) % W (Python ints, as the original passes them).
 
-Source: GraphBolt (DGL) cooperative mini-batching, backward of the feature exchange (ParallelKernelBench
-problem 66). The call is the original's: (grad_output, seed_inverse_ids, seed_size, counts_sent,
-counts_received, None), and so are the pkb shapes (1024 ids, 512 unique seeds, 128 features).
+The counts are circulant and random: a rank's own chunk has ids // W rows and the rest is split over
+the W - 1 peers in random proportions, the same on every rank, new each trial (from W = 3; at W = 2
+the one peer gets the other half). Each chunk's ids are distinct rows and the chunks together name
+every row once or twice (ids is at most 2 seed_size), so every sum has one or two terms: two for
+every row at the pkb size. The gradients are random per rank and trial, so a rank that skips the
+exchange or sends a chunk to the wrong rank is wrong.
 
-Differences from the original: the call and the sizes (1024 ids, 512 unique seeds, 128 features) are
-the original's; the order of the sum and the exchange is not. The original exchanges first and sums
-after: it sends chunk i of grad_output (counts_sent[i] rows) to rank (r + i) % W, fills chunk j of
-what it receives (counts_received[j] rows) from rank (r + j) % W, and returns the received rows
-summed by seed_inverse_ids into [seed_size, F] (a sparse.mm), with equal counts of 1024 / W. Here a
-rank sums its own gradient rows by seed_inverse_ids first and exchanges the sums with each rank j in
-rank order, with uneven random counts. So the original's own reference fails here (its gradient does
-not split by counts that sum to 512: it raises). The gradients are float32 whatever dtype is
-requested, as in the original, and DTYPE says so; the inputs and counts are random and differ per
-trial.
+Source: GraphBolt (DGL) cooperative mini-batching, backward of the feature exchange
+(ParallelKernelBench problem 66). The call, the exchange, the chunk order and the sum after the
+exchange are the original's, and so are the pkb shapes (1024 ids, 512 rows, 128 features) at W = 2,
+4, 8 and 16.
+
+Differences from the original: the counts, the ids, and the shapes at other world sizes. The
+original sends every rank 1024 / W rows and draws its ids uniformly, so a chunk sums some rows twice
+(a solution that knew the receiver's ids could add those before sending) and leaves some rows at
+zero. Here the counts are uneven and random per trial (from W = 3) and each chunk's ids are
+distinct, so that every row of every chunk must cross the link unsummed, and every row of the
+output has a sum. At other world sizes the original makes W * max(64, 1024 // W) ids and half as many
+rows (1023 and 511 at W = 3); pkb keeps 1024 and 512. The gradients are float32 whatever dtype is
+requested, as in the original, and DTYPE says so.
 """
 
 import torch
@@ -38,91 +43,118 @@ ID = 66
 NAME = "gnn_feature_exchange_all2all_backward"
 CATEGORY = "GNN"
 SOURCE = "GraphBolt (DGL) cooperative mini-batching"
-SUMMARY = "Sum float32 gradient rows per unique seed, then all-to-all them back to the rows' owners."
+SUMMARY = "All-to-all float32 gradient rows back to their owners (uneven counts), then sum them per row."
 DTYPE = "float32"
-WORLD_SIZES = "any world size >= 2"
+WORLD_SIZES = "any world size >= 2 with at least 2 ids per peer"
 SIZES = {
-    # seed_size: unique seeds of this rank (= rows it receives back); ids: its mini-batch; features
+    # seed_size: rows of the output (of problem 65's local_features); ids: gradient rows a rank
+    # sends (= receives); features
     "pkb": {"seed_size": 512, "ids": 1024, "features": 128},
-    # estimate, not yet measured: a 0.8 GB gradient summed into 0.5 GB (~0.4 ms of HBM), half of
-    # the sums over NVLink at W = 2 (~0.7 ms)
+    # estimate, not yet measured: a 0.8 GB gradient per rank, half of it over NVLink at W = 2
+    # (~1 ms), summed into 0.5 GB (~0.3 ms of HBM)
     "large": {"seed_size": 131072, "ids": 196608, "features": 1024},
 }
-# Each sum has 1 to a few float32 terms; correct solutions differ only in their order (atomic
-# adds on a GPU run in any order): a unit or two in the last place of float32. Measured on CPU at
-# W = 4 against float64 sums rounded once: relative norm 2.8e-8, at most 9.5e-7 (one unit at |x| ~ 4).
-# A bf16 round trip of the gradient is off by ~2e-3 and fails.
+# Each sum has one or two float32 terms (chunk_ids), and a sum of two is correctly rounded whatever
+# the order: the original's reference (sparse.mm), 066_original_style, 066_float64 (float64 sums
+# rounded once) and the reference on float64 inputs all matched it bit for bit, W = 2, 3, 4, 3
+# trials each, on CPU (docs/scripts/tolerance_study.py --problems 66, 2026-11-26). The bounds keep
+# a few units in the last place of float32 as a margin; a bf16 round trip of the gradient (relative
+# norm ~2e-3) fails.
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5, "rel_norm": 1e-6}
 
 
 def check_world_size(world_size, size):
     """None when the world size works for this size preset, else the reason it does not."""
+    ids, rows = size["ids"], size["seed_size"]
     if world_size < 2:
         return "needs at least 2 ranks"
-    if size["seed_size"] < 2 * world_size:
-        return f"seed_size = {size['seed_size']} leaves fewer than 2 rows per peer at world size {world_size}"
+    if ids < 2 * world_size:
+        return f"ids = {ids} leaves a rank fewer than 2 rows per peer at world size {world_size}"
+    if not rows <= ids <= 2 * rows:
+        return f"ids = {ids} must lie in [seed_size, 2 seed_size] = [{rows}, {2 * rows}]"
     return None
 
 
-def request_counts(ctx, unique):
-    """Rows rank i asked rank j for: c[(j - i) % W], the same list c on every rank (shared draws).
+def request_counts(ctx, ids, cap):
+    """Rows rank r's forward sent to the rank i places on: c[i], the same list on every rank.
 
-    A circulant matrix: every rank asked for `unique` rows and was asked for `unique` rows. c[0] (what a
-    rank asked itself) is unique // W; the rest is split over the W - 1 peers in random proportions
-    (weights uniform in [0.5, 1.5)). On the meta device the split is even (only shapes matter).
+    c[0] (a rank's own chunk) is ids // W; the rest is split over the W - 1 peers in random
+    proportions (weights uniform in [0.5, 1.5), shared draws), each part in [1, cap] so that a
+    chunk's ids can be distinct rows. On the meta device the split is even (only shapes matter).
     """
     w = ctx.world_size
-    own = unique // w
-    rest = unique - own
+    rest = ids - ids // w
     if ctx.is_meta:
-        weights = torch.ones(w - 1)
+        weights = torch.ones(w - 1, dtype=torch.float64)
     else:
         weights = ctx.rand(w - 1, low=0.5, high=1.5, dtype=torch.float64, shared=True).cpu()
-    parts = (weights / weights.sum() * rest).floor().long().clamp_min(1)
-    parts[0] += rest - int(parts.sum())
-    return [own, *parts.tolist()]
+    parts = [min(cap, max(1, int(x))) for x in (weights / weights.sum() * rest).tolist()]
+    k = 0
+    while sum(parts) != rest:  # a few rows of rounding, spread one at a time
+        step = 1 if sum(parts) < rest else -1
+        if 1 <= parts[k] + step <= cap:
+            parts[k] += step
+        k = (k + 1) % (w - 1)
+    return [ids // w, *parts]
+
+
+def chunk_ids(ctx, counts, rows):
+    """Ids into `rows` rows, chunk i of counts[i] ids: distinct within a chunk, every row used.
+
+    Consecutive windows of a cyclic sequence of one random permutation (each window at most `rows`
+    long, so distinct; together at least `rows` long, so covering), then shuffled within each chunk.
+    """
+    n = sum(counts)
+    if ctx.is_meta:
+        return ctx.randint(0, rows, n)
+    perm = ctx.rand(rows, dtype=torch.float32).argsort()
+    ids = perm[torch.arange(n, device=ctx.device) % rows]
+    chunk = torch.cat(
+        [torch.full((c,), i, dtype=torch.float64, device=ctx.device) for i, c in enumerate(counts)]
+    )
+    return ids[(ctx.rand(n, dtype=torch.float64) + chunk).argsort()]
 
 
 def make_inputs(ctx):
-    """Random float32 gradients; counts from request_counts; ids covering every unique seed."""
+    """Random float32 gradients; circulant counts from request_counts; ids from chunk_ids."""
     s = ctx.size
-    w, r = ctx.world_size, ctx.rank
-    c = request_counts(ctx, s["seed_size"])
-    counts_sent = [c[(j - r) % w] for j in range(w)]
-    counts_received = [c[(r - i) % w] for i in range(w)]
+    w = ctx.world_size
+    c = request_counts(ctx, s["ids"], s["seed_size"])
+    counts_received = c  # chunk j comes back from rank (r + j) % W, to which the forward sent it
+    counts_sent = [c[(w - i) % w] for i in range(w)]  # what rank (r + i) % W's forward sent here
     grad_output = ctx.randn(s["ids"], s["features"], dtype=torch.float32)
-    every = ctx.rand(s["seed_size"], dtype=torch.float32).argsort()
-    extra = ctx.randint(0, s["seed_size"], s["ids"] - s["seed_size"])
-    order = ctx.rand(s["ids"], dtype=torch.float32).argsort()
-    seed_inverse_ids = torch.cat([every, extra])[order]
+    seed_inverse_ids = chunk_ids(ctx, c, s["seed_size"])
     return grad_output, seed_inverse_ids, s["seed_size"], counts_sent, counts_received, None
 
 
 def solution(grad_output, seed_inverse_ids, seed_size, counts_sent, counts_received, group=None):
-    features = grad_output.shape[1]
-    grad_seed = grad_output.new_zeros(seed_size, features).index_add_(0, seed_inverse_ids, grad_output)
-    out = grad_output.new_empty(sum(counts_received), features)
+    w, r = dist.get_world_size(group), dist.get_rank(group)
+    # all_to_all_single takes chunks in rank order: rank d gets chunk (d - r) % W
+    send = grad_output.roll(sum(counts_sent[w - r :]), 0)
+    received = grad_output.new_empty(sum(counts_received), grad_output.shape[1])
     dist.all_to_all_single(
-        out,
-        grad_seed,
-        output_split_sizes=counts_received,
-        input_split_sizes=counts_sent,
+        received,
+        send,
+        output_split_sizes=[counts_received[(s - r) % w] for s in range(w)],
+        input_split_sizes=[counts_sent[(d - r) % w] for d in range(w)],
         group=group,
     )
-    return out
+    # received holds rank 0's rows first: rotate the ids to match instead of the rows
+    ids = seed_inverse_ids.roll(sum(counts_received[(s - r) % w] for s in range(r)))
+    return grad_output.new_zeros(seed_size, grad_output.shape[1]).index_add_(0, ids, received)
 
 
 def traffic(ctx):
-    """Per GPU: the summed rows of the peers' seeds leave once, seed_size - seed_size // W of them.
+    """Per GPU: the gradient rows of the W - 1 remote chunks leave once, ids - ids // W rows.
 
-    Summing before sending is the least: sending unsummed rows (ids - seed_size more) moves more.
-    HBM: read the gradient and the ids, write the output; the per-seed sums of the peers' rows
-    need not be stored here, they can be added into the owner's output as they are made.
+    No schedule moves less: the gradients are random, and a chunk's rows go to distinct rows of the
+    output, so none can be added to another before it crosses the link. HBM: read the gradient and
+    the ids, write the output (rows can be added into it as they arrive, so the received rows need
+    not be stored). FLOPs: one add per term after each row's first.
     """
     s = ctx.size
-    w = ctx.world_size
     row = s["features"] * 4
-    remote = s["seed_size"] - s["seed_size"] // w
+    remote = s["ids"] - s["ids"] // ctx.world_size
     return {
         "nvlink_bytes": remote * row,
         "hbm_bytes": s["ids"] * row + s["ids"] * 8 + s["seed_size"] * row,
@@ -139,15 +171,14 @@ ORIGINAL = {
     ),
     "args": lambda inputs, env: inputs,
     "differences": (
-        "the call and the sizes (1024 ids, 512 unique seeds, 128 features) are the original's; the "
-        "order of the sum and the exchange is not. The original exchanges first and sums after: it "
-        "sends chunk i of grad_output (counts_sent[i] rows) to rank (r + i) % W, fills chunk j of "
-        "what it receives (counts_received[j] rows) from rank (r + j) % W, and returns the received "
-        "rows summed by seed_inverse_ids into [seed_size, F] (a sparse.mm), with equal counts of 1024"
-        " / W. Here a rank sums its own gradient rows by seed_inverse_ids first and exchanges the "
-        "sums with each rank j in rank order, with uneven random counts. So the original's own "
-        "reference fails here (its gradient does not split by counts that sum to 512: it raises). The"
-        " gradients are float32 whatever dtype is requested, as in the original, and DTYPE says so; "
-        "the inputs and counts are random and differ per trial."
+        "the call, the exchange, the chunk order and the sum after the exchange are the original's, "
+        "and so are the sizes (1024 ids, 512 rows, 128 features) at W = 2, 4, 8 and 16; the counts "
+        "and the ids are not. The original sends every rank 1024 / W rows and draws its ids "
+        "uniformly, so a chunk sums some rows twice and leaves some rows at zero. Here the counts are"
+        " uneven and random per trial (from W = 3) and each chunk's ids are distinct rows, so that "
+        "every row of every chunk must cross the link unsummed, and every row of the output has a "
+        "sum. At other world sizes the original makes W * max(64, 1024 // W) ids and half as many "
+        "rows; pkb keeps 1024 and 512. The gradients are float32 whatever dtype is requested, as in "
+        "the original, and DTYPE says so."
     ),
 }

@@ -182,22 +182,37 @@ def test_72_filter_must_fit_the_sequence():
 @pytest.mark.parametrize("pid", [65, 66])
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_request_counts_agree_between_ranks(pid, world_size):
-    """counts_sent on rank r is counts_received[r] on rank j; every rank sends and receives the same
-    total; the counts change with the trial (from W = 3: at W = 2 the split is fixed); ids cover
-    every unique seed."""
+    """Chunks are numbered by distance: chunk j of what rank r receives (counts_sent[j] rows in 65,
+    counts_received[j] in 66's backward) is chunk W - j of rank (r + j) % W's; every rank sends and
+    receives `ids` rows; the counts change with the trial (from W = 3: at W = 2 the split is fixed);
+    each chunk's ids are distinct rows and together they use every row."""
     by_rank = [cpu_inputs(pid, world_size, r) for r in range(world_size)]
-    sent = [i[-3] for i in by_rank]
-    received = [i[-2] for i in by_rank]
-    total = sum(sent[0])
+    forward_sent = [i[-2] for i in by_rank]  # counts_received: chunk i goes to rank (r + i) % W
+    forward_got = [i[-3] for i in by_rank]
+    size = problem(pid).size("pkb")
     for r in range(world_size):
         for j in range(world_size):
-            assert sent[r][j] == received[j][r]
-        assert sum(sent[r]) == sum(received[r]) == total
-        assert torch.equal(by_rank[r][1].unique(), torch.arange(total)), "every unique seed is used"
+            assert forward_got[r][j] == forward_sent[(r + j) % world_size][(world_size - j) % world_size]
+        assert sum(forward_got[r]) == sum(forward_sent[r]) == size["ids"]
+        ids = by_rank[r][1]
+        for chunk in ids.split(forward_sent[r]):
+            assert chunk.unique().numel() == chunk.numel(), "a chunk names a row once"
+        assert torch.equal(ids.unique(), torch.arange(size["seed_size"])), "every row is used"
     if pid == 65:
-        assert all(i[0].shape[0] == total for i in by_rank), "a rank holds the rows it was asked for"
+        assert all(i[0].shape[0] == size["seed_size"] for i in by_rank)
     if world_size > 2:
-        assert cpu_inputs(pid, world_size, 0, seed=2)[-3] != sent[0]
+        assert cpu_inputs(pid, world_size, 0, seed=2)[-2] != forward_sent[0]
+
+
+@pytest.mark.parametrize("pid", [65, 66])
+def test_request_counts_stay_within_the_rows(pid):
+    """A peer's part never exceeds seed_size (its ids must be distinct rows), even where the random
+    split would give it more; the parts still sum to the rows not kept."""
+    module = problem(pid).module
+    ctx = problem(pid).context(3, "pkb", rank=0, device="cpu")
+    ctx.rand = lambda *shape, **kw: torch.tensor([1.5, 0.5], dtype=torch.float64)
+    counts = module.request_counts(ctx, 1024, 512)
+    assert counts == [341, 512, 171]
 
 
 def test_69_scores_keep_their_order_under_float32_sigmoid():
@@ -282,14 +297,18 @@ def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
     if w == 2:
         assert t < 4 * (w - 1) / w * per_position, "at W = 2 gathering beats the reference's schedule"
 
-    # 65: all-gathering every rank's rows would move (W-1) * unique rows
+    # 65: the rows of the remote chunks (distinct within a chunk, so none can go once for two
+    # slots); all-gathering every rank's rows instead would move (W-1) * seed_size rows
     s = ctx(65, w, preset).size
-    assert traffic(65, w, preset)["nvlink_bytes"] < (w - 1) * s["unique"] * s["features"] * 2
+    remote_rows = (s["ids"] - s["ids"] // w) * s["features"] * 2
+    assert traffic(65, w, preset)["nvlink_bytes"] == remote_rows
+    assert remote_rows < (w - 1) * s["seed_size"] * s["features"] * 2
 
-    # 66: sending unsummed gradient rows moves more than the summed ones
+    # 66: the remote chunks' gradient rows, unsummed (a chunk's rows go to distinct output rows);
+    # all-gathering the gradients would move (W-1) * ids rows
     s = ctx(66, w, preset).size
-    unsummed = (s["ids"] - s["seed_size"] // w) * s["features"] * 4
-    assert traffic(66, w, preset)["nvlink_bytes"] < unsummed
+    unsummed = (s["ids"] - s["ids"] // w) * s["features"] * 4
+    assert traffic(66, w, preset)["nvlink_bytes"] == unsummed < (w - 1) * s["ids"] * s["features"] * 4
 
     # 69: int64 ranks, or the scores themselves
     s = ctx(69, w, preset).size
@@ -368,6 +387,39 @@ def test_69_bf16_probabilities_merge_ties_and_fail(tmp_path):
     bf16.write_text(text.replace("SIGMOID_DTYPE = torch.float32", "SIGMOID_DTYPE = torch.bfloat16"))
     r = check(69, bf16, 2, trials=2)
     assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks)
+
+
+# 65 and 66 without the exchange, or with chunk i sent to rank i instead of rank (r + i) % W (at
+# W = 2 the counts are equal, so the wrong order is a wrong answer rather than a size mismatch; rank
+# 0 sends as it should but receives rank 1's own chunk): problem id and body
+GNN_MUTANTS = {
+    "65_no_exchange": (65, "return local_features[seed_inverse_ids]"),
+    "65_rank_order": (
+        65,
+        "out = torch.empty_like(local_features[seed_inverse_ids])\n"
+        "    dist.all_to_all_single(out, local_features[seed_inverse_ids], counts_sent, counts_received)\n"
+        "    return out",
+    ),
+    "66_no_exchange": (
+        66,
+        "return grad_output.new_zeros(seed_size, grad_output.shape[1]).index_add_(0, seed_inverse_ids, "
+        "grad_output)",
+    ),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mutant", sorted(GNN_MUTANTS))
+def test_65_66_fail_without_the_originals_exchange(tmp_path, mutant):
+    pid, body = GNN_MUTANTS[mutant]
+    args = CONTRACTS[pid][0]
+    path = tmp_path / f"{pid:03d}_{mutant}.py"
+    path.write_text(
+        "import torch\nimport torch.distributed as dist\n\n\n"
+        f"def solution({', '.join(args[:-1])}, group=None):\n    {body}\n"
+    )
+    r = check(pid, path, 2)
+    assert r.verdict == "fail" and [rank.state for rank in r.ranks] == ["wrong", "wrong"], r.message
 
 
 @pytest.mark.integration
