@@ -26,8 +26,9 @@ Differences from the original: the call is the original's; the shapes are the or
 size 8 only (the original's P_r is 1024 / W + r % 3: 512 + r % 3 at W = 2, 256 + r % 3 at W = 4).
 The rank is defined on the logits, ties counting against the positive; the original all-to-alls
 every rank's scores to every rank and ranks the positive among the sigmoids computed in bf16, which
-merges neighbouring logits, its sort then placing the positive first among equal values (on CPU):
-so the original's own reference gives smaller ranks than these on many edges and fails here. The
+merges neighbouring logits, and where the positive lands among equal values is its sort's choice
+(torch's CPU sort places it neither first nor last): so the original's own reference gives other
+ranks than these on many edges and fails here. The
 inputs are random, differ per rank and per trial, and have no ties.
 """
 
@@ -126,8 +127,9 @@ ORIGINAL = {
         "P_r is 1024 / W + r % 3: 512 + r % 3 at W = 2, 256 + r % 3 at W = 4). The rank is defined on the "
         "logits, ties counting against the positive; the original all-to-alls every rank's scores to "
         "every rank and ranks the positive among the sigmoids computed in bf16, which merges neighbouring "
-        "logits, its sort then placing the positive first among equal values (on CPU): so the original's "
-        "own reference gives smaller ranks than these on many edges and fails here. The inputs are "
+        "logits, and where the positive lands among equal values is its sort's choice (torch's CPU sort "
+        "places it neither first nor last): so the original's own reference gives other ranks than these "
+        "on many edges and fails here. The inputs are "
         "random, differ per rank and per trial, and have no ties."
     ),
 }
