@@ -90,7 +90,7 @@ class ProblemContext:
         """A constant tensor (the original benchmark's inputs of its primitives, `problems/original/`)."""
         dtype = dtype or self.dtype
         if self.is_meta:
-            return torch.empty(*shape, dtype=dtype, device="meta")
+            return torch.empty(shape, dtype=dtype, device="meta")  # the tuple, so () is 0-dim
         return torch.full(shape, value, dtype=dtype, device=self.device)
 
     def randint(self, low: int, high: int, *shape: int, shared: bool = False) -> torch.Tensor:

@@ -129,3 +129,14 @@ def test_gpu_tests_pick_a_world_size_each_problem_allows():
         ws = world_size_for(pid, gpus=8)
         assert ws is not None and not p.world_size_error(ws, "pkb"), pid
         assert all(p.world_size_error(w, "pkb") for w in range(2, ws)), "the smallest allowed"
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_a_constant_fill_may_be_a_0_dim_tensor(device):
+    """The original's problem 23 passes 0-dim token counts; on the meta device (pkb show) too."""
+    from harness.context import ProblemContext
+
+    ctx = ProblemContext(rank=0, world_size=2, size={}, device=torch.device(device))
+    t = ctx.full((), 7, dtype=torch.int64)
+    assert t.shape == () and t.dtype == torch.int64 and t.device.type == device
+    assert ctx.full((2, 3), 1.0).shape == (2, 3)
