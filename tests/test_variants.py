@@ -14,7 +14,7 @@ from pkb_mcp.models import RunRequest
 from .conftest import CANDIDATES
 
 ORIGINAL = problems.suite("original")
-BUILT = [*range(1, 19), 20, 24, 33, 34, *range(43, 49), *range(52, 59), 65, 66, 69, *range(71, 78), 80]
+BUILT = [*range(1, 25), 26, 30, *range(33, 49), *range(52, 59), 65, 66, 69, *range(71, 78), 80]
 
 
 def test_the_original_variant_has_its_problems_under_their_own_ids_and_names():
@@ -53,9 +53,13 @@ def test_the_original_s_inputs_are_its_constants():
     )
 
 
-def test_a_problem_without_its_original_file_or_an_unknown_variant_is_one_sentence():
-    with pytest.raises(UserError, match=r"problem 19 \(blocked_fp8_quantize\) has no original variant yet"):
-        problems.resolve(19, "original")
+def test_a_problem_without_its_original_file_or_an_unknown_variant_is_one_sentence(tmp_path, monkeypatch):
+    (tmp_path / "original").mkdir()  # a suite whose problem 1 has no original file
+    (tmp_path / "001_allreduce.py").write_text(problems.resolve(1).path.read_text())
+    monkeypatch.setenv("PKB_PROBLEMS_DIR", str(tmp_path))
+    with pytest.raises(UserError, match=r"problem 1 \(allreduce\) has no original variant yet"):
+        problems.resolve(1, "original")
+    monkeypatch.delenv("PKB_PROBLEMS_DIR")
     with pytest.raises(UserError, match="problem 999 does not exist"):
         problems.resolve(999, "original")
     with pytest.raises(UserError, match="variant 'paper' is not one of pkb, original"):
