@@ -14,7 +14,7 @@ from pkb_mcp.models import RunRequest
 from .conftest import CANDIDATES
 
 ORIGINAL = problems.suite("original")
-BUILT = [*range(1, 19), 20, 24, 33, 34, *range(43, 49), *range(52, 59), 65, 66, 69, *range(71, 78), 80]
+BUILT = [*range(1, 19), 20, 24, 33, 34, *range(43, 49), *range(52, 59), 65, 66, 69, *range(71, 78), 80, 82, 83, 84, 86, 87]
 
 
 def test_the_original_variant_has_its_problems_under_their_own_ids_and_names():
