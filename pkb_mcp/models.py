@@ -216,11 +216,8 @@ class TimingStats(Result):
     fresh_median_ms: float | None = None
     replay_advantage: float | None = None
     replay_advantage_p: float | None = None
-    host_clock_median_ms: float | None = Field(
-        None,
-        description="a call by the host clock alone, from an idle device until idle again: the host's share",
-    )
-    host_waited_calls: int = Field(0, description="timed calls that returned after the device had begun them")
+    host_clock_median_ms: float | None = None  # the host's share (docs/measurement.md)
+    host_waited_calls: int = 0
 
 
 class Ceilings(Result):
