@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from harness.calls import Calls, mutated_inputs, normalize_output, snapshot
+from harness.calls import Calls, Pristine, input_tensors, normalize_output, snapshot
 from harness.contracts import TimingConfig, TimingRecord
 
 
@@ -99,15 +99,20 @@ def fresh_calls(calls: Calls, label: str, base: int, max_calls: int, judged: set
     def make(k: Any) -> tuple:
         return calls.make(derive_seed(base, "fresh", label, k))
 
-    buffers = make("buffers")
+    # lean inputs: no set of fresh buffers beside the set made (the allocator tends to give the
+    # next set the addresses the last one freed)
+    buffers = None if calls.lean else make("buffers")
     state: dict[str, Any] = {}
 
     def prepare(k: int) -> None:
+        state.clear()  # the last fresh set is freed before the next is made
         made = make("warmup" if k < 0 else k)
-        copied = copy_into(buffers, made)
-        inputs = buffers if copied else made
+        copied = buffers is not None and copy_into(buffers, made)
+        inputs = buffers if copied and buffers is not None else made
         state["inputs"] = inputs
-        state["pristine"] = made if copied else (None if calls.mutates else snapshot(made))
+        private = copied and not calls.mutates and not calls.lean
+        # where the set was copied into the buffers, the set made is the pristine copy already
+        state["pristine"] = Pristine(made, private=True) if private else calls.pristine(inputs)
 
     def call() -> Any:
         return calls.solution(*state["inputs"])
@@ -116,14 +121,13 @@ def fresh_calls(calls: Calls, label: str, base: int, max_calls: int, judged: set
         if k not in judged:
             return
         inputs = list(state["inputs"])
-        structure, outs = normalize_output(out)
+        shape, outs = normalize_output(out)
         returned = len(outs)
         outs = calls.in_place(outs, tuple(inputs))
         pristine = state["pristine"]
         meta: dict[str, Any] = {"aliased_outputs": calls.aliasing(outs, inputs, returned)}
-        unchanged = calls.mutates or pristine is None
-        meta["mutated_inputs"] = [] if unchanged else mutated_inputs(inputs, list(pristine))
-        calls.save(f"f{k}", [o.detach().clone() for o in outs], structure, meta)
+        meta["mutated_inputs"] = [] if pristine is None else pristine.changed(inputs)
+        calls.save(f"f{k}", [o.detach().clone() for o in outs], shape, meta)
 
     return timing.Fresh(prepare, call, record, max_calls)
 
@@ -135,14 +139,16 @@ def run(calls: Calls, enter: Callable[[str], str]) -> TimingRecord:
     sets, nbytes = _input_sets(calls, tcfg, base)
     enter("benchmark first calls")
     judged: list[list] = []
+    shapes: list = []
     for i, inputs in enumerate(sets):
-        structure, outs, meta = calls.judge_call(snapshot(inputs) if calls.mutates else inputs)
-        calls.save(f"s{i}", outs, structure, meta)
+        shape, outs, meta = calls.judge_call(snapshot(inputs) if calls.mutates else inputs)
+        calls.save(f"s{i}", outs, shape, meta)
         judged.append(outs)  # private copies, taken at return
-    pristine = [snapshot(s) for s in sets] if not calls.mutates else None
+        shapes.append(shape)
+    pristine = [Pristine(s, calls.lean_key) for s in sets] if not calls.mutates else None
     fresh, fresh_judged = _fresh(calls, tcfg, base, judged[0])
     enter("benchmark timing")
-    record, holds = _timed(calls, sets, judged, fresh)
+    record, holds = _timed(calls, sets, judged, shapes, fresh)
     if fresh is not None:
         record["fresh_timed"] = fresh.next
         record["fresh_judged"] = fresh_judged
@@ -155,7 +161,7 @@ def run(calls: Calls, enter: Callable[[str], str]) -> TimingRecord:
     if pristine is not None:
         from harness import timing
 
-        changed = [i for i, s in enumerate(sets) if mutated_inputs(list(s), list(pristine[holds[i]]))]
+        changed = [i for i, s in enumerate(sets) if pristine[holds[i]].changed(s)]
         flag = timing.max_over_ranks([1.0 if changed else 0.0], calls.device)[0]
         record["inputs_mutated_while_timing"] = bool(flag)
     record["per_set_bytes"] = nbytes
@@ -165,17 +171,18 @@ def run(calls: Calls, enter: Callable[[str], str]) -> TimingRecord:
 def _input_sets(calls: Calls, tcfg: TimingConfig, base: int) -> tuple[list[tuple], int]:
     """The replayed input sets: enough to cover twice the L2 (within max_sets and rotation_bytes),
     at least 2; and one set's bytes (the largest over ranks)."""
-    import torch
 
     from harness import timing
     from harness.context import derive_seed
 
     first = calls.make(derive_seed(base, "set", 0))
-    nbytes = sum(t.numel() * t.element_size() for t in first if isinstance(t, torch.Tensor))
+    nbytes = sum(t.numel() * t.element_size() for _, t in input_tensors(first))
     nbytes = int(timing.max_over_ranks([float(nbytes)], calls.device)[0])
     per_set = max(nbytes * (1 if calls.mutates else 2), 1)
     want = max(2, -(-2 * tcfg["l2_bytes"] // max(nbytes, 1)))
     n_sets = int(max(2, min(want, tcfg["max_sets"], tcfg["rotation_bytes"] // per_set)))
+    if calls.lean:
+        n_sets = 1  # lean inputs fill most of the memory: one replayed set, never rotated
     return [first] + [calls.make(derive_seed(base, "set", i)) for i in range(1, n_sets)], nbytes
 
 
@@ -203,8 +210,11 @@ def _fresh(calls: Calls, tcfg: TimingConfig, base: int, outputs: list) -> tuple[
     return fresh_calls(calls, label, base, n_fresh, set(judged)), judged
 
 
-def _timed(calls: Calls, sets: list[tuple], judged: list[list], fresh: Any) -> tuple[TimingRecord, list[int]]:
-    """The timed calls: (their record, which set's data each buffer holds as they end)."""
+def _timed(
+    calls: Calls, sets: list[tuple], judged: list[list], shapes: list, fresh: Any
+) -> tuple[TimingRecord, list[int]]:
+    """The timed calls: (their record, which set's data each buffer holds as they end). A timed
+    output must have the judged output's structure (its non-tensor parts equal) and tensors."""
     from harness import timing
 
     rotate = input_rotation(sets)
@@ -225,9 +235,12 @@ def _timed(calls: Calls, sets: list[tuple], judged: list[list], fresh: Any) -> t
         timed_set[0] = i
         return calls.solution(*working[i])
 
-    def normalize(out: Any) -> list:
+    def normalize(out: Any) -> list | None:
         # compared with the judged outputs of the set just called: its in-place results too
-        return calls.in_place(normalize_output(out)[1], working[timed_set[0]])
+        shape, outs = normalize_output(out)
+        if shape != shapes[holds[timed_set[0]]]:
+            return None
+        return calls.in_place(outs, working[timed_set[0]])
 
     record = timing.run_timing(
         prepare,

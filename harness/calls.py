@@ -1,5 +1,6 @@
 """One call of a solution on this rank, and what the harness learns of it: its outputs as they were
-at return, which of them alias an input, which inputs it changed (torch + stdlib only)."""
+at return, which of them alias an input, which inputs it changed, module arguments' parameters and
+buffers included (torch + stdlib only)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness import structure
 from harness.contracts import RankConfig, TimingConfig
 
 
@@ -15,16 +17,43 @@ class SolutionError(Exception):
     """The solution returned something outside the contract."""
 
 
-def normalize_output(out: Any) -> tuple[str, list]:
-    """A tensor or a tuple/list of tensors -> (structure, tensors); anything else breaks the contract."""
+def normalize_output(out: Any) -> tuple[structure.Structure, list]:
+    """A solution's return -> (structure, tensors) (harness/structure.py); what cannot be judged
+    breaks the contract."""
+    try:
+        return structure.encode(out)
+    except ValueError as exc:
+        raise SolutionError(f"solution returned something the harness cannot judge: {exc}") from exc
+
+
+MAX_INPUT_DEPTH = 4  # nesting of tuples, lists and dicts searched for tensors among the inputs
+
+
+def input_tensors(inputs: tuple | list) -> list[tuple[str, Any]]:
+    """Every tensor the inputs hold, named as a message names it: tensor arguments ("input 2"),
+    tensors inside tuples, lists and dicts ("input 1[0]"), and the parameters and buffers of module
+    arguments ("input 3 (Linear) parameter weight")."""
     import torch
 
-    if isinstance(out, torch.Tensor):
-        return "tensor", [out]
-    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
-        return "tuple", list(out)
-    kind = type(out).__name__
-    raise SolutionError(f"solution must return a tensor or a tuple of tensors, not {kind}")
+    found: list[tuple[str, Any]] = []
+
+    def walk(value: Any, name: str, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append((name, value))
+        elif isinstance(value, torch.nn.Module):
+            kind = type(value).__name__
+            found.extend((f"{name} ({kind}) parameter {n}", p) for n, p in value.named_parameters())
+            found.extend((f"{name} ({kind}) buffer {n}", b) for n, b in value.named_buffers())
+        elif depth < MAX_INPUT_DEPTH and isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                walk(item, f"{name}[{i}]", depth + 1)
+        elif depth < MAX_INPUT_DEPTH and isinstance(value, dict):
+            for k, item in value.items():
+                walk(item, f"{name}[{k!r}]", depth + 1)
+
+    for i, value in enumerate(inputs):
+        walk(value, f"input {i}", 0)
+    return found
 
 
 def _storage_span(t) -> tuple[int, int]:
@@ -33,10 +62,8 @@ def _storage_span(t) -> tuple[int, int]:
 
 
 def aliased_inputs(outputs: list, inputs: list) -> list[int]:
-    """Indices of outputs whose memory overlaps any input's memory."""
-    import torch
-
-    spans = [_storage_span(t) for t in inputs if isinstance(t, torch.Tensor) and t.numel()]
+    """Indices of outputs whose memory overlaps the memory of any tensor the inputs hold."""
+    spans = [_storage_span(t) for _, t in input_tensors(inputs) if t.numel()]
     hits = []
     for i, o in enumerate(outputs):
         if not o.numel():
@@ -47,20 +74,81 @@ def aliased_inputs(outputs: list, inputs: list) -> list[int]:
     return hits
 
 
-def mutated_inputs(inputs: list, snapshots: list) -> list[int]:
+FINGERPRINT_CHUNK = 1 << 22  # bytes of an input read at a time: the fingerprint's only extra memory
+
+
+def fingerprint(t: Any, key: int) -> tuple:
+    """A keyed digest of a tensor's bytes, computed where it lies, a chunk at a time: each byte
+    weighted by a secret random word (wrapping int64 sums), each chunk by a secret odd factor. A
+    change that keeps it needs the key (the launch's secret seed)."""
+    import random
+
     import torch
 
-    return [
-        i
-        for i, (t, s) in enumerate(zip(inputs, snapshots, strict=True))
-        if isinstance(t, torch.Tensor) and not torch.equal(t, s)
-    ]
+    head = (tuple(t.shape), t.stride(), t.dtype)
+    if not t.numel():
+        return head
+    raw = t.detach().reshape(-1).view(torch.uint8)
+    n = min(raw.numel(), FINGERPRINT_CHUNK)
+    gen = torch.Generator(device=raw.device)
+    gen.manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
+    weights = torch.randint(-(1 << 62), 1 << 62, (n,), generator=gen, device=raw.device, dtype=torch.int64)
+    factors = random.Random(key)
+    total = torch.zeros((), dtype=torch.int64, device=raw.device)
+    for start in range(0, raw.numel(), n):
+        chunk = raw[start : start + n].to(torch.int64)
+        part = (chunk * weights[: chunk.numel()]).sum()
+        total += part * (factors.getrandbits(62) | 1)
+    return (*head, int(total))
+
+
+class Pristine:
+    """The inputs as they were before a call, for the mutation check after it: a copy of every
+    tensor they hold, or, for a problem with LEAN_INPUTS, a keyed fingerprint of each (no copy:
+    such inputs fill most of a GPU)."""
+
+    def __init__(self, inputs: tuple | list, lean_key: int | None = None, private: bool = False) -> None:
+        """`private`: `inputs` is already a private copy of the set checked (kept, not copied)."""
+        self.key = lean_key
+        tensors = input_tensors(inputs)
+        if lean_key is None:
+            self.kept = [(name, t if private else t.clone()) for name, t in tensors]
+        else:
+            self.kept = [(name, fingerprint(t, lean_key)) for name, t in tensors]
+
+    def changed(self, inputs: tuple | list) -> list[str]:
+        """The names of the tensors the inputs hold that differ from what they held (all of them,
+        should the inputs no longer hold the same tensors)."""
+        import torch
+
+        now = input_tensors(inputs)
+        if [n for n, _ in now] != [n for n, _ in self.kept]:
+            return [n for n, _ in self.kept] or ["the inputs"]
+        if self.key is not None:
+            key = self.key
+            return [n for (n, t), (_, f) in zip(now, self.kept, strict=True) if fingerprint(t, key) != f]
+        return [
+            n
+            for (n, t), (_, s) in zip(now, self.kept, strict=True)
+            if t.shape != s.shape or not torch.equal(t, s)
+        ]
 
 
 def snapshot(inputs: tuple) -> tuple:
+    """A working copy of an input set (tensors cloned, module arguments deep-copied): what a
+    workload that updates its inputs is called with, so that the set itself stays as it was."""
+    import copy
+
     import torch
 
-    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+    return tuple(
+        t.clone()
+        if isinstance(t, torch.Tensor)
+        else copy.deepcopy(t)
+        if isinstance(t, torch.nn.Module)
+        else t
+        for t in inputs
+    )
 
 
 def copy_at_return(outs: list, caller: Any) -> list:
@@ -100,9 +188,12 @@ class Calls:
         self.device = device
         self.dtype = DTYPES[cfg["dtype"]]
         self.mutates = bool(getattr(problem, "MUTATES_INPUTS", False))
+        self.lean = bool(getattr(problem, "LEAN_INPUTS", False))
         self.out_dir = out_dir
         self.mac_key = tensorfile.result_key(cfg["seeds"])  # the host checks every result file with it
         self.check = check  # fails the rank if the solution replaced what the harness relies on
+        # lean inputs are fingerprinted, not copied, under a key the solution is never given
+        self.lean_key = int.from_bytes(self.mac_key[8:16], "little") if self.lean else None
 
     @property
     def timing(self) -> TimingConfig:
@@ -127,6 +218,11 @@ class Calls:
         inputs = self.problem.make_inputs(ctx)
         return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
+    def pristine(self, inputs: tuple | list) -> Pristine | None:
+        """What the mutation check compares `inputs` with after a call; None where the workload
+        updates its inputs (then they are judged as outputs instead)."""
+        return None if self.mutates else Pristine(inputs, self.lean_key)
+
     def aliasing(self, outs: list, inputs: list, returned: int) -> list[int]:
         """The returned outputs whose memory overlaps an input's, less those the contract allows."""
         from harness import convention
@@ -140,17 +236,17 @@ class Calls:
 
         return outs + [t for t in inputs if isinstance(t, torch.Tensor)] if self.mutates else outs
 
-    def judge_call(self, inputs: tuple) -> tuple[str, list, dict[str, Any]]:
+    def judge_call(self, inputs: tuple) -> tuple[structure.Structure, list, dict[str, Any]]:
         """One checked call: the outputs as they were at return (private copies), plus what the
         host must know (aliasing, mutation)."""
         import torch
         import torch.distributed as dist
 
-        snaps = None if self.mutates else snapshot(inputs)
+        pristine = self.pristine(inputs)
         caller = torch.cuda.current_stream() if self.device.type == "cuda" else None
         result = self.solution(*inputs)
         self.check("during a call")
-        structure, outs = normalize_output(result)
+        shape, outs = normalize_output(result)
         returned = len(outs)
         outs = self.in_place(outs, inputs)
         at_return = copy_at_return(outs, caller)
@@ -159,12 +255,12 @@ class Calls:
             torch.cuda.synchronize()
         dist.barrier()  # every rank's work has ended before inputs are compared
         meta: dict[str, Any] = {"aliased_outputs": self.aliasing(outs, list(inputs), returned)}
-        meta["mutated_inputs"] = [] if snaps is None else mutated_inputs(list(inputs), list(snaps))
-        return structure, at_return, meta
+        meta["mutated_inputs"] = [] if pristine is None else pristine.changed(inputs)
+        return shape, at_return, meta
 
-    def save(self, name: str, outs: list, structure: str, meta: dict[str, Any]) -> None:
+    def save(self, name: str, outs: list, shape: structure.Structure, meta: dict[str, Any]) -> None:
         """Outputs for the host: out/{name}_r{rank}.pkbt, with the launch's keyed digest."""
         from harness import tensorfile
 
         path = self.out_dir / f"{name}_r{self.rank}.pkbt"
-        tensorfile.save(path, outs, structure, meta, key=self.mac_key)
+        tensorfile.save(path, outs, shape, meta, key=self.mac_key)

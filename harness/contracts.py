@@ -151,6 +151,8 @@ class TimingRecord(TypedDict, total=False):
     fresh_judged: list[int]
     inputs_mutated_while_timing: bool
     per_set_bytes: int
+    host_clock_ms: list[float]  # calls timed by the host clock alone, from an idle device
+    host_waited_calls: int  # sampled calls that returned after the device had begun them
     mac: str  # keyed digest of the rest (harness.tensorfile.mac_record): the host rejects a forged file
     launch_samples: list[int]  # pooled on the host: each launch's sample count
 

@@ -5,7 +5,8 @@ the magic, header size, dtype names, shapes, offsets and the total size are all 
 before a byte of data is interpreted. Imports torch and the standard library only.
 
 Layout: b"PKBT1\\n" | u64 header length | header JSON | data. The header holds
-{"structure": "tensor" | "tuple", "tensors": [{"dtype", "shape", "offset", "nbytes"}...], "meta": {...}}.
+{"structure": (harness/structure.py), "tensors": [{"dtype", "shape", "offset", "nbytes"}...],
+"meta": {...}}.
 
 Forgery: candidate code runs in the process (and as the user) that writes these files, so it can
 rewrite them. Given a key (`result_key`, derived from the launch's secret seeds, which only the launch's
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from harness import structure as output_structure
 
 MAGIC = b"PKBT1\n"
 MAX_HEADER_BYTES = 1 << 20
@@ -78,7 +81,9 @@ def _bytes_of(raw: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * raw.numel()).from_address(raw.data_ptr()))
 
 
-def _digest(key: bytes, structure: str, tensors: list[torch.Tensor], meta: dict) -> str:
+def _digest(
+    key: bytes, structure: output_structure.Structure, tensors: list[torch.Tensor], meta: dict
+) -> str:
     h = hashlib.blake2b(key=key[:64], digest_size=32)
     described = [[dtype_name(t.dtype), list(t.shape)] for t in tensors]
     head = {
@@ -94,7 +99,9 @@ def _digest(key: bytes, structure: str, tensors: list[torch.Tensor], meta: dict)
     return h.hexdigest()
 
 
-def verify(key: bytes, structure: str, tensors: list[torch.Tensor], meta: dict) -> bool:
+def verify(
+    key: bytes, structure: output_structure.Structure, tensors: list[torch.Tensor], meta: dict
+) -> bool:
     """Whether a loaded file carries the digest that `save(..., key=key)` wrote for this content."""
     mac = meta.get("mac")
     return isinstance(mac, str) and hmac.compare_digest(mac, _digest(key, structure, tensors, meta))
@@ -116,7 +123,7 @@ def verify_record(key: bytes, record: Mapping[str, Any]) -> bool:
 def save(
     path: Path,
     tensors: list[torch.Tensor],
-    structure: str = "tuple",
+    structure: output_structure.Structure = "tuple",
     meta: dict | None = None,
     key: bytes | None = None,
 ) -> None:
@@ -147,7 +154,7 @@ def save(
     os.replace(tmp, path)
 
 
-def load(path: Path, max_bytes: int) -> tuple[str, list[torch.Tensor], dict[str, Any]]:
+def load(path: Path, max_bytes: int) -> tuple[output_structure.Structure, list[torch.Tensor], dict[str, Any]]:
     """Read a tensor file written by anyone; returns (structure, tensors, meta) or raises TensorFileError."""
     size = path.stat().st_size
     if size > max_bytes:
@@ -160,14 +167,23 @@ def load(path: Path, max_bytes: int) -> tuple[str, list[torch.Tensor], dict[str,
             raise TensorFileError(f"{path.name} has an oversized header")
         try:
             header = json.loads(f.read(hlen))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nesting too deep for the decoder
             raise TensorFileError(f"{path.name} has a malformed header") from exc
         data = bytearray(f.read())
-    if not isinstance(header, dict) or header.get("structure") not in ("tensor", "tuple"):
+    if not isinstance(header, dict):
         raise TensorFileError(f"{path.name} has a malformed header")
     entries = header.get("tensors")
     if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
         raise TensorFileError(f"{path.name} lists too many tensors")
+    structure = header.get("structure")
+    try:
+        expected = len(entries) if structure == "tuple" else output_structure.check(structure)
+    except output_structure.StructureError as exc:
+        raise TensorFileError(f"{path.name} has a malformed output structure: {exc}") from exc
+    if expected != len(entries):
+        raise TensorFileError(
+            f"{path.name}: its structure holds {expected} tensors, its header lists {len(entries)}"
+        )
     buf = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     tensors = []
     for e in entries:
@@ -184,4 +200,5 @@ def load(path: Path, max_bytes: int) -> tuple[str, list[torch.Tensor], dict[str,
         chunk = buf[offset : offset + nbytes].clone()
         tensors.append(chunk.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype))
     meta = header.get("meta")
-    return str(header["structure"]), tensors, meta if isinstance(meta, dict) else {}
+    assert isinstance(structure, (str, list))  # output_structure.check accepted it
+    return structure, tensors, meta if isinstance(meta, dict) else {}

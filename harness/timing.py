@@ -7,6 +7,12 @@ waited for). The iteration's time is the maximum over ranks of the event interva
 wall-clock from the start event's completion to the device synchronization is kept as a
 cross-check. On CPU the host clock is the only clock.
 
+The host's share: the sleep hides the host's work of queueing a call, which is right for a call
+that never waits on the device, and hides the host work before the first wait of one that does.
+So a few calls after the warm-up are timed by the host clock alone, from an idle device to every
+stream idle again (`host_clock_ms`), and the sampled calls that returned only after the device had
+begun them are counted (`host_waited_calls`).
+
 Inputs rotate through several distinct sets (every argument), and a scratch buffer twice the size of
 L2 is written before each call, so inputs come from HBM as in a real step. The first output of
 each set is written for the host to judge; every later timed output is compared on the device with
@@ -18,6 +24,7 @@ the comparison.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -108,6 +115,7 @@ class Timer:
         self.min_sleep_us = min_sleep_us
         self.sleep_us = min_sleep_us
         self.enqueue_ms = 0.0  # host time to queue the last call (alignment + solution)
+        self.waited = False  # the last call returned only after the device had begun it
         if self.cuda:
             self.token = torch.zeros(1, device=device)
             self.start = torch.cuda.Event(enable_timing=True)
@@ -125,6 +133,10 @@ class Timer:
             out = call()
             self.end.record()
             self.enqueue_ms = (time.perf_counter() - q0) * 1e3
+            # the sleep outlasts the queueing of a call that never waits on the device: past it at
+            # return, the call waited (or queued slower than ever), and its host work before then
+            # overlapped the sleep, outside the events
+            self.waited = self.start.query()
             # host wall-clock from the moment the device starts the call until every stream is idle
             self.start.synchronize()
             h0 = time.perf_counter()
@@ -136,6 +148,26 @@ class Timer:
         out = call()
         wall = (time.perf_counter() - h0) * 1e3
         return out, wall, wall
+
+    def host_clock(self, call: Callable[[], Any]) -> tuple[Any, float]:
+        """One call by the host clock alone: (output, ms) from an idle device (every stream
+        synchronized, the ranks released together) until every stream is idle again. What a caller
+        waits for a call, its host work (queueing, waiting on the device) included; on CPU the same
+        as a sample."""
+        if self.cuda:
+            dist.all_reduce(self.token)
+            torch.cuda.synchronize()
+        else:
+            dist.barrier()
+        h0 = time.perf_counter()
+        out = call()
+        if self.cuda:
+            torch.cuda.synchronize()
+        return out, (time.perf_counter() - h0) * 1e3
+
+
+# calls timed by the host clock alone after the warm-up (Timer.host_clock): the host's share
+HOST_CLOCK_CALLS = 8
 
 
 def max_over_ranks(values: list[float], device: torch.device) -> list[float]:
@@ -158,7 +190,7 @@ def fresh_stride(cfg: TimingConfig, iter_ms: float, fresh_min: int) -> int:
 def run_timing(
     prepare: Callable[[int], None],
     call_on_set: Callable[[int], Any],
-    normalize: Callable[[Any], list[torch.Tensor]],
+    normalize: Callable[[Any], list[torch.Tensor] | None],
     judged: list[list[torch.Tensor]],
     device: torch.device,
     cfg: TimingConfig,
@@ -198,6 +230,16 @@ def run_timing(
         return result
 
     warm_calls, iter_ms = _warm_up(timed, timer, n_sets, cfg, device)
+    host_ms = []
+    for j in range(HOST_CLOCK_CALLS):
+        on = j % n_sets
+        prepare(on)
+        out, ms = timer.host_clock(functools.partial(call_on_set, on))
+        if after_call is not None:
+            after_call()
+        del out
+        host_ms.append(max_over_ranks([ms], device)[0])
+    waited = 0
     sched = _FreshSchedule(fresh, cfg, iter_ms, timer, after_call, device)
     events: list[float] = []
     walls: list[float] = []
@@ -214,10 +256,12 @@ def run_timing(
         i = len(events)
         s = i % n_sets
         out, ev, wall = timed(s)
-        bad = 0.0 if outputs_match(normalize(out), judged[holds[s]], tolerance) else 1.0
+        got = normalize(out)  # None: not the judged output's structure
+        bad = 0.0 if got is not None and outputs_match(got, judged[holds[s]], tolerance) else 1.0
         del out
         elapsed = (time.perf_counter() - t_sampling - sched.overhead_s) * 1e3
-        ev, wall, bad, spent = max_over_ranks([ev, wall, bad, elapsed], device)
+        ev, wall, bad, spent, w = max_over_ranks([ev, wall, bad, elapsed, float(timer.waited)], device)
+        waited += int(w)
         events.append(ev)
         walls.append(wall)
         if bad:
@@ -254,6 +298,8 @@ def run_timing(
         "fresh_ms": sched.ms,
         "fresh_wall_ms": sched.walls,
         "fresh_after": sched.after,
+        "host_clock_ms": host_ms,
+        "host_waited_calls": waited,
     }
 
 

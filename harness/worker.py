@@ -167,7 +167,7 @@ class Watch:
         import torch
         import torch.distributed as dist
 
-        from harness import context, convention, tensorfile, timing
+        from harness import context, convention, structure, tensorfile, timing
 
         owners: dict[str, Any] = {
             "time": (time, ["perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "sleep"]),
@@ -212,6 +212,7 @@ class Watch:
         for label, module in [
             ("harness.timing", timing),
             ("harness.tensorfile", tensorfile),
+            ("harness.structure", structure),
             ("harness.context", context),
             ("harness.convention", convention),
             ("harness.worker", sys.modules[__name__]),  # __main__ when run with -m

@@ -20,6 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness import structure as output_structure
 from harness import tensorfile
 from harness.contracts import LaunchConfig, LaunchSettings, TimingRecord
 from pkb_mcp import config
@@ -44,9 +45,29 @@ class Outputs:
     """One rank's outputs of one trial (or input set), as its launch wrote them: how they nest
     (`structure`), the tensors, and what the tensor file says of them (`meta`)."""
 
-    structure: str
+    structure: output_structure.Structure
     tensors: list[torch.Tensor]
     meta: dict
+
+    def tree(self) -> list:
+        """The structure as a tree (harness/structure.py), "tensor" and "tuple" expanded."""
+        return output_structure.tree(self.structure, len(self.tensors))
+
+    def tensor_names(self) -> list[str]:
+        """Each tensor's place in the output, as a message names it ("output 2['values']")."""
+        return output_structure.tensor_names(self.tree())
+
+    def flagged(self, key: str) -> str | None:
+        """The first entry of a flag list in `meta` ("aliased_outputs": output indices;
+        "mutated_inputs": input names, or indices from older files), in bounded words; None when
+        the list is empty or absent."""
+        found = self.meta.get(key)
+        if not isinstance(found, list) or not found:
+            return None
+        first = found[0]
+        if key == "aliased_outputs":
+            return f"output {first}"[:200] if type(first) is int else "an output"
+        return f"input {first}" if type(first) is int else str(first)[:200]
 
 
 @dataclass

@@ -216,6 +216,8 @@ class TimingStats(Result):
     fresh_median_ms: float | None = None
     replay_advantage: float | None = None
     replay_advantage_p: float | None = None
+    host_clock_median_ms: float | None = None  # the host's share (docs/measurement.md)
+    host_waited_calls: int = 0
 
 
 class Ceilings(Result):

@@ -52,6 +52,7 @@ class Problem:
     path: Path
     module: ModuleType
     variant: str = "pkb"
+    lean_inputs: bool = False  # LEAN_INPUTS: inputs never copied (docs/problem-format.md)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -165,6 +166,15 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
         for key in BOUNDS:
             if not isinstance(bounds.get(key), (int, float)) or bounds[key] < 0:
                 raise ProblemFormatError(f"{path.name}: {where} needs a non-negative {key!r}")
+    flags = {flag: getattr(module, flag, False) for flag in ("MUTATES_INPUTS", "LEAN_INPUTS")}
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ProblemFormatError(f"{path.name}: {flag} must be True or False")
+    if flags["MUTATES_INPUTS"] and flags["LEAN_INPUTS"]:
+        raise ProblemFormatError(
+            f"{path.name}: LEAN_INPUTS cannot go with MUTATES_INPUTS (an in-place workload is called "
+            "on a copy of its inputs, the copy lean inputs exist to avoid)"
+        )
     if not (module.__doc__ or "").strip():
         raise ProblemFormatError(
             f"{path.name}: needs a docstring saying what it computes and where it is from"
@@ -181,7 +191,8 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
         sizes=sizes,
         tolerance={k: float(tolerance[k]) for k in BOUNDS},
         output_tolerances={i: {k: float(b[k]) for k in BOUNDS} for i, b in sorted(own.items())},
-        mutates_inputs=bool(getattr(module, "MUTATES_INPUTS", False)),
+        mutates_inputs=flags["MUTATES_INPUTS"],
+        lean_inputs=flags["LEAN_INPUTS"],
         path=path.resolve(),
         module=module,
         variant=variant,

@@ -374,8 +374,9 @@ def test_fresh_calls_are_spaced_by_the_sampling_pace_and_made_past_the_budget(mo
         pace_ms["now"] = pace
         return _timing_alone(cfg, fresh, prepare), kept
 
-    # instant in the warm-up (5 probe and 3 warm-up calls), 4 ms a call after it
-    rec, kept = run(1000.0, lambda n: 0.0 if n <= 8 else 4.0)
+    # instant in the warm-up (5 probe and 3 warm-up calls, then the host-clock calls), 4 ms a call after it
+    before = 8 + timing.HOST_CLOCK_CALLS
+    rec, kept = run(1000.0, lambda n: 0.0 if n <= before else 4.0)
     assert kept == [0, 1, 2, 3] and rec["stop_reason"] == "precision reached"
     # from the warm-up's pace the stride would have been thousands of samples; from the loop's
     # (about 4 ms a sample, 160 ms of span, 4 fresh calls) it is about 10
@@ -384,7 +385,7 @@ def test_fresh_calls_are_spaced_by_the_sampling_pace_and_made_past_the_budget(mo
     assert after[0] == timing.RESTRIDE_AT and all(5 <= g <= 15 for g in gaps), after
     assert len(rec["device_ms"]) < 100
     # the pace slows again after the stride was sized: 1 ms a call, then 10 ms, past a 20 ms budget
-    rec, kept = run(20.0, lambda n: 0.0 if n <= 8 else 1.0 if n <= 8 + timing.RESTRIDE_AT else 10.0)
+    rec, kept = run(20.0, lambda n: 0.0 if n <= before else 1.0 if n <= before + timing.RESTRIDE_AT else 10.0)
     assert kept == [0, 1, 2, 3], "the budget does not end the launch before its fresh calls"
     after = rec["fresh_after"]
     # (the stride sized at 1 ms a call put the first at about 36; the span and the budget ran out first)

@@ -1,5 +1,7 @@
 """Correctness on the host: a candidate's outputs against the reference's, for one rank of one trial.
 
+The structure must match exactly: the nesting, and every non-tensor part of the output (None,
+ints, floats, strings, torch.Size; harness/structure.py).
 Shape and dtype must match exactly. Each floating or complex output must pass, on its own bounds, an
 elementwise allclose (|out − ref| <= atol + rtol·|ref|, in float64 / complex128) AND a relative-norm
 bound ‖out − ref‖ / ‖ref‖ <= rel_norm, so that a large output cannot hide an error in a small one;
@@ -15,6 +17,7 @@ from typing import Any
 
 import torch
 
+from harness import structure as output_structure
 from harness.timing import output_bounds
 from pkb_mcp.launches import Outputs
 from pkb_mcp.models import Mismatch, RankResult
@@ -34,20 +37,17 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, A
     def wrong(message: str, **fields: object) -> RankResult:
         return RankResult(rank=rank, trial=trial, state="wrong", message=message, **fields)  # type: ignore[arg-type]
 
-    if got.meta.get("aliased_outputs"):
-        return wrong(
-            f"output {got.meta['aliased_outputs'][0]} shares memory with an input; return new tensors"
-        )
-    if got.meta.get("mutated_inputs"):
-        return wrong(
-            f"input {got.meta['mutated_inputs'][0]} was changed by the solution; inputs are read-only"
-        )
-    if got.structure != want.structure or len(got.tensors) != len(want.tensors):
-        return wrong(f"returned {_describe(got)}, expected {_describe(want)}")
+    if (aliased := aliased_output(got)) is not None:
+        return wrong(f"{aliased} shares memory with an input; return new tensors")
+    if (mutated := got.flagged("mutated_inputs")) is not None:
+        return wrong(f"{mutated} was changed by the solution; inputs are read-only")
+    if (differs := output_structure.difference(got.tree(), want.tree())) is not None:
+        return wrong(differs)
+    names = want.tensor_names()
     for i, (g, w) in enumerate(zip(got.tensors, want.tensors, strict=True)):
         if g.dtype != w.dtype or g.shape != w.shape:
             return wrong(
-                f"output {i} is {str(g.dtype)[6:]}{list(g.shape)}, expected {str(w.dtype)[6:]}{list(w.shape)}"
+                f"{names[i]} is {str(g.dtype)[6:]}{list(g.shape)}, expected {str(w.dtype)[6:]}{list(w.shape)}"
             )
 
     max_abs = 0.0
@@ -106,11 +106,11 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, A
         "mismatched": mismatched,
         "first_mismatch": first,
     }
-    many = len(want.tensors) > 1
+    many = len(want.tensors) > 1 or isinstance(want.structure, list)  # a tree: name the tensor
     if mismatched:
         total = sum(t.numel() for t in want.tensors)
         assert first is not None
-        where = f"output {first.output} " if many else ""
+        where = f"{names[first.output]} " if many else ""
         return wrong(
             f"{mismatched} of {total} elements differ; first at {where}index {first.index}: "
             f"expected {first.expected}, got {first.got} (bounds atol {first_bounds['atol']:.3g}, "
@@ -120,10 +120,16 @@ def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, A
     for i, n in judged:
         bound = output_bounds(tol, i)["rel_norm"]
         if not n <= bound:  # written so that NaN fails
-            what = f"of output {i} " if many else ""
+            what = f"of {names[i]} " if many else ""
             return wrong(f"relative error norm {what}{n:.3g} exceeds {bound:.3g}", **fields)
     return RankResult(rank=rank, trial=trial, state="pass", **fields)  # type: ignore[arg-type]
 
 
-def _describe(out: Outputs) -> str:
-    return "a tensor" if out.structure == "tensor" else f"a tuple of {len(out.tensors)} tensors"
+def aliased_output(got: Outputs) -> str | None:
+    """The first output the harness saw sharing an input's memory, named; None when none did."""
+    flagged = got.meta.get("aliased_outputs")
+    if not isinstance(flagged, list) or not flagged:
+        return None
+    names = got.tensor_names()
+    first = flagged[0]
+    return names[first] if type(first) is int and 0 <= first < len(names) else got.flagged("aliased_outputs")

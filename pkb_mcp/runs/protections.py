@@ -17,7 +17,7 @@ by either rule here), state kept across trials (the original starts a process pe
 sandbox, the tamper checks and the keyed result files. Where a problem updates its inputs in place,
 the inputs judged after the call count as outputs under both rules (no `original` file does so yet).
 
-May import: harness, pkb_mcp.launches, pkb_mcp.models, pkb_mcp.problems.
+May import: harness, pkb_mcp.launches, pkb_mcp.models, pkb_mcp.problems, pkb_mcp.runs.judge.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from typing import Any
 
 import torch
 
+from harness import structure as output_structure
 from harness import tensorfile
 from harness.timing import output_bounds
 from pkb_mcp.launches import LaunchOutcome, Outputs
 from pkb_mcp.models import RankResult
 from pkb_mcp.problems import Problem
+from pkb_mcp.runs.judge import aliased_output
 
 # Every protection pkb names, in the order a message names them: what pkb checks that the original
 # harness does not. docs/variants.md lists the same names.
@@ -68,8 +70,8 @@ class Breach:
 def original_rules(got: Outputs, want: Outputs, tolerance: dict[str, Any]) -> str | None:
     """Why one rank's outputs of one trial fail the original benchmark's rules, or None when they meet
     them. The bounds are the problem's (the original's, in the `original` variant)."""
-    if got.structure != want.structure or len(got.tensors) != len(want.tensors):
-        return f"returned {len(got.tensors)} outputs ({got.structure}), expected {len(want.tensors)}"
+    if (differs := output_structure.difference(got.tree(), want.tree())) is not None:
+        return f"outputs of another structure ({differs})"
     for i, (g, w) in enumerate(zip(got.tensors, want.tensors, strict=True)):
         if g.shape != w.shape:
             return f"output {i} has shape {list(g.shape)}, expected {list(w.shape)}"
@@ -90,10 +92,10 @@ def breaches(rank: int, trial: int | None, got: Outputs, want: Outputs, judged: 
     def add(name: str, detail: str) -> None:
         found.append(Breach(name, detail, rank, trial))
 
-    if got.meta.get("aliased_outputs"):
-        add("aliasing", f"output {got.meta['aliased_outputs'][0]} shares memory with an input")
-    if got.meta.get("mutated_inputs"):
-        add("mutation", f"input {got.meta['mutated_inputs'][0]} was changed by the solution")
+    if (aliased := aliased_output(got)) is not None:
+        add("aliasing", f"{aliased} shares memory with an input")
+    if (mutated := got.flagged("mutated_inputs")) is not None:
+        add("mutation", f"{mutated} was changed by the solution")
     for i, (g, w) in enumerate(zip(got.tensors, want.tensors, strict=True)):
         if g.dtype != w.dtype:
             add("dtype", f"output {i} is {str(g.dtype)[6:]}, expected {str(w.dtype)[6:]}")

@@ -108,6 +108,13 @@ def preflight(
     return problem, device
 
 
+LEAN_NOTE = (
+    "lean inputs (the problem's LEAN_INPUTS): no input is copied; unchanged inputs are judged by keyed "
+    "fingerprints, and a benchmark replays one input set, unrotated, with no separate fresh buffers "
+    "(docs/problem-format.md)"
+)
+
+
 class Run:
     """What check, bench and profile share for one request: the problem, its size and device, the GPUs,
     the solution read as text, the sandbox backend."""
@@ -149,6 +156,8 @@ class Run:
         # what a failed build's message is mapped back to (prepare_extensions adds the builds)
         self.sources = failures.SolutionSources(self.solution.name, self._text())
         self.notes: list[str] = [paired_note] if paired_note else []
+        if self.problem.lean_inputs:
+            self.notes.append(LEAN_NOTE)
         if self.problem.variant != "pkb":
             self.notes.append(
                 f"the {self.problem.variant} variant: the original benchmark's workload, its inputs and "

@@ -1,5 +1,9 @@
 """Timing statistics from the harness's samples, and the speedup between two of them.
 
+The host's share of a call: the median of the calls timed by the host clock alone, from an idle
+device until it is idle again (harness/timing.py, Timer.host_clock), beside the timed figure, with a
+warning where it exceeds that figure by the event gap's margin below.
+
 A sample is one timed call: the slowest rank's time (device events on GPU, host clock on CPU).
 The reported time is the median (with several launches, the median of the launches' medians); the
 spread is the interquartile range over all samples. Speedup = reference median / candidate median,
@@ -98,6 +102,8 @@ def pool_launches(records: list[TimingRecord]) -> TimingRecord:
     pooled["sampled_ms"] = sum(float(r.get("sampled_ms", 0.0)) for r in records)
     pooled["alignment_sleep_us"] = max(float(r.get("alignment_sleep_us", 0.0)) for r in records)
     pooled["launch_samples"] = [len(r["device_ms"]) for r in records]
+    pooled["host_clock_ms"] = [x for r in records for x in r.get("host_clock_ms", [])]
+    pooled["host_waited_calls"] = sum(int(r.get("host_waited_calls", 0)) for r in records)
     reasons = [str(r["stop_reason"]) for r in records]
     if "outputs changed while timing" in reasons:
         pooled["stop_reason"] = "outputs changed while timing"
@@ -160,6 +166,16 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
             f"calls vary widely (interquartile range {(q3 - q1) / med:.0%} of the median): typically "
             "waiting on the host inside the call; a speedup from such times is unreliable"
         )
+    host = [float(x) for x in record.get("host_clock_ms") or []]
+    waited = int(record.get("host_waited_calls", 0))
+    host_med = statistics.median(host) if host else None
+    if host_med is not None and host_med > med * (1 + EVENT_GAP_FRACTION) + EVENT_GAP_FLOOR_MS:
+        waits = f", {waited} of {len(events)} timed calls waited on the device" if waited else ""
+        warnings.append(
+            f"by the host clock a call takes {host_med:.4g} ms (from an idle device until it is idle "
+            f"again, median of {len(host)} calls), the timed figure {med:.4g} ms: the host's share of "
+            f"each call (queueing work, waiting on the device{waits}) is not in the timed figure"
+        )
     stats = TimingStats(
         median_ms=med,
         q1_ms=q1,
@@ -175,6 +191,8 @@ def summarize(record: TimingRecord) -> tuple[TimingStats, list[str]]:
         wall_median_ms=wall_med,
         launches=len(launches),
         launch_spread=launch_spread,
+        host_clock_median_ms=host_med,
+        host_waited_calls=waited,
     )
     stats.fresh_calls = len(fresh)
     if fresh:

@@ -1,0 +1,122 @@
+"""The wave-C1 capabilities end to end, on a tiny problem written into the test's own suite (world
+size 2, one trial, the process sandbox): an output with None, a torch.Size and a dict of an int and
+a tensor of data-dependent size; an nn.Linear argument; lean inputs; a host-synchronous reference
+whose host share shows in a benchmark's result."""
+
+from pathlib import Path
+
+import pytest
+
+from pkb_mcp import service
+from pkb_mcp.models import RunRequest
+from pkb_mcp.runs.run import LEAN_NOTE
+
+pytestmark = pytest.mark.integration
+
+PROBLEM = '''"""A linear layer summed over ranks; returns the sum, None, its shape and a dict (tests only)."""
+
+import torch
+import torch.distributed as dist
+
+ID = 901
+NAME = "tiny_mixed"
+CATEGORY = "primitive"
+SOURCE = "tests"
+SUMMARY = "tests only"
+DTYPE = "float32"
+WORLD_SIZES = "any world size >= 2"
+SIZES = {"pkb": {"rows": 16}, "large": {"rows": 64}}
+TOLERANCE = {"atol": 1e-4, "rtol": 1e-4, "rel_norm": 1e-4}
+LEAN_INPUTS = True
+
+
+def check_world_size(world_size, size):
+    return None if world_size >= 2 else "needs at least 2 ranks"
+
+
+def make_inputs(ctx):
+    lin = torch.nn.Linear(8, 4, device=ctx.device)
+    with torch.no_grad():
+        lin.weight.copy_(ctx.randn(4, 8, shared=True))
+        lin.bias.copy_(ctx.randn(4, shared=True))
+    return (ctx.randn(ctx.size["rows"], 8), lin)
+
+
+def solution(x, lin):
+    with torch.no_grad():
+        y = lin(x)
+    dist.all_reduce(y)
+    count = int((y > 0).sum().item())  # the host waits on the device here
+    return y, None, y.shape, {"positive": count, "head": y[: count % 4 + 1].clone()}
+
+
+def traffic(ctx):
+    return {"nvlink_bytes": 0, "hbm_bytes": 0, "flops": 0}
+'''
+
+MUTATES_WEIGHT = """
+_reference = solution
+
+
+def solution(x, lin):
+    out = _reference(x, lin)
+    with torch.no_grad():
+        lin.weight[0, 0] += 1.0
+    return out
+"""
+
+TENSOR_FOR_NONE = """
+_reference = solution
+
+
+def solution(x, lin):
+    y, _, shape, extra = _reference(x, lin)
+    return y, torch.zeros(1), shape, extra
+"""
+
+
+@pytest.fixture
+def suite(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "problems"
+    folder.mkdir()
+    (folder / "901_tiny_mixed.py").write_text(PROBLEM)
+    monkeypatch.setenv("PKB_PROBLEMS_DIR", str(folder))
+    return folder
+
+
+def check(path: Path):
+    return service.check(
+        RunRequest(
+            problem=901, path=path, world_size=2, device="cpu", trials=1, timeout_s=180, sandbox="process"
+        )
+    )
+
+
+def test_mixed_outputs_module_inputs_and_lean_inputs_are_judged(suite, tmp_path):
+    reference = suite / "901_tiny_mixed.py"
+    r = check(reference)
+    assert r.verdict == "pass", r.message
+    assert LEAN_NOTE in r.notes
+    mutates = tmp_path / "mutates.py"
+    mutates.write_text(PROBLEM + MUTATES_WEIGHT)
+    r = check(mutates)
+    assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message
+    assert "input 1 (Linear) parameter weight was changed by the solution" in r.ranks[0].message
+    wrong_none = tmp_path / "wrong_none.py"
+    wrong_none.write_text(PROBLEM + TENSOR_FOR_NONE)
+    r = check(wrong_none)
+    assert r.verdict == "fail" and "output 1: expected None, got tensor" in r.ranks[0].message, r.message
+
+
+def test_a_host_synchronous_reference_shows_its_host_share(suite):
+    r = service.bench(
+        RunRequest(
+            problem=901, path=suite / "901_tiny_mixed.py", world_size=2, device="cpu", sandbox="process"
+        )
+    )
+    assert r.verdict == "pass", r.message
+    assert r.reference is not None and r.candidate is not None
+    for side in (r.reference, r.candidate):
+        assert side.host_clock_median_ms is not None and side.host_clock_median_ms > 0
+        assert side.input_sets == 1, "lean inputs: one replayed input set"
+    assert LEAN_NOTE in r.notes
