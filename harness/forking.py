@@ -117,12 +117,27 @@ def _set_limits(limits: Mapping[str, int]) -> None:
         resource.setrlimit(which, (soft, soft if key != "nofile" else hard))
 
 
-class ForkedWorker:
+class Signalled:
+    """What a subprocess.Popen offers to signal a process by its pid, until its exit is known."""
+
+    pid: int
+    returncode: int | None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedWorker(Signalled):
     """A process forked by this one (fork_child), watched as a subprocess.Popen is."""
 
     def __init__(self, pid: int, stdin: BinaryIO):
         self.pid, self.stdin = pid, stdin
-        self.returncode: int | None = None
+        self.returncode = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -139,11 +154,3 @@ class ForkedWorker:
             time.sleep(POLL_S)
         assert self.returncode is not None
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import structlog
 
+from harness.forking import Signalled
 from sandbox.base import (
     CONFIG_NAME,
     LAUNCH_ENV,
@@ -93,12 +94,12 @@ def kill_launch(session: int, marker: str) -> None:
         time.sleep(0.05)
 
 
-class Launched:
+class Launched(Signalled):
     """A launcher the fork server started, watched as a subprocess.Popen is (poll, wait, pid)."""
 
     def __init__(self, pid: int):
         self.pid = pid
-        self.returncode: int | None = None
+        self.returncode = None
         self._ended = threading.Event()
 
     def end(self, code: int) -> None:
@@ -111,14 +112,6 @@ class Launched:
     def wait(self, timeout: float | None = None) -> int | None:
         self._ended.wait(timeout)
         return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class ForkServer:
