@@ -33,7 +33,7 @@ On CPU (slow: two torchrun launches per trial on the original side):
 On GPUs, on the device machine from the repository root, with a copy of the original carried in
 .gpu/pkb-original (`cp -r ../shared/pkb-original .gpu/`; .gpu is ignored and travels with carry):
 
-    source .gpu/setup.sh && WS=2 bash docs/scripts/gpu_batch.sh side-by-side     # WS=4 where lent
+    source .gpu/setup.sh && WS=2 bash docs/scripts/gpu_batch.sh side-by-side-a   # to -d; WS=4 where lent
 
 or directly `python3 docs/scripts/side_by_side.py tests/candidates/original examples/original
 --world-size 2 --device cuda --json out.jsonl`. Prints one row per file and a summary line; exits
