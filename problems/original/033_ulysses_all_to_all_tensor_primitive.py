@@ -41,7 +41,7 @@ def make_inputs(ctx):
 def solution(x, scatter_dim, gather_dim, group=None):
     w = dist.get_world_size(group)
     pieces = [p.contiguous() for p in torch.tensor_split(x, w, scatter_dim)]
-    # the pieces in one buffer for all_to_all_single (gloo on CPU has no list all-to-all)
+    # the pieces in one buffer, exchanged by one all_to_all_single
     send = torch.stack(pieces)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
