@@ -187,6 +187,33 @@ def fresh_stride(cfg: TimingConfig, iter_ms: float, fresh_min: int) -> int:
     return max(1, int(expected // max(fresh_min, 1)))
 
 
+class _InputSets:
+    """Timed calls on the input sets: `prepare(i)` before each and `after_call()` after, outside the
+    timed region; with `rotate`, other data moved into the buffers at the start of every round."""
+
+    def __init__(
+        self,
+        prepare: Callable[[int], None],
+        call_on_set: Callable[[int], Any],
+        after_call: Callable[[], None] | None,
+        rotate: Callable[[], list[int]] | None,
+        timer: Timer,
+        n_sets: int,
+    ):
+        self.prepare, self.call_on_set, self.after_call = prepare, call_on_set, after_call
+        self.rotate, self.timer = rotate, timer
+        self.holds = list(range(n_sets))  # holds[i]: the input set whose data buffer set i holds now
+
+    def timed(self, i: int) -> tuple[Any, float, float]:
+        if self.rotate is not None and i == 0:
+            self.holds = self.rotate()
+        self.prepare(i)
+        result = self.timer.time(lambda: self.call_on_set(i))
+        if self.after_call is not None:
+            self.after_call()
+        return result
+
+
 def run_timing(
     prepare: Callable[[int], None],
     call_on_set: Callable[[int], Any],
@@ -217,28 +244,10 @@ def run_timing(
     """
     timer = Timer(device, int(cfg.get("l2_bytes", 0)), float(cfg.get("min_sleep_us", MIN_SLEEP_US)))
     n_sets = len(judged)
-    holds = list(range(n_sets))  # holds[i]: the input set whose data buffer set i holds now
-
-    def timed(i: int) -> tuple[Any, float, float]:
-        nonlocal holds
-        if rotate is not None and i == 0:
-            holds = rotate()
-        prepare(i)
-        result = timer.time(lambda: call_on_set(i))
-        if after_call is not None:
-            after_call()
-        return result
-
+    sets = _InputSets(prepare, call_on_set, after_call, rotate, timer, n_sets)
+    timed = sets.timed
     warm_calls, iter_ms = _warm_up(timed, timer, n_sets, cfg, device)
-    host_ms = []
-    for j in range(HOST_CLOCK_CALLS):
-        on = j % n_sets
-        prepare(on)
-        out, ms = timer.host_clock(functools.partial(call_on_set, on))
-        if after_call is not None:
-            after_call()
-        del out
-        host_ms.append(max_over_ranks([ms], device)[0])
+    host_ms = _host_clock_calls(prepare, call_on_set, after_call, timer, n_sets, device)
     waited = 0
     sched = _FreshSchedule(fresh, cfg, iter_ms, timer, after_call, device)
     events: list[float] = []
@@ -257,7 +266,7 @@ def run_timing(
         s = i % n_sets
         out, ev, wall = timed(s)
         got = normalize(out)  # None: not the judged output's structure
-        bad = 0.0 if got is not None and outputs_match(got, judged[holds[s]], tolerance) else 1.0
+        bad = 0.0 if got is not None and outputs_match(got, judged[sets.holds[s]], tolerance) else 1.0
         del out
         elapsed = (time.perf_counter() - t_sampling - sched.overhead_s) * 1e3
         ev, wall, bad, spent, w = max_over_ranks([ev, wall, bad, elapsed, float(timer.waited)], device)
@@ -301,6 +310,28 @@ def run_timing(
         "host_clock_ms": host_ms,
         "host_waited_calls": waited,
     }
+
+
+def _host_clock_calls(
+    prepare: Callable[[int], None],
+    call_on_set: Callable[[int], Any],
+    after_call: Callable[[], None] | None,
+    timer: Timer,
+    n_sets: int,
+    device: torch.device,
+) -> list[float]:
+    """HOST_CLOCK_CALLS calls timed by the host clock alone (Timer.host_clock), the slowest rank's
+    figure of each: the host's share of a call. Their outputs are not compared."""
+    host_ms = []
+    for j in range(HOST_CLOCK_CALLS):
+        on = j % n_sets
+        prepare(on)
+        out, ms = timer.host_clock(functools.partial(call_on_set, on))
+        if after_call is not None:
+            after_call()
+        del out
+        host_ms.append(max_over_ranks([ms], device)[0])
+    return host_ms
 
 
 def _warm_up(
