@@ -226,6 +226,6 @@ def describe(node: list) -> str:
     if kind == "size":
         return f"torch.Size({node[1][:MAX_DIMS]})"
     if kind == "tuple":
-        return f"a tuple of {len(node[1])}"
+        return f"a tuple or list of {len(node[1])}"
     keys = ", ".join(repr(k[:40]) for k, _ in node[1][:6])
     return f"a dict with keys {keys}" + (", ..." if len(node[1]) > 6 else "") if node[1] else "an empty dict"

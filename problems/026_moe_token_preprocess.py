@@ -23,8 +23,8 @@ Differences from the original: the original returns its outputs as host tensors 
 off the GPU inside the timed call. Here all four outputs are tensors on the rank's device, so they
 can be judged and no solution pays for a device-to-host copy. An original file that returns host
 tensors is still judged correctly (values, dtypes and shapes are compared, not devices) and passes
-on CPU; one that returns Python ints or lists fails ("solution must return a tensor or a tuple of
-tensors").
+on CPU; one that returns Python ints or lists where tensors are expected fails ("output 0: expected
+tensor, got a tuple or list of 2").
 """
 
 import torch
@@ -117,6 +117,7 @@ ORIGINAL = {
         "call. Here all four outputs are tensors on the rank's device, so they can be judged and no "
         "solution pays for a device-to-host copy. An original file that returns host tensors is still "
         "judged correctly (values, dtypes and shapes are compared, not devices) and passes on CPU; one "
-        'that returns Python ints or lists fails ("solution must return a tensor or a tuple of tensors").'
+        'that returns Python ints or lists where tensors are expected fails ("output 0: expected tensor, '
+        'got a tuple or list of 2").'
     ),
 }

@@ -124,7 +124,7 @@ def test_the_judge_compares_non_tensor_parts_exactly_and_says_where():
         (lambda o: (*o[:3], {**o[3], "ok": 1}, o[4]), "output 3['ok']: expected bool True, got int 1"),
         (lambda o: (*o[:3], {**o[3], "extra": 1}, o[4]), "output 3: expected a dict with keys"),
         (lambda o: (*o[:4], [o[4][0], 0.0, -7]), "output 4[1]: expected float nan, got float 0.0"),
-        (lambda o: o[:4], "the output: expected a tuple of 5, got a tuple of 4"),
+        (lambda o: o[:4], "the output: expected a tuple or list of 5, got a tuple or list of 4"),
     ]
     for change, words in cases:
         got = compare(0, 0, outputs(change(mixed_output())), want, TOL)
