@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import extensions
+from harness import extensions, objects
 from harness.contracts import BuildRecord, CommandResult, ExtensionBuild, ToolConfig, read_tool_config
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -92,7 +92,7 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
         directory = launch_dir / "extensions" / key
         # quiet: a failed build raises with the compiler's output, which is all the host needs
         with contextlib.redirect_stdout(io.StringIO()):
-            extensions.build(request, directory, verbose=False)
+            extensions.build(request, directory, verbose=False, store=launch_dir / objects.OBJECTS)
         extensions.write_mark(directory, extensions.OK_MARK, {"name": request.name})
         entry["ok"] = True
     except Exception as exc:

@@ -7,7 +7,8 @@ plus the toolchain it is built with; its `key` (sha256) names the build. Three p
   cache (mounted read-only at PKB_EXTENSIONS) is loaded from there; otherwise the launch builds it itself,
   once for all of its ranks (the first rank to take the lock builds, the others wait and load);
 - in a build launch (harness/build.py, no candidate code), `build()` compiles a request into a directory
-  without loading it (loading runs the extension's initializers, which are candidate code);
+  without loading it (loading runs the extension's initializers, which are candidate code), one unit at
+  a time through the node's object cache (harness/objects.py);
 - on the host, pkb_mcp/compile/extensions.py computes the same keys to decide what to build before a run.
 
 Only a build launch writes what lands in the cache, so a candidate's launch never changes what another launch
@@ -30,10 +31,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import objects
+
 SCHEMA = 1
 CACHE_ENV = "PKB_EXTENSIONS"  # the node's extension cache, read-only inside a candidate's launch
 OK_MARK = "ok.json"  # written last by a successful build: the directory is complete
 FAILED_MARK = "failed.json"  # a build that failed, with the compiler's output
+UNITS_MARK = "units.json"  # which units a build took from the object cache and which it compiled
 NAME_RE = re.compile(r"[A-Za-z_]\w{0,99}")
 MAX_SOURCE_CHARS = 4 << 20
 MAX_FLAGS = 64
@@ -213,12 +217,41 @@ def source_files(request: Request, directory: Path) -> list[str]:
     return [str(p) for p in paths]
 
 
-def build(request: Request, directory: Path, verbose: bool = False) -> Path:
-    """Compile and link the request in `directory` without loading it; the shared library's path.
-    Raises RuntimeError with the compiler's output when the build fails."""
+def _write_build_file(request: Request, sources: list[str], directory: Path) -> None:
+    """torch's own build file for these sources (its flags, include paths and link line), unrun."""
     from torch.utils import cpp_extension
 
-    sources = source_files(request, directory)
+    with_cuda = request.with_cuda if request.with_cuda is not None else bool(request.cuda_sources)
+    prepare = cpp_extension._prepare_ldflags
+    ld_args: dict[str, Any] = {
+        "extra_ldflags": list(request.extra_ldflags),
+        "with_cuda": with_cuda,
+        "with_sycl": False,
+        "verbose": False,
+        "is_standalone": False,
+    }
+    ldflags = prepare(**{k: v for k, v in ld_args.items() if k in inspect.signature(prepare).parameters})
+    writer = cpp_extension._write_ninja_file_to_build_library
+    kwargs: dict[str, Any] = {
+        "path": str(directory / "build.ninja"),
+        "name": request.name,
+        "sources": sources,
+        "extra_cflags": list(request.extra_cflags),
+        "extra_cuda_cflags": list(request.extra_cuda_cflags),
+        "extra_sycl_cflags": [],
+        "extra_ldflags": ldflags,
+        "extra_include_paths": [],
+        "with_cuda": with_cuda,
+        "with_sycl": False,
+        "is_standalone": False,
+    }
+    writer(**{k: v for k, v in kwargs.items() if k in inspect.signature(writer).parameters})
+
+
+def _build_with_torch(request: Request, sources: list[str], directory: Path, verbose: bool) -> None:
+    """torch's builder (ninja over the whole build file), for a build file harness/objects.py does not run."""
+    from torch.utils import cpp_extension
+
     builder = cpp_extension._write_ninja_file_and_build_library
     params = inspect.signature(builder).parameters
     kwargs: dict[str, Any] = {
@@ -236,6 +269,31 @@ def build(request: Request, directory: Path, verbose: bool = False) -> Path:
         "is_standalone": False,
     }
     builder(**{k: v for k, v in kwargs.items() if k in params})
+
+
+def build(request: Request, directory: Path, verbose: bool = False, store: Path | None = None) -> Path:
+    """Compile and link the request in `directory` without loading it; the shared library's path.
+
+    Each unit's object comes from the node's object cache when it is there (harness/objects.py);
+    `store` (a build launch's) receives the objects compiled here. Raises RuntimeError with the
+    compiler's output when the build fails."""
+    sources = source_files(request, directory)
+    try:
+        _write_build_file(request, sources, directory)
+        steps = objects.plan(directory / "build.ninja")
+    except (objects.PlanError, AttributeError, TypeError, KeyError):
+        steps = None  # a torch whose private build helpers differ: its own builder, uncached
+    if steps is None:
+        _build_with_torch(request, sources, directory, verbose)
+    else:
+        cache = os.environ.get(CACHE_ENV)
+        try:
+            done = objects.run(
+                steps, directory, toolchain(), Path(cache) / objects.OBJECTS if cache else None, store
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(f"Error building extension '{request.name}': {exc}") from None
+        write_mark(directory, UNITS_MARK, {"cached": done.cached, "compiled": done.compiled})
     library = directory / f"{request.name}.so"
     if not library.is_file():
         raise RuntimeError(f"building extension {request.name} left no {library.name}")

@@ -61,6 +61,11 @@ class StandInTools:
                 (built / "escape").symlink_to("/etc/passwd")
                 requests.write_mark(built, requests.OK_MARK, {})
                 entries.append({"key": key, "ok": True})
+                units = launch_dir / "objects"  # the units it compiled (harness/objects.py)
+                units.mkdir(exist_ok=True)
+                (units / f"{'a' * 64}.o").write_bytes(b"\x7fELF object")
+                (units / "stray.o").write_bytes(b"not named by a key")
+                (units / f"{'b' * 64}.o").symlink_to("/etc/passwd")
             elif how == "failed":
                 entries.append({"key": key, "ok": False, "log": "error: expected ';'"})
         (launch_dir / "build.json").write_text(json.dumps({"extensions": entries}))
@@ -114,6 +119,13 @@ def test_a_build_lands_in_the_cache_once_without_links_and_the_discovery_is_kept
     assert tools.runs == ["discover", "build"], "an unchanged solution is neither imported nor built again"
     assert again.cached == ["twice"] and again.notes() == ["extension twice loaded from the build cache"]
     assert list(Path(config.launches_dir()).iterdir()) == [], "tool launch directories are removed"
+
+
+def test_a_build_launch_s_objects_land_in_the_object_cache_by_key_only():
+    extensions.prepare(SOLUTION, StandInTools([call()]), 10.0)
+    stored = sorted(p.name for p in (config.extensions_dir() / "objects").iterdir())
+    assert stored == [f"{'a' * 64}.o"], "neither a stray name nor a link is installed"
+    assert (config.extensions_dir() / "objects" / stored[0]).read_bytes() == b"\x7fELF object"
 
 
 def test_a_failed_build_is_kept_and_not_built_again():

@@ -9,8 +9,10 @@ Before a check or benchmark (and in `compile_kernel`) the host:
 2. keys each request (harness/extensions.py: sources, flags, toolchain) and, for those not in the cache
    whose flags pass the compile allow-list, runs a build launch (harness/build.py): torch's build with no
    candidate code, whose output is therefore a function of the request alone;
-3. moves each built directory into `config.extensions_dir()` under its key. Every launch mounts that
-   folder read-only; a launch's `load_inline` loads from it and builds only what it does not find there.
+3. moves each built directory into `config.extensions_dir()` under its key, and the objects of the units
+   the build compiled into its `objects/` folder (harness/objects.py: a unit already there is not
+   compiled again). Every launch mounts that folder read-only; a launch's `load_inline` loads from it
+   and builds only what it does not find there.
 
 So a candidate's own launch never writes to the cache, and another tenant's launch loads only what a build
 launch made from the request that names it (docs/sandbox.md). Failed builds are kept too (with the
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness import extensions as requests
+from harness import objects
 from pkb_mcp import config
 from pkb_mcp.compile.flags import prebuild_refusal
 from pkb_mcp.compile.parse import first_errors
@@ -46,6 +49,8 @@ from sandbox.toolchain import jit_env
 log = get(__name__)
 
 MAX_REQUESTS = 16
+MAX_OBJECTS = 4 * MAX_REQUESTS  # objects one build launch may add to the cache (each request: 2 units)
+MAX_OBJECT_BYTES = 256 << 20
 DISCOVERY_SCHEMA = 1
 DISCOVERY_CAP = 16 << 20
 TIMED_OUT = "timed out"
@@ -203,6 +208,7 @@ def build_requests(
         prepared.build_s = time.monotonic() - start
         result = read_result(launch_dir / "build.json")
         _install_results(todo, result, outcome.timed_out, launch_dir, prepared)
+        _install_objects(launch_dir / objects.OBJECTS)
     finally:
         if own_dir:
             shutil.rmtree(launch_dir, ignore_errors=True)
@@ -258,6 +264,28 @@ def _install(built: Path, key: str) -> bool:
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
         return target.exists()
+
+
+def _install_objects(built: Path) -> int:
+    """Copy the objects a build launch compiled into the node's object cache (harness/objects.py): plain
+    files named by their key only, each at most MAX_OBJECT_BYTES; the number installed."""
+    if built.is_symlink() or not built.is_dir():
+        return 0
+    target = config.extensions_dir() / objects.OBJECTS
+    installed = 0
+    for path in sorted(built.iterdir())[:MAX_OBJECTS]:
+        if not objects.KEY_RE.fullmatch(path.name) or path.is_symlink() or not path.is_file():
+            continue
+        if path.stat().st_size > MAX_OBJECT_BYTES or (target / path.name).exists():
+            continue
+        target.mkdir(exist_ok=True)
+        staging = target / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}"
+        with contextlib.suppress(OSError):
+            shutil.copyfile(path, staging, follow_symlinks=False)
+            os.replace(staging, target / path.name)
+            installed += 1
+        staging.unlink(missing_ok=True)
+    return installed
 
 
 def _not_plain(directory: str, names: list[str]) -> list[str]:

@@ -1,0 +1,128 @@
+"""harness/objects.py: an extension's build file run one unit at a time, each unit's object cached by
+what enters its compiler. Stand-in compilers (`cp`, `cat`) keep the unit tests fast; one integration
+test builds a real C++ extension twice (tests/test_extensions.py runs builds in Docker)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import extensions, objects
+
+TOOLCHAIN = {"torch": "x", "cxx": "c++"}
+
+# a build file in the form torch writes: variables, a compile rule with a dependency file, a link rule
+BUILD = """ninja_required_version = 1.3
+cxx = c++
+cflags = -DX=1 -O2
+
+rule compile
+  command = cp $in $out && printf '%s: %s {dep}\\n' $out $in > $out.d && echo $cflags >> $out
+  depfile = $out.d
+  deps = gcc
+
+rule link
+  command = cat $in > $out
+
+build main.o: compile {src}
+build ext.so: link main.o
+
+default ext.so
+"""
+
+
+def build_dir(tmp_path: Path, name: str, source: str, dep: str = "") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "main.cpp").write_text(source)
+    (d / "build.ninja").write_text(BUILD.format(src=d / "main.cpp", dep=dep))
+    return d
+
+
+def test_a_build_file_becomes_its_compile_steps_then_its_link(tmp_path):
+    d = build_dir(tmp_path, "b", "int f();")
+    steps = objects.plan(d / "build.ninja")
+    assert [(s.rule, s.output) for s in steps] == [("compile", "main.o"), ("link", "ext.so")]
+    assert steps[0].inputs == (str(d / "main.cpp"),)
+    assert "-DX=1 -O2" in steps[0].command and "$" not in steps[0].command.replace("'%s: %s", "")
+    assert steps[1].command == "cat main.o > ext.so"
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda t: t.replace("rule link", "rule dlink"), "rule 'link'"),
+        (lambda t: t.replace("$cflags", "$undefined_flags"), "$undefined_flags is not defined"),
+        (lambda t: t.replace("build ext.so: link main.o", ""), "compile steps then one link"),
+        (lambda t: t.replace("build main.o: compile", "build main.o: compile | extra"), "not understood"),
+    ],
+)
+def test_a_build_file_it_does_not_understand_is_left_to_ninja(tmp_path, edit, why):
+    d = build_dir(tmp_path, "b", "int f();")
+    (d / "build.ninja").write_text(edit((d / "build.ninja").read_text()))
+    with pytest.raises(objects.PlanError, match=re.escape(why)):
+        objects.plan(d / "build.ninja")
+
+
+def test_an_object_is_compiled_once_and_then_taken_from_the_cache(tmp_path):
+    cache = tmp_path / "cache"
+    first = build_dir(tmp_path, "first", "int f();")
+    done = objects.run(objects.plan(first / "build.ninja"), first, TOOLCHAIN, cache, cache)
+    assert done.compiled == [str(first / "main.cpp")] and done.stored == done.compiled and not done.cached
+    assert (first / "ext.so").read_text().startswith("int f();")
+    # the same unit in another build directory (another request: another link) is not compiled again
+    second = build_dir(tmp_path, "second", "int f();")
+    done = objects.run(objects.plan(second / "build.ninja"), second, TOOLCHAIN, cache, cache)
+    assert done.cached == [str(second / "main.cpp")] and not done.compiled
+    assert (second / "ext.so").read_bytes() == (first / "ext.so").read_bytes()
+    # an edited source, another toolchain: compiled
+    third = build_dir(tmp_path, "third", "int g();")
+    assert objects.run(objects.plan(third / "build.ninja"), third, TOOLCHAIN, cache, None).compiled
+    fourth = build_dir(tmp_path, "fourth", "int f();")
+    other = {**TOOLCHAIN, "torch": "y"}
+    assert objects.run(objects.plan(fourth / "build.ninja"), fourth, other, cache, None).compiled
+
+
+def test_a_unit_that_read_a_file_outside_the_toolchain_is_compiled_but_never_stored(tmp_path):
+    header = tmp_path / "mine.h"
+    header.write_text("#define N 3")
+    d = build_dir(tmp_path, "b", '#include "mine.h"', dep=str(header))
+    done = objects.run(objects.plan(d / "build.ninja"), d, TOOLCHAIN, tmp_path / "cache", tmp_path / "cache")
+    assert done.compiled and not done.stored and not (tmp_path / "cache").exists()
+    # a header under the toolchain's roots (here the interpreter's prefix) is covered by the key
+    d2 = build_dir(tmp_path, "b2", "int h();", dep=os.path.join(sys.prefix, "include"))
+    assert objects.run(objects.plan(d2 / "build.ninja"), d2, TOOLCHAIN, None, tmp_path / "cache").stored
+
+
+def test_a_compiler_error_names_the_unit_and_keeps_the_compiler_s_output(tmp_path):
+    d = build_dir(tmp_path, "b", "int f();")
+    (d / "build.ninja").write_text(
+        (d / "build.ninja").read_text().replace("cp $in", "echo 'main.cpp:1:1: error: no' && false && cp $in")
+    )
+    with pytest.raises(RuntimeError, match=r"FAILED: main\.o") as raised:
+        objects.run(objects.plan(d / "build.ninja"), d, TOOLCHAIN, None, None)
+    assert "main.cpp:1:1: error: no" in str(raised.value)
+
+
+@pytest.mark.integration
+def test_a_real_extension_s_bindings_are_compiled_once_for_two_requests(tmp_path, monkeypatch):
+    """Two requests that differ only in their link flags: the second links the first's object."""
+    monkeypatch.setenv(extensions.CACHE_ENV, str(tmp_path / "cache"))
+    store = tmp_path / "cache" / objects.OBJECTS
+    first = extensions.request_of("ext_units", ["int twice(int x) { return 2 * x; }"], functions=["twice"])
+    extensions.build(first, tmp_path / "a", store=store)
+    assert extensions.read_mark(tmp_path / "a", extensions.UNITS_MARK) == {
+        "cached": [],
+        "compiled": [str(tmp_path / "a" / "main.cpp")],
+    }
+    second = extensions.request_of(
+        "ext_units", ["int twice(int x) { return 2 * x; }"], functions=["twice"], extra_ldflags=["-lm"]
+    )
+    library = extensions.build(second, tmp_path / "b", store=store)
+    units = extensions.read_mark(tmp_path / "b", extensions.UNITS_MARK)
+    assert units == {"cached": [str(tmp_path / "b" / "main.cpp")], "compiled": []}
+    assert extensions.load_library(second, library).twice(21) == 42
