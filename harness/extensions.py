@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.abc
 import importlib.util
 import inspect
 import json
@@ -402,11 +403,42 @@ class _Loader:
         return load_library(request, directory / f"{request.name}.so")
 
 
-def install() -> None:
-    """Route the solution's `load_inline` calls through the extension cache (before it is imported)."""
-    from torch.utils import cpp_extension
+CPP_EXTENSION = "torch.utils.cpp_extension"
 
+
+def _route(cpp_extension: Any) -> None:
     cache = os.environ.get(CACHE_ENV)
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / "pkb-extensions"
-    loader = _Loader(Path(cache) if cache else None, scratch, cpp_extension.load_inline)
-    cpp_extension.load_inline = loader  # type: ignore[assignment]
+    cpp_extension.load_inline = _Loader(Path(cache) if cache else None, scratch, cpp_extension.load_inline)
+
+
+class _RouteOnImport(importlib.abc.MetaPathFinder):
+    """Finds torch.utils.cpp_extension once, through the other finders, and routes its load_inline as
+    soon as the module has run: a solution that never imports it never pays its import (setuptools
+    and all, a good part of a second per rank)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != CPP_EXTENSION:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _route(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Route the solution's `load_inline` calls through the extension cache (before it is imported):
+    at once if torch.utils.cpp_extension is loaded, else when something first imports it."""
+    loaded = sys.modules.get(CPP_EXTENSION)
+    if loaded is not None:
+        _route(loaded)
+    else:
+        sys.meta_path.insert(0, _RouteOnImport())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -126,3 +127,22 @@ def test_a_real_extension_s_bindings_are_compiled_once_for_two_requests(tmp_path
     units = extensions.read_mark(tmp_path / "b", extensions.UNITS_MARK)
     assert units == {"cached": [str(tmp_path / "b" / "main.cpp")], "compiled": []}
     assert extensions.load_library(second, library).twice(21) == 42
+
+
+def test_a_launch_imports_cpp_extension_only_when_the_solution_does():
+    """install() routes load_inline when torch.utils.cpp_extension is first imported, not before: a
+    plain solution's ranks never pay for that import (setuptools included)."""
+    probe = (
+        "import sys\n"
+        "from harness import extensions\n"
+        "extensions.install()\n"
+        "before = 'torch.utils.cpp_extension' in sys.modules\n"
+        "from torch.utils.cpp_extension import load_inline\n"
+        "import torch.utils.cpp_extension as ce\n"
+        "print(before, type(load_inline).__name__, type(ce.load_inline).__name__)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    assert out == ["False", "_Loader", "_Loader"]
