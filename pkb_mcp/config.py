@@ -65,3 +65,19 @@ def pin_cpus(device: str) -> bool:
     if env not in ("", "0", "1"):
         raise ValueError(f"PKB_PIN_CPUS must be 0 or 1, not {env!r}")
     return env == "1" if env else device == "cuda"
+
+
+def build_slots() -> int:
+    """How many solutions' extensions a batch builds at once (PKB_BUILD_SLOTS, else from the node): a
+    build launch runs up to four compilers side by side (harness/build.py), each wanting about 2 GiB."""
+    env = os.environ.get("PKB_BUILD_SLOTS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"PKB_BUILD_SLOTS must be a positive integer, not {env!r}")
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError):
+        memory_gib = 8.0
+    return max(1, min(cores // 4, int(memory_gib // 8)))

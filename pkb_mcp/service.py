@@ -57,11 +57,13 @@ __all__ = [
     "VERBS",
     "Progress",
     "bench",
+    "builds_extensions",
     "calibrate",
     "check",
     "compile_file",
     "default_device",
     "list_problems",
+    "prebuild",
     "preflight",
     "profile",
     "roofline_of",
@@ -203,6 +205,19 @@ def compile_file(
     progress(1, 1, "compiled" if result.ok else "compile failed")
     notes = [] if backend.isolated else [backend.note]
     return result.model_copy(update={"sandbox": backend.name, "notes": [*notes, *result.notes]})
+
+
+def builds_extensions(text: str) -> bool:
+    """Whether a solution's text could build load_inline extensions (a batch prebuilds those)."""
+    return nvcc.extensions.may_build(text)
+
+
+def prebuild(request: RunRequest, cancel: threading.Event | None = None) -> list[str]:
+    """Build a solution's load_inline extensions into the node's cache (discovery and build launches, no
+    GPU), so that its check, queued after, finds them built; what preparing did, as notes."""
+    run = Run(request)
+    run.prepare_extensions(no_progress, cancel)
+    return run.notes
 
 
 def check(

@@ -196,6 +196,67 @@ def test_without_matplotlib_the_png_is_skipped_with_a_note(tmp_path, monkeypatch
 # ---------------------------------------------------------------- the example directory, end to end
 
 
+class _Queue:
+    """A scheduler stand-in: records submissions, runs nothing."""
+
+    cluster = None
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[str, int, bool]] = []
+
+    def submit(self, kind: str, request, first: bool = False) -> str:
+        self.submitted.append((kind, request.problem, first))
+        return f"job{len(self.submitted)}"
+
+
+def test_a_file_that_builds_extensions_is_built_beside_the_queue_then_checked(tmp_path, monkeypatch):
+    """Its build runs in the batch's build pool (no GPU taken); its check is queued once the build is
+    done, while a plain file's check is queued at once."""
+    import threading
+
+    from pkb_mcp import service
+    from pkb_mcp.evaluation.batch import _Batch
+    from pkb_mcp.evaluation.store import EvalStore
+
+    release, built = threading.Event(), []
+
+    def prebuild(request, cancel=None):
+        release.wait(10)
+        built.append(Path(request.path).name)
+        return []
+
+    monkeypatch.setattr(service, "prebuild", prebuild)
+    kernel = tmp_path / "001_kernel.py"
+    kernel.write_text("from torch.utils.cpp_extension import load_inline\ndef solution(x):\n    return x\n")
+    plain = tmp_path / "002_plain.py"
+    plain.write_text("def solution(x):\n    return x\n")
+    queue = _Queue()
+    batch = _Batch(
+        EvalSettings(world_size=2, device="cpu"), queue, EvalStore(tmp_path / "e.sqlite"), False, print
+    )
+    paired = pair_files([kernel, plain])
+    k, p = batch.start(kernel, paired[kernel]), batch.start(plain, paired[plain])
+    assert (k.stage, p.stage) == ("building", "checking")
+    assert queue.submitted == [("check", 2, False)] and not batch.advance(k)
+    release.set()
+    k.build.result(10)  # type: ignore[union-attr]
+    assert batch.advance(k) and k.stage == "checking" and built == ["001_kernel.py"]
+    assert queue.submitted == [("check", 2, False), ("check", 1, False)]
+    batch.builds.shutdown()  # type: ignore[union-attr]
+
+
+def test_build_slots_follow_the_node_or_the_setting(monkeypatch):
+    from pkb_mcp import config
+
+    monkeypatch.delenv("PKB_BUILD_SLOTS", raising=False)
+    assert config.build_slots() >= 1
+    monkeypatch.setenv("PKB_BUILD_SLOTS", "6")
+    assert config.build_slots() == 6
+    monkeypatch.setenv("PKB_BUILD_SLOTS", "many")
+    with pytest.raises(ValueError, match="PKB_BUILD_SLOTS"):
+        config.build_slots()
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_eval_of_the_example_directory_gives_the_right_verdicts_and_resumes(tmp_path, isolated_dirs):

@@ -53,10 +53,10 @@ def node(tmp_path, monkeypatch):
         s.stop()
 
 
-def submit(s, name, world_size=2, seconds=0.3, kind="check"):
+def submit(s, name, world_size=2, seconds=0.3, kind="check", first=False):
     SECONDS[name] = seconds
     params = RunRequest(path="stand-in.py", problem=name, world_size=world_size, device="cuda", timeout_s=30)
-    return s.submit(kind, params)
+    return s.submit(kind, params, first=first)
 
 
 def wait_all(s, ids, timeout=60):
@@ -106,6 +106,18 @@ def test_no_overtaking_so_large_jobs_are_not_starved(node):
     small = submit(s, "small", world_size=2, seconds=0.1)  # 2 GPUs are free, but it came after "big"
     wait_all(s, [first, big, small])
     assert span("big")[0] <= span("small")[0]
+
+
+def test_a_job_submitted_first_goes_ahead_of_the_queued_ones(node):
+    """A batch's benchmark of a file that passed starts before the checks queued before it."""
+    s = node()
+    running = submit(s, "running", world_size=4, seconds=0.4)
+    time.sleep(0.1)
+    queued = [submit(s, f"check{i}", world_size=4, seconds=0.05) for i in range(3)]
+    bench = submit(s, "bench", kind="bench", seconds=0.05, first=True)
+    wait_all(s, [running, *queued, bench])
+    starts = [n for e, n, _, _ in LOG if e == "start"]
+    assert starts == ["running", "bench", "check0", "check1", "check2"]
 
 
 def test_forty_jobs_from_eight_clients_none_lost_none_starved(node):

@@ -20,6 +20,7 @@ the report formats; pkb_mcp/evaluation/records.py holds the records they share.
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import hashlib
 import json
@@ -188,14 +189,20 @@ class _Entry:
     path: Path
     key: str
     base: FileResult
-    stage: str = "done"  # checking, benchmarking, done
+    stage: str = "done"  # building, checking, benchmarking, done
     job: str | None = None
+    build: concurrent.futures.Future[list[str]] | None = None  # the extensions' build, before the check
     result: FileResult | None = None
     checked: FileResult | None = None  # the check's result while its benchmark runs
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Batch:
+    """One batch's files through their stages. A file whose solution builds extensions is built first,
+    in a pool of `config.build_slots()` beside the scheduler's GPU queue (on a cluster the nodes build),
+    and checked once its build is done; a file that passes is benchmarked ahead of the checks still
+    queued."""
+
     def __init__(
         self, settings: EvalSettings, scheduler: Any, store: EvalStore, rerun: bool, progress: Progress
     ):
@@ -204,6 +211,9 @@ class _Batch:
         self.store = store
         self.rerun = rerun
         self.progress = progress
+        self.builds: concurrent.futures.ThreadPoolExecutor | None = None
+        if scheduler.cluster is None:
+            self.builds = concurrent.futures.ThreadPoolExecutor(config.build_slots(), "pkb-build")
 
     def request(self, path: Path, pid: int, kind: str) -> RunRequest:
         check = kind == "check"
@@ -273,9 +283,17 @@ class _Batch:
         if row is not None and self._adoptable(row["check_job"]):
             entry.stage, entry.job = "checking", row["check_job"]
             return entry
-        entry.stage, entry.job = "checking", self.scheduler.submit("check", self.request(path, pid, "check"))
-        self.store.put(key, str(path), "checking", check_job=entry.job)
+        if self.builds is not None and service.builds_extensions(data.decode("utf-8", errors="replace")):
+            entry.stage = "building"
+            entry.build = self.builds.submit(service.prebuild, self.request(path, pid, "check"))
+            return entry
+        self._submit_check(entry, pid)
         return entry
+
+    def _submit_check(self, entry: _Entry, pid: int) -> None:
+        entry.stage = "checking"
+        entry.job = self.scheduler.submit("check", self.request(entry.path, pid, "check"))
+        self.store.put(entry.key, str(entry.path), "checking", check_job=entry.job)
 
     def _adoptable(self, job: str | None) -> bool:
         """A job of an earlier run that is still queued or running (re-queued on restart), or done."""
@@ -285,7 +303,15 @@ class _Batch:
         return record is not None and record.state in ("queued", "running", "done")
 
     def advance(self, entry: _Entry) -> bool:
-        """Move an entry on when its job has ended; True when it changed."""
+        """Move an entry on when its build or its job has ended; True when it changed."""
+        if entry.stage == "building":
+            assert entry.build is not None
+            if not entry.build.done():
+                return False
+            # whatever the build did (a failure included) the check reports: it finds it in the cache
+            entry.build = None
+            self._submit_check(entry, entry.base.problem_id or 0)
+            return True
         assert entry.job is not None
         record = self.scheduler.get(entry.job)
         if not record.terminal:
@@ -306,7 +332,7 @@ class _Batch:
             entry.checked = checked
             entry.stage = "benchmarking"
             entry.job = self.scheduler.submit(
-                "bench", self.request(entry.path, checked.problem_id or 0, "bench")
+                "bench", self.request(entry.path, checked.problem_id or 0, "bench"), first=True
             )
             self.store.put(
                 entry.key,
@@ -476,7 +502,12 @@ def evaluate(
 
             gpus = torch.cuda.device_count()
         scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
-        results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
+        batch = _Batch(settings, scheduler, results_store, rerun, progress)
+        try:
+            results = batch.run(files, attempt_of)
+        finally:
+            if batch.builds is not None:
+                batch.builds.shutdown(wait=True, cancel_futures=True)
     finally:
         if scheduler is not None:
             scheduler.stop()

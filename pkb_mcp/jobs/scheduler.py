@@ -3,8 +3,9 @@
 A job is a *kind* (compile, check, bench, profile) with its `RunRequest`, run by that verb of
 `service.VERBS` in a worker thread once its resources are free: the GPUs it needs (world size, for cuda
 jobs), or the one CPU slot (CPU jobs use every core), or a compile slot. Jobs start in submission
-order as their resources allow. Everything about a job is written to the store, so a restarted
-scheduler re-queues jobs that were queued or running and still answers for finished ones.
+order as their resources allow (one submitted `first` goes ahead of the queued ones). Everything about
+a job is written to the store, so a restarted scheduler re-queues jobs that were queued or running and
+still answers for finished ones.
 """
 
 from __future__ import annotations
@@ -80,14 +81,16 @@ class Scheduler:
 
     # ------------------------------------------------------------ public
 
-    def submit(self, kind: Kind, request: RunRequest) -> str:
+    def submit(self, kind: Kind, request: RunRequest, first: bool = False) -> str:
+        """Queue a job; `first` puts it ahead of every queued job (a batch's benchmarks, so that an
+        interrupted batch has speedups for the files it checked)."""
         if kind not in VERBS:
             raise UserError(f"unknown job kind {kind!r}")
         if self.cluster is not None and VERBS[kind].remote:
             self.cluster.admit(kind, request)
         job_id = uuid.uuid4().hex[:12]
         self.store.create(job_id, kind, request.model_dump(mode="json"))
-        self._enqueue(job_id)
+        self._enqueue(job_id, first)
         log.info("job.submitted", job=job_id, kind=kind)
         return job_id
 
@@ -124,10 +127,13 @@ class Scheduler:
 
     # ------------------------------------------------------------ internals
 
-    def _enqueue(self, job_id: str) -> None:
+    def _enqueue(self, job_id: str, first: bool = False) -> None:
         with self._cond:
             self._live.setdefault(job_id, _Live())
-            self._queue.append(job_id)
+            if first:
+                self._queue.insert(0, job_id)
+            else:
+                self._queue.append(job_id)
             self._cond.notify_all()
 
     def _needs(self, record: JobRecord) -> tuple[str, int]:
