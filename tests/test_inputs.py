@@ -114,3 +114,25 @@ def test_the_host_share_is_in_the_result_and_warned_of_when_the_events_miss_it()
     assert len(pooled["host_clock_ms"]) == 16 and pooled["host_waited_calls"] == 3
     older, _ = stats.summarize({k: v for k, v in record([1.0], []).items() if not k.startswith("host")})
     assert older.host_clock_median_ms is None and older.host_waited_calls == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_draws_have_independent_real_and_imaginary_parts(dtype):
+    from harness.context import DTYPES, ProblemContext
+
+    assert DTYPES["complex128"] is torch.complex128
+    ctx = ProblemContext(rank=0, world_size=2, size={}, seed=5)
+    z = ctx.randn(4096, dtype=dtype, scale=2.0)
+    assert z.dtype == dtype
+    assert 1.8 < float(z.real.std()) < 2.2 and 1.8 < float(z.imag.std()) < 2.2
+    assert abs(float(torch.corrcoef(torch.stack([z.real, z.imag]).double())[0, 1])) < 0.1
+    u = ctx.rand(4096, low=1.0, high=3.0, dtype=dtype)
+    assert float(u.imag.min()) >= 1.0 and float(u.imag.max()) < 3.0 and float(u.imag.std()) > 0.5
+    assert not torch.equal(u.real, u.imag)
+    shared = [
+        ProblemContext(rank=r, world_size=2, size={}, seed=5).randn(8, dtype=dtype, shared=True)
+        for r in (0, 1)
+    ]
+    assert torch.equal(shared[0], shared[1])
+    meta = ProblemContext(rank=0, world_size=2, size={}, device=torch.device("meta"))
+    assert meta.rand(3, 2, dtype=dtype).shape == (3, 2) and meta.randn(3, dtype=dtype).dtype == dtype

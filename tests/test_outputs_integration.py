@@ -120,3 +120,75 @@ def test_a_host_synchronous_reference_shows_its_host_share(suite):
         assert side.host_clock_median_ms is not None and side.host_clock_median_ms > 0
         assert side.input_sets == 1, "lean inputs: one replayed input set"
     assert LEAN_NOTE in r.notes
+
+
+def tiny_problem(folder: Path, pid: int, name: str, body: str, dtype: str = "float32") -> Path:
+    """A test problem file `pid_name.py` in `folder`: the metadata every problem needs, then `body`
+    (make_inputs, solution and whatever the capability under test adds)."""
+    head = f'''"""A tiny problem of the harness tests ({name})."""
+
+import torch
+import torch.distributed as dist
+
+ID = {pid}
+NAME = "{name}"
+CATEGORY = "primitive"
+SOURCE = "tests"
+SUMMARY = "tests only"
+DTYPE = "{dtype}"
+WORLD_SIZES = "any world size >= 2"
+SIZES = {{"pkb": {{"n": 16}}, "large": {{"n": 64}}}}
+TOLERANCE = {{"atol": 1e-4, "rtol": 1e-4, "rel_norm": 1e-4}}
+
+
+def check_world_size(world_size, size):
+    return None if world_size >= 2 else "needs at least 2 ranks"
+
+
+def traffic(ctx):
+    return {{"nvlink_bytes": 0, "hbm_bytes": 0, "flops": 0}}
+
+'''
+    path = folder / f"{pid:03d}_{name}.py"
+    path.write_text(head + body)
+    return path
+
+
+def check_file(pid: int, path: Path):
+    return service.check(
+        RunRequest(
+            problem=pid, path=path, world_size=2, device="cpu", trials=1, timeout_s=180, sandbox="process"
+        )
+    )
+
+
+COMPLEX = """
+def make_inputs(ctx):
+    n = ctx.size["n"]
+    weights = ctx.rand(n, low=0.5, high=1.5, dtype=torch.complex64, shared=True)
+    return ctx.randn(n, dtype=torch.complex64), weights
+
+
+def solution(x, w):
+    y = x * w
+    dist.all_reduce(y)
+    return y
+"""
+
+REAL_PART_ONLY = """
+_reference = solution
+
+
+def solution(x, w):
+    return _reference(x, w).real.to(torch.complex64)
+"""
+
+
+def test_complex_inputs_and_outputs_are_judged_on_both_parts(suite, tmp_path):
+    reference = tiny_problem(suite, 902, "tiny_complex", COMPLEX, dtype="complex64")
+    r = check_file(902, reference)
+    assert r.verdict == "pass", r.message
+    wrong = tmp_path / "real_part_only.py"
+    wrong.write_text(reference.read_text() + REAL_PART_ONLY)
+    r = check_file(902, wrong)
+    assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message
