@@ -192,6 +192,9 @@ class Calls:
         self.out_dir = out_dir
         self.mac_key = tensorfile.result_key(cfg["seeds"])  # the host checks every result file with it
         self.check = check  # fails the rank if the solution replaced what the harness relies on
+        # the problem's canonical order of its outputs (docs/problem-format.md), taken before the
+        # solution was imported: a solution that replaces it afterwards fails the Watch's check
+        self.canonical: Callable[[Any, tuple], Any] | None = getattr(problem, "canonical", None)
         # lean inputs are fingerprinted, not copied, under a key the solution is never given
         self.lean_key = int.from_bytes(self.mac_key[8:16], "little") if self.lean else None
 
@@ -236,6 +239,26 @@ class Calls:
 
         return outs + [t for t in inputs if isinstance(t, torch.Tensor)] if self.mutates else outs
 
+    def canonical_order(
+        self, shape: structure.Structure, outs: list, returned: int, inputs: tuple | list
+    ) -> tuple[structure.Structure, list]:
+        """The returned outputs (the first `returned` of `outs`) in the problem's canonical order,
+        the in-place outputs after them unchanged; as they were where the problem has no `canonical`.
+        Applied to the reference's and the candidate's outputs alike, where they are judged (never
+        inside a timed call)."""
+        if self.canonical is None:
+            return shape, outs
+        value = structure.decode(shape, outs[:returned])
+        try:
+            ordered = self.canonical(value, tuple(inputs))
+        except Exception as exc:
+            raise SolutionError(
+                f"the problem's canonical order could not be applied to the outputs "
+                f"({type(exc).__name__}: {exc}); return the reference's structure"
+            ) from exc
+        new_shape, tensors = normalize_output(ordered)
+        return new_shape, tensors + outs[returned:]
+
     def judge_call(self, inputs: tuple) -> tuple[structure.Structure, list, dict[str, Any]]:
         """One checked call: the outputs as they were at return (private copies), plus what the
         host must know (aliasing, mutation)."""
@@ -256,6 +279,7 @@ class Calls:
         dist.barrier()  # every rank's work has ended before inputs are compared
         meta: dict[str, Any] = {"aliased_outputs": self.aliasing(outs, list(inputs), returned)}
         meta["mutated_inputs"] = [] if pristine is None else pristine.changed(inputs)
+        shape, at_return = self.canonical_order(shape, at_return, returned, inputs)
         return shape, at_return, meta
 
     def save(self, name: str, outs: list, shape: structure.Structure, meta: dict[str, Any]) -> None:

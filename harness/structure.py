@@ -89,6 +89,35 @@ def _node(value: Any, tensors: list[torch.Tensor], where: str, depth: int) -> li
     )
 
 
+def decode(structure: Structure, tensors: list[torch.Tensor]) -> Any:
+    """The value `encode` read `structure` and `tensors` from, rebuilt (tuples and lists both come
+    back as tuples; the inverse of `encode` otherwise)."""
+    if structure == "tensor":
+        return tensors[0]
+    if structure == "tuple":
+        return tuple(tensors)
+    assert isinstance(structure, list)
+    left = iter(tensors)
+
+    def build(node: list) -> Any:
+        kind = node[0]
+        if kind == "tensor":
+            return next(left)
+        if kind == "none":
+            return None
+        if kind == "float":
+            return float.fromhex(node[1])
+        if kind == "size":
+            return torch.Size(node[1])
+        if kind == "tuple":
+            return tuple(build(item) for item in node[1])
+        if kind == "dict":
+            return {k: build(item) for k, item in node[1]}
+        return node[1]  # bool, int, str
+
+    return build(structure)
+
+
 def _child(where: str, label: str) -> str:
     return f"output {label}" if where == "the output" else f"{where}[{label}]"
 

@@ -192,3 +192,43 @@ def test_complex_inputs_and_outputs_are_judged_on_both_parts(suite, tmp_path):
     wrong.write_text(reference.read_text() + REAL_PART_ONLY)
     r = check_file(902, wrong)
     assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message
+
+
+CANONICAL = """
+def make_inputs(ctx):
+    return (ctx.randn(ctx.size["n"], 3),)
+
+
+def solution(x):
+    rows = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, x)
+    return torch.cat(rows), x.shape[0]
+
+
+def canonical(outputs, inputs):
+    rows, count = outputs
+    return rows[rows[:, 0].argsort()], count
+"""
+
+OTHER_ORDER = """
+def solution(x):
+    rows = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, x)
+    return torch.cat(rows[::-1]).flip(0), x.shape[0]
+"""
+
+
+def test_outputs_in_another_order_pass_through_the_canonical_order(suite, tmp_path):
+    reference = tiny_problem(suite, 903, "tiny_canonical", CANONICAL)
+    other = tmp_path / "other_order.py"
+    other.write_text(reference.read_text() + OTHER_ORDER)
+    r = check_file(903, other)
+    assert r.verdict == "pass", r.message
+    r = service.bench(
+        RunRequest(problem=903, path=other, world_size=2, device="cpu", sandbox="process", timeout_s=300)
+    )
+    assert r.verdict == "pass", r.message
+    unordered = reference.read_text().replace("def canonical(", "def _unused(")
+    reference.write_text(unordered)
+    r = check_file(903, other)
+    assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message

@@ -154,3 +154,61 @@ def test_floats_keep_their_exact_value():
         (shape, _) = normalize_output((x, None))
         assert float.fromhex(shape[1][0][1]) == x or math.isnan(x)
     assert normalize_output((-0.0, None))[0] != normalize_output((0.0, None))[0], "the sign of zero counts"
+
+
+def test_decode_rebuilds_what_encode_read():
+    value = mixed_output()
+    shape, tensors = normalize_output(value)
+    back = structure.decode(shape, tensors)
+    assert back[1] is None and back[2] == torch.Size([4, 8]) and back[3]["scale"] == 0.25
+    assert back[3]["values"] is tensors[1] and back[4][0] is tensors[2] and math.isnan(back[4][1])
+    assert structure.encode(back) == (shape, tensors)
+    assert structure.decode("tensor", tensors[:1]) is tensors[0]
+    assert structure.decode("tuple", tensors) == tuple(tensors)
+
+
+def sorted_rows(outputs, inputs):
+    """A canonical order: rows sorted by their first column (ties broken by the second)."""
+    rows, count = outputs
+    key = rows[:, 0] * 1000 + rows[:, 1]
+    return rows[key.argsort()], count
+
+
+def canonical_calls(hook):
+
+    from harness.calls import Calls
+
+    calls = Calls.__new__(Calls)
+    calls.canonical = hook
+    return calls
+
+
+def test_the_canonical_order_applies_to_the_returned_outputs_only():
+    rows = torch.tensor([[2.0, 1.0], [0.0, 5.0], [2.0, 0.0]])
+    in_place = torch.ones(3)
+    shape, outs = normalize_output((rows, 3))
+    calls = canonical_calls(sorted_rows)
+    new_shape, ordered = calls.canonical_order(shape, [*outs, in_place], 1, (rows,))
+    assert new_shape == shape and ordered[1] is in_place
+    assert ordered[0].tolist() == [[0.0, 5.0], [2.0, 0.0], [2.0, 1.0]]
+    assert canonical_calls(None).canonical_order(shape, outs, 1, ()) == (shape, outs)
+
+
+def test_a_canonical_order_that_cannot_read_the_outputs_fails_the_call():
+    shape, outs = normalize_output(torch.zeros(3))  # a tensor where the hook wants (rows, count)
+    with pytest.raises(SolutionError, match="canonical order could not be applied"):
+        canonical_calls(sorted_rows).canonical_order(shape, outs, 1, ())
+
+
+def test_a_solution_that_replaces_the_canonical_order_fails_the_rank():
+    from types import ModuleType
+
+    from harness.worker import Watch
+
+    problem = ModuleType("pkb_problem")
+    problem.canonical = sorted_rows  # type: ignore[attr-defined]
+    watch = Watch(problem)
+    watch.check("before")
+    problem.canonical = lambda outputs, inputs: outputs  # type: ignore[attr-defined]
+    with pytest.raises(SolutionError, match=r"replaced the problem\.canonical"):
+        watch.check("during a call")
