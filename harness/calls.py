@@ -31,14 +31,19 @@ MAX_INPUT_DEPTH = 4  # nesting of tuples, lists and dicts searched for tensors a
 
 def input_tensors(inputs: tuple | list) -> list[tuple[str, Any]]:
     """Every tensor the inputs hold, named as a message names it: tensor arguments ("input 2"),
-    tensors inside tuples, lists and dicts ("input 1[0]"), and the parameters and buffers of module
-    arguments ("input 3 (Linear) parameter weight")."""
+    tensors inside tuples, lists and dicts ("input 1[0]"), the parameters and buffers of module
+    arguments ("input 3 (Linear) parameter weight"), and the indices and values of sparse COO
+    tensors ("input 0 (sparse values)")."""
     import torch
 
     found: list[tuple[str, Any]] = []
 
     def walk(value: Any, name: str, depth: int) -> None:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.layout == torch.sparse_coo:
+            # its indices and values, as they lie (views of the sparse tensor's own memory)
+            found.append((f"{name} (sparse indices)", value._indices()))
+            found.append((f"{name} (sparse values)", value._values()))
+        elif isinstance(value, torch.Tensor):
             found.append((name, value))
         elif isinstance(value, torch.nn.Module):
             kind = type(value).__name__

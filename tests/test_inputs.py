@@ -136,3 +136,33 @@ def test_complex_draws_have_independent_real_and_imaginary_parts(dtype):
     assert torch.equal(shared[0], shared[1])
     meta = ProblemContext(rank=0, world_size=2, size={}, device=torch.device("meta"))
     assert meta.rand(3, 2, dtype=dtype).shape == (3, 2) and meta.randn(3, dtype=dtype).dtype == dtype
+
+
+def sparse_inputs():
+    torch.manual_seed(1)
+    indices = torch.tensor([[0, 1, 1, 3], [2, 0, 2, 1]])
+    return (torch.sparse_coo_tensor(indices, torch.randn(4), (4, 3)), [torch.randn(3)])
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_sparse_inputs_are_snapshotted_and_their_changes_named(lean):
+    inputs = sparse_inputs()
+    names = [n for n, _ in input_tensors(inputs)]
+    assert names == ["input 0 (sparse indices)", "input 0 (sparse values)", "input 1[0]"]
+    pristine = Pristine(inputs, 4321 if lean else None)
+    assert pristine.changed(inputs) == []
+    inputs[0].mul_(2)
+    assert pristine.changed(inputs) == ["input 0 (sparse values)"]
+    inputs = sparse_inputs()
+    pristine = Pristine(inputs, 4321 if lean else None)
+    inputs[0]._indices()[1, 0] = 1  # the pattern moved, the values kept
+    assert pristine.changed(inputs) == ["input 0 (sparse indices)"]
+
+
+def test_a_sparse_input_is_copied_per_call_and_its_memory_watched():
+    inputs = sparse_inputs()
+    copy = calls.snapshot(inputs)[0]
+    assert copy.layout == torch.sparse_coo and torch.equal(copy.to_dense(), inputs[0].to_dense())
+    assert copy._values().data_ptr() != inputs[0]._values().data_ptr()
+    assert aliased_inputs([inputs[0]._values()[1:], torch.zeros(2)], list(inputs)) == [0]
+    assert aliased_inputs([inputs[0].to_dense()], list(inputs)) == []

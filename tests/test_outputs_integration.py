@@ -232,3 +232,60 @@ def test_outputs_in_another_order_pass_through_the_canonical_order(suite, tmp_pa
     reference.write_text(unordered)
     r = check_file(903, other)
     assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message
+
+
+SPARSE = """
+import warnings
+
+warnings.filterwarnings("ignore", message="Sparse invariant checks")
+
+
+def make_inputs(ctx):
+    n = ctx.size["n"]
+    mask = ctx.rand(n, n, dtype=torch.float32) < 0.3
+    weights = (ctx.randn(n, n, dtype=torch.float32) * mask).to_sparse()
+    return weights, ctx.randn(n, 4, dtype=torch.float32)
+
+
+def solution(weights, x):
+    y = torch.sparse.mm(weights, x)
+    dist.all_reduce(y)
+    return y, weights * 2
+"""
+
+SPARSE_UNCOALESCED = """
+_reference = solution
+
+
+def solution(weights, x):
+    y, doubled = _reference(weights, x)
+    # the same entries, each split in two halves: uncoalesced, equal once coalesced
+    i, v = doubled._indices(), doubled._values()
+    return y, torch.sparse_coo_tensor(torch.cat([i, i], 1), torch.cat([v, v]) / 2, doubled.shape)
+"""
+
+SPARSE_MUTATES = """
+_reference = solution
+
+
+def solution(weights, x):
+    out = _reference(weights, x)
+    weights._values().mul_(2)
+    return out
+"""
+
+
+def test_sparse_inputs_and_outputs_are_judged(suite, tmp_path):
+    reference = tiny_problem(suite, 904, "tiny_sparse", SPARSE)
+    uncoalesced = tmp_path / "uncoalesced.py"
+    uncoalesced.write_text(reference.read_text() + SPARSE_UNCOALESCED)
+    r = check_file(904, uncoalesced)
+    assert r.verdict == "pass", r.message
+    mutates = tmp_path / "mutates.py"
+    mutates.write_text(reference.read_text() + SPARSE_MUTATES)
+    r = check_file(904, mutates)
+    assert r.verdict == "fail" and "input 0 (sparse values) was changed" in r.ranks[0].message, r.message
+    r = service.bench(
+        RunRequest(problem=904, path=reference, world_size=2, device="cpu", sandbox="process", timeout_s=300)
+    )
+    assert r.verdict == "pass", r.message

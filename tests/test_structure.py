@@ -212,3 +212,46 @@ def test_a_solution_that_replaces_the_canonical_order_fails_the_rank():
     problem.canonical = lambda outputs, inputs: outputs  # type: ignore[attr-defined]
     with pytest.raises(SolutionError, match=r"replaced the problem\.canonical"):
         watch.check("during a call")
+
+
+def sparse(indices, values, size=(4, 3)):
+    return torch.sparse_coo_tensor(torch.tensor(indices), torch.tensor(values), size)
+
+
+def test_a_sparse_output_is_coalesced_and_round_trips(tmp_path):
+    # uncoalesced: (1, 0) twice, out of order
+    out = sparse([[1, 0, 1], [0, 2, 0]], [1.0, 2.0, 3.0])
+    shape, tensors = normalize_output((out, torch.ones(2)))
+    assert shape == ["tuple", [["sparse", [4, 3]], ["tensor"]]]
+    assert tensors[0].tolist() == [[0, 1], [2, 0]] and tensors[1].tolist() == [2.0, 4.0]
+    assert structure.tensor_names(shape) == [
+        "output 0 (sparse indices)",
+        "output 0 (sparse values)",
+        "output 1",
+    ]
+    path = tmp_path / "o.pkbt"
+    tensorfile.save(path, tensors, shape, {})
+    loaded, back, _ = tensorfile.load(path, 1 << 20)
+    assert loaded == shape and len(back) == 3
+    rebuilt = structure.decode(loaded, back)[0]
+    assert rebuilt.is_coalesced() and torch.equal(rebuilt.to_dense(), out.to_dense())
+    with pytest.raises(SolutionError, match="sparse_csr"):
+        normalize_output(out.to_dense().to_sparse_csr())
+
+
+def test_the_judge_compares_a_sparse_pattern_exactly_and_its_values_on_the_bounds():
+    want = Outputs(*normalize_output(sparse([[0, 1], [2, 0]], [2.0, 4.0])), {})
+
+    def judged(indices, values, size=(4, 3)):
+        return compare(0, 0, Outputs(*normalize_output(sparse(indices, values, size)), {}), want, TOL)
+
+    assert judged([[1, 0, 1], [0, 2, 0]], [1.0, 2.0, 3.0]).state == "pass"  # the same, uncoalesced
+    assert judged([[0, 1], [2, 0]], [2.0, 4.0001]).state == "pass"
+    r = judged([[0, 1], [2, 0]], [2.0, 4.5])
+    assert r.state == "wrong" and "output 0 (sparse values)" in r.message
+    r = judged([[0, 1], [2, 1]], [2.0, 4.0])
+    assert r.state == "wrong" and "output 0 (sparse indices)" in r.message
+    r = judged([[0, 1, 2], [2, 0, 0]], [2.0, 4.0, 0.0])  # an explicit zero is a different pattern
+    assert r.state == "wrong" and "int64[2, 3], expected int64[2, 2]" in r.message
+    r = judged([[0, 1], [2, 0]], [2.0, 4.0], (5, 3))
+    assert r.state == "wrong" and "expected a sparse tensor of size [4, 3]" in r.message
