@@ -128,7 +128,7 @@ def fresh_calls(calls: Calls, label: str, base: int, max_calls: int, judged: set
         meta: dict[str, Any] = {"aliased_outputs": calls.aliasing(outs, inputs, returned)}
         meta["mutated_inputs"] = [] if pristine is None else pristine.changed(inputs)
         copies = [o.detach().clone() for o in outs]
-        shape, copies = calls.canonical_order(shape, copies, returned, inputs)
+        shape, copies = calls.judged_form(shape, copies, returned, inputs)
         calls.save(f"f{k}", copies, shape, meta)
 
     return timing.Fresh(prepare, call, record, max_calls)
@@ -242,7 +242,7 @@ def _timed(
         shape, outs = normalize_output(out)
         returned = len(outs)
         outs = calls.in_place(outs, working[timed_set[0]])
-        shape, outs = calls.canonical_order(shape, outs, returned, working[timed_set[0]])
+        shape, outs = calls.judged_form(shape, outs, returned, working[timed_set[0]])
         return outs if shape == shapes[holds[timed_set[0]]] else None
 
     record = timing.run_timing(

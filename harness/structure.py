@@ -102,6 +102,19 @@ def _node(value: Any, tensors: list[torch.Tensor], where: str, depth: int) -> li
     )
 
 
+def extended(structure: Structure, tensors: int, more: int) -> Structure:
+    """A structure of `tensors` tensors with `more` tensors after them (a mutating workload's
+    in-place outputs, judged after its returned ones): further items of the outermost tuple, which a
+    single tensor or a return of another kind becomes the first item of."""
+    if not more:
+        return structure
+    if structure in ("tensor", "tuple"):
+        return "tuple"
+    node = tree(structure, tensors)
+    items = node[1] if node[0] == "tuple" else [node]
+    return ["tuple", [*items, *(["tensor"] for _ in range(more))]]
+
+
 def decode(structure: Structure, tensors: list[torch.Tensor]) -> Any:
     """The value `encode` read `structure` and `tensors` from, rebuilt (tuples and lists both come
     back as tuples; the inverse of `encode` otherwise)."""

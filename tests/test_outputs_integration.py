@@ -289,3 +289,39 @@ def test_sparse_inputs_and_outputs_are_judged(suite, tmp_path):
         RunRequest(problem=904, path=reference, world_size=2, device="cpu", sandbox="process", timeout_s=300)
     )
     assert r.verdict == "pass", r.message
+
+
+LISTS_IN_PLACE = """
+MUTATES_INPUTS = True
+
+
+def make_inputs(ctx):
+    return [ctx.randn(ctx.size["n"]), ctx.randn(ctx.size["n"], 2)], 0.5
+
+
+def solution(shards, scale):
+    for s in shards:
+        dist.all_reduce(s)
+        s.mul_(scale)
+    return torch.stack([s.norm() for s in shards])
+"""
+
+FIRST_SHARD_ONLY = """
+def solution(shards, scale):
+    for s in shards:
+        dist.all_reduce(s)
+    shards[0].mul_(scale)
+    return torch.stack([s.norm() * (scale if i else 1.0) for i, s in enumerate(shards)])
+"""
+
+
+def test_tensors_in_a_list_are_copied_per_call_and_judged_after_an_update_in_place(suite, tmp_path):
+    reference = tiny_problem(suite, 905, "tiny_lists", LISTS_IN_PLACE)
+    r = service.bench(
+        RunRequest(problem=905, path=reference, world_size=2, device="cpu", sandbox="process", timeout_s=300)
+    )
+    assert r.verdict == "pass", r.message  # a list updated twice would change the timed outputs
+    partial = tmp_path / "first_shard_only.py"
+    partial.write_text(reference.read_text() + FIRST_SHARD_ONLY)
+    r = check_file(905, partial)
+    assert r.verdict == "fail" and "output 2" in r.ranks[0].message, r.message

@@ -183,21 +183,21 @@ def canonical_calls(hook):
     return calls
 
 
-def test_the_canonical_order_applies_to_the_returned_outputs_only():
+def test_the_canonical_order_applies_to_the_returned_outputs_only_the_in_place_follow():
     rows = torch.tensor([[2.0, 1.0], [0.0, 5.0], [2.0, 0.0]])
     in_place = torch.ones(3)
     shape, outs = normalize_output((rows, 3))
     calls = canonical_calls(sorted_rows)
-    new_shape, ordered = calls.canonical_order(shape, [*outs, in_place], 1, (rows,))
-    assert new_shape == shape and ordered[1] is in_place
+    new_shape, ordered = calls.judged_form(shape, [*outs, in_place], 1, (rows,))
+    assert new_shape == ["tuple", [["tensor"], ["int", 3], ["tensor"]]] and ordered[1] is in_place
     assert ordered[0].tolist() == [[0.0, 5.0], [2.0, 0.0], [2.0, 1.0]]
-    assert canonical_calls(None).canonical_order(shape, outs, 1, ()) == (shape, outs)
+    assert canonical_calls(None).judged_form(shape, outs, 1, ()) == (shape, outs)
 
 
 def test_a_canonical_order_that_cannot_read_the_outputs_fails_the_call():
     shape, outs = normalize_output(torch.zeros(3))  # a tensor where the hook wants (rows, count)
     with pytest.raises(SolutionError, match="canonical order could not be applied"):
-        canonical_calls(sorted_rows).canonical_order(shape, outs, 1, ())
+        canonical_calls(sorted_rows).judged_form(shape, outs, 1, ())
 
 
 def test_a_solution_that_replaces_the_canonical_order_fails_the_rank():
@@ -255,3 +255,23 @@ def test_the_judge_compares_a_sparse_pattern_exactly_and_its_values_on_the_bound
     assert r.state == "wrong" and "int64[2, 3], expected int64[2, 2]" in r.message
     r = judged([[0, 1], [2, 0]], [2.0, 4.0], (5, 3))
     assert r.state == "wrong" and "expected a sparse tensor of size [4, 3]" in r.message
+
+
+@pytest.mark.parametrize(
+    ("shape", "tensors", "want"),
+    [
+        ("tensor", 1, "tuple"),
+        ("tuple", 2, "tuple"),
+        (["tuple", [["tensor"], ["none"]]], 1, ["tuple", [["tensor"], ["none"], ["tensor"], ["tensor"]]]),
+        (
+            ["dict", [["a", ["tensor"]]]],
+            1,
+            ["tuple", [["dict", [["a", ["tensor"]]]], ["tensor"], ["tensor"]]],
+        ),
+    ],
+)
+def test_in_place_outputs_follow_the_returned_ones_in_the_structure(shape, tensors, want):
+    extended = structure.extended(shape, tensors, 2)
+    assert extended == want and structure.extended(shape, tensors, 0) == shape
+    if extended != "tuple":
+        assert structure.check(extended) == tensors + 2
