@@ -29,7 +29,7 @@ import torch
 
 MAX_DEPTH = 8
 MAX_NODES = 4096
-MAX_ITEMS = 256  # per tuple, list or dict
+MAX_ITEMS = 1024  # per tuple, list or dict: a problem's outputs may be as many (MAX_OUTPUTS)
 MAX_STR = 256
 MAX_DIMS = 16
 INT_LIMIT = 1 << 63

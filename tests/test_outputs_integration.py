@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import service
+from pkb_mcp import problems, service
+from pkb_mcp.errors import UserError
 from pkb_mcp.models import RunRequest
 from pkb_mcp.runs.run import LEAN_NOTE
 
@@ -325,3 +326,28 @@ def test_tensors_in_a_list_are_copied_per_call_and_judged_after_an_update_in_pla
     partial.write_text(reference.read_text() + FIRST_SHARD_ONLY)
     r = check_file(905, partial)
     assert r.verdict == "fail" and "output 2" in r.ranks[0].message, r.message
+
+
+MANY_OUTPUTS = """
+MAX_OUTPUTS = 80  # tests: 70 outputs, over the default 64
+
+
+def make_inputs(ctx):
+    return (ctx.randn(70, ctx.size["n"]),)
+
+
+def solution(x):
+    y = x.clone()
+    dist.all_reduce(y)
+    return list(y.unbind(0))
+"""
+
+
+def test_a_problem_raises_the_output_cap_with_max_outputs(suite):
+    reference = tiny_problem(suite, 906, "tiny_many", MANY_OUTPUTS)
+    r = check_file(906, reference)
+    assert r.verdict == "pass", r.message
+    reference.write_text(reference.read_text().replace("MAX_OUTPUTS = 80", "_UNUSED = 80"))
+    problems._suite.cache_clear()  # the suite is loaded once per process
+    with pytest.raises(UserError, match="lists 70 tensors, over the cap of 64"):
+        check_file(906, reference)

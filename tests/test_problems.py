@@ -76,6 +76,8 @@ GOOD = (Path(problems.config.problems_dir()) / "001_allreduce.py").read_text()
         ("001_allreduce.py", GOOD + "\nimport nonexistent_module\n", "cannot be imported"),
         ("1_allreduce.py", GOOD, "named NNN_slug.py"),
         ("001_allreduce.py", GOOD + "\ncanonical = 3\n", "canonical must be a function"),
+        ("001_allreduce.py", GOOD + "\nMAX_OUTPUTS = 2000\n", "MAX_OUTPUTS must be an int from 64"),
+        ("001_allreduce.py", GOOD + "\nMAX_OUTPUTS = 80.0\n", "MAX_OUTPUTS must be an int"),
         ("001_allreduce.py", GOOD + "\ndef canonical(outputs):\n    return outputs\n", "two arguments"),
     ],
 )
@@ -148,3 +150,10 @@ def test_a_canonical_order_hook_loads(tmp_path):
     path = tmp_path / "001_allreduce.py"
     path.write_text(GOOD + "\ndef canonical(outputs, inputs):\n    return outputs\n")
     assert callable(problems.load_problem(path).module.canonical)
+
+
+def test_max_outputs_raises_the_result_file_cap(tmp_path):
+    path = tmp_path / "001_allreduce.py"
+    path.write_text(GOOD + "\nMAX_OUTPUTS = 80  # tests: a workload of 80 outputs\n")
+    assert problems.load_problem(path).max_outputs == 80
+    assert SUITE[1].max_outputs == 64
