@@ -10,6 +10,7 @@ without allocating anything.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
     "complex64": torch.complex64,
+    "complex128": torch.complex128,
     "int64": torch.int64,
     "int32": torch.int32,
 }
@@ -61,10 +63,15 @@ class ProblemContext:
     def randn(
         self, *shape: int, dtype: torch.dtype | None = None, shared: bool = False, scale: float = 1.0
     ) -> torch.Tensor:
-        """Standard normal values (times `scale`); `shared=True` gives every rank the same tensor."""
+        """Standard normal values (times `scale`); `shared=True` gives every rank the same tensor.
+        A complex dtype draws its real and imaginary parts independently, each standard normal."""
         dtype = dtype or self.dtype
         if self.is_meta:
             return torch.empty(*shape, dtype=dtype, device="meta")
+        if dtype.is_complex:
+            return self._complex(
+                dtype, lambda s: self.randn(*s, dtype=dtype.to_real(), shared=shared, scale=scale), shape
+            )
         work = dtype if dtype.is_floating_point and dtype.itemsize >= 2 else torch.float32
         out = torch.randn(*shape, generator=self._generator(shared), device=self.device, dtype=work)
         if scale != 1.0:
@@ -79,12 +86,25 @@ class ProblemContext:
         dtype: torch.dtype | None = None,
         shared: bool = False,
     ) -> torch.Tensor:
-        """Uniform values in [low, high)."""
+        """Uniform values in [low, high); a complex dtype draws its real and imaginary parts
+        independently, each uniform in [low, high)."""
         dtype = dtype or self.dtype
         if self.is_meta:
             return torch.empty(*shape, dtype=dtype, device="meta")
+        if dtype.is_complex:
+            real = dtype.to_real()
+            return self._complex(
+                dtype, lambda s: self.rand(*s, low=low, high=high, dtype=real, shared=shared), shape
+            )
         out = torch.rand(*shape, generator=self._generator(shared), device=self.device, dtype=torch.float32)
         return (out * (high - low) + low).to(dtype)
+
+    @staticmethod
+    def _complex(
+        dtype: torch.dtype, draw: Callable[[tuple[int, ...]], torch.Tensor], shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        # one draw of (*shape, 2) real values, read as (real, imaginary) pairs
+        return torch.view_as_complex(draw((*shape, 2)).contiguous()).to(dtype)
 
     def full(self, shape: tuple[int, ...], value: float, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A constant tensor (the original benchmark's inputs of its primitives, `problems/original/`)."""

@@ -35,7 +35,8 @@ from harness import structure as output_structure
 
 MAGIC = b"PKBT1\n"
 MAX_HEADER_BYTES = 1 << 20
-MAX_TENSORS = 64
+MAX_TENSORS = 64  # tensors a result file may hold, unless the problem raises it (its MAX_OUTPUTS) ...
+HARD_MAX_TENSORS = 1024  # ... up to this
 
 DTYPE_NAMES: dict[str, torch.dtype] = {
     "bool": torch.bool,
@@ -154,8 +155,11 @@ def save(
     os.replace(tmp, path)
 
 
-def load(path: Path, max_bytes: int) -> tuple[output_structure.Structure, list[torch.Tensor], dict[str, Any]]:
-    """Read a tensor file written by anyone; returns (structure, tensors, meta) or raises TensorFileError."""
+def load(
+    path: Path, max_bytes: int, max_tensors: int = MAX_TENSORS
+) -> tuple[output_structure.Structure, list[torch.Tensor], dict[str, Any]]:
+    """Read a tensor file written by anyone, of at most `max_tensors` tensors (at most
+    HARD_MAX_TENSORS); returns (structure, tensors, meta) or raises TensorFileError."""
     size = path.stat().st_size
     if size > max_bytes:
         raise TensorFileError(f"{path.name} is {size} bytes, over the cap of {max_bytes}")
@@ -173,8 +177,12 @@ def load(path: Path, max_bytes: int) -> tuple[output_structure.Structure, list[t
     if not isinstance(header, dict):
         raise TensorFileError(f"{path.name} has a malformed header")
     entries = header.get("tensors")
-    if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
-        raise TensorFileError(f"{path.name} lists too many tensors")
+    if not isinstance(entries, list) or len(entries) > min(max_tensors, HARD_MAX_TENSORS):
+        count = len(entries) if isinstance(entries, list) else "?"
+        raise TensorFileError(
+            f"{path.name} lists {count} tensors, over the cap of {min(max_tensors, HARD_MAX_TENSORS)} "
+            "(a problem whose outputs are more raises it with MAX_OUTPUTS)"
+        )
     structure = header.get("structure")
     try:
         expected = len(entries) if structure == "tuple" else output_structure.check(structure)

@@ -114,6 +114,7 @@ class LaunchRequest:
     problem_path: Path
     solution_path: Path
     gpus: list[int]
+    max_outputs: int = tensorfile.MAX_TENSORS  # tensors a result file may hold (the problem's MAX_OUTPUTS)
 
 
 def new_launch_dir(launch_id: str) -> Path:
@@ -325,7 +326,7 @@ def _collect(
                 else (outcome.outputs, outcome.output_errors)
             )
             try:
-                structure, tensors, meta = tensorfile.load(path, OUTPUT_FILE_CAP)
+                structure, tensors, meta = tensorfile.load(path, OUTPUT_FILE_CAP, request.max_outputs)
                 found[key] = Outputs(structure, tensors, meta)
             except (tensorfile.TensorFileError, OSError) as exc:
                 errors[key] = str(exc)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from harness import convention
+from harness import convention, tensorfile
 from harness.context import DTYPES, ProblemContext
 from pkb_mcp import config
 from pkb_mcp.errors import UserError
@@ -53,6 +53,7 @@ class Problem:
     module: ModuleType
     variant: str = "pkb"
     lean_inputs: bool = False  # LEAN_INPUTS: inputs never copied (docs/problem-format.md)
+    max_outputs: int = tensorfile.MAX_TENSORS  # MAX_OUTPUTS: tensors a result file may hold
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -175,6 +176,19 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
             f"{path.name}: LEAN_INPUTS cannot go with MUTATES_INPUTS (an in-place workload is called "
             "on a copy of its inputs, the copy lean inputs exist to avoid)"
         )
+    max_outputs = getattr(module, "MAX_OUTPUTS", tensorfile.MAX_TENSORS)
+    if (
+        type(max_outputs) is not int
+        or not tensorfile.MAX_TENSORS <= max_outputs <= tensorfile.HARD_MAX_TENSORS
+    ):
+        raise ProblemFormatError(
+            f"{path.name}: MAX_OUTPUTS must be an int from {tensorfile.MAX_TENSORS} (the default) to "
+            f"{tensorfile.HARD_MAX_TENSORS}"
+        )
+    if hasattr(module, "canonical"):
+        why = _canonical_error(module.canonical)
+        if why:
+            raise ProblemFormatError(f"{path.name}: canonical {why}")
     if not (module.__doc__ or "").strip():
         raise ProblemFormatError(
             f"{path.name}: needs a docstring saying what it computes and where it is from"
@@ -193,6 +207,7 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
         output_tolerances={i: {k: float(b[k]) for k in BOUNDS} for i, b in sorted(own.items())},
         mutates_inputs=flags["MUTATES_INPUTS"],
         lean_inputs=flags["LEAN_INPUTS"],
+        max_outputs=max_outputs,
         path=path.resolve(),
         module=module,
         variant=variant,
@@ -208,6 +223,19 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
     if why:
         raise ProblemFormatError(f"{path.name}: {why}")
     return problem
+
+
+def _canonical_error(hook: object) -> str | None:
+    """Why a problem's `canonical` is not a function of (outputs, inputs); None when it is."""
+    if not callable(hook):
+        return "must be a function canonical(outputs, inputs) -> outputs"
+    try:
+        inspect.signature(hook).bind(None, None)
+    except TypeError:
+        return "must take two arguments, (outputs, inputs)"
+    except ValueError:  # a builtin without a signature: called as it is
+        return None
+    return None
 
 
 @cache

@@ -141,3 +141,15 @@ def test_timed_rechecks_use_each_output_s_bounds():
     a, b = torch.randn(8), torch.randn(8)
     assert outputs_match([a + 0.001, b.clone()], [a, b], tol)
     assert not outputs_match([a.clone(), b + 0.001], [a, b], tol), "output 1 is bit-exact"
+
+
+def test_complex_bounds_apply_to_the_modulus_of_the_difference():
+    from harness.timing import outputs_match
+
+    ref = torch.zeros(4, dtype=torch.complex128)
+    bounds = {"atol": 1.0, "rtol": 0.0, "rel_norm": math.inf}
+    inside = ref + complex(0.7, 0.7)  # each part within atol, |difference| = 0.99
+    outside = ref + complex(0.75, 0.75)  # each part within atol, |difference| = 1.06
+    assert compare(0, 0, out(inside), out(ref), bounds).state == "pass"
+    assert compare(0, 0, out(outside), out(ref), bounds).state == "wrong"
+    assert outputs_match([inside], [ref], bounds) and not outputs_match([outside], [ref], bounds)

@@ -143,3 +143,15 @@ def test_a_job_collects_only_its_own_modes_result_files(tmp_path, mode, kept):
     outcome = _collect(tmp_path, request, "", killed=False, wall_s=0.0)
     assert list(outcome.outputs) == [(0, 0)]
     assert outcome.outputs[(0, 0)].tensors[0].eq(kept).all()
+
+
+def test_the_tensor_count_cap_is_the_problems_up_to_the_hard_cap(tmp_path):
+    path = tmp_path / "many.pkbt"
+    tensorfile.save(path, [torch.ones(1)] * 70, ["tuple", [["tensor"]] * 70])
+    with pytest.raises(tensorfile.TensorFileError, match="lists 70 tensors, over the cap of 64"):
+        tensorfile.load(path, 1 << 20)
+    structure, tensors, _ = tensorfile.load(path, 1 << 20, max_tensors=80)
+    assert len(tensors) == 70 and structure[1][69] == ["tensor"]
+    tensorfile.save(path, [torch.ones(1)] * (tensorfile.HARD_MAX_TENSORS + 1))
+    with pytest.raises(tensorfile.TensorFileError, match="over the cap of 1024"):
+        tensorfile.load(path, 1 << 20, max_tensors=10_000)

@@ -3,7 +3,8 @@
 The structure must match exactly: the nesting, and every non-tensor part of the output (None,
 ints, floats, strings, torch.Size; harness/structure.py).
 Shape and dtype must match exactly. Each floating or complex output must pass, on its own bounds, an
-elementwise allclose (|out − ref| <= atol + rtol·|ref|, in float64 / complex128) AND a relative-norm
+elementwise allclose (|out − ref| <= atol + rtol·|ref|, in float64 / complex128: for a complex
+output | | is the modulus, of the difference and of the reference) AND a relative-norm
 bound ‖out − ref‖ / ‖ref‖ <= rel_norm, so that a large output cannot hide an error in a small one;
 a NaN or infinity the reference does not have fails. Integer and boolean outputs must be equal.
 Outputs aliasing inputs, and inputs changed by a solution that must not change them, fail whatever

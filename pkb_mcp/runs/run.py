@@ -202,7 +202,7 @@ class Run:
             "threads_per_rank": threads,
             "convention": self.convention,
         }
-        return LaunchRequest(settings, self.problem.path, solution, self.gpus)
+        return LaunchRequest(settings, self.problem.path, solution, self.gpus, self.problem.max_outputs)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)

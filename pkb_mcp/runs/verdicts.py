@@ -50,9 +50,14 @@ def judge_ranks(
             want = wants.get((key, rank))
             got = gots.get((key, rank))
             if want is None:
+                unread = (ref.fresh_output_errors if fresh else ref.output_errors).get((key, rank))
                 raise UserError(
                     f"the reference of problem {p.id} left no output for rank {rank}; "
-                    "the launch directory may be full"
+                    + (
+                        f"its file could not be read: {unread}"
+                        if unread
+                        else "the launch directory may be full"
+                    )
                 )
             if got is None:
                 err = errors.get((key, rank), "no output file")
