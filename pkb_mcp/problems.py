@@ -152,43 +152,8 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
     if variant == "original" and set(sizes) != {"pkb"}:
         raise ProblemFormatError(f"{path.name}: an original variant has one preset, 'pkb' (the original's)")
     tolerance = need("TOLERANCE", dict)
-    own = tolerance.get("outputs", {})
-    if not isinstance(own, dict) or not all(type(i) is int and i >= 0 for i in own):
-        raise ProblemFormatError(
-            f"{path.name}: TOLERANCE['outputs'] maps output indices (0, 1, ...) to bounds"
-        )
-    extra = set(tolerance) - {*BOUNDS, "outputs"}
-    if extra:
-        raise ProblemFormatError(f"{path.name}: TOLERANCE has unknown keys {sorted(extra)}")
-    checked = [("TOLERANCE", tolerance), *((f"TOLERANCE['outputs'][{i}]", b) for i, b in own.items())]
-    for where, bounds in checked:
-        if not isinstance(bounds, dict) or (where != "TOLERANCE" and set(bounds) != set(BOUNDS)):
-            raise ProblemFormatError(f"{path.name}: {where} must be a dict of exactly {', '.join(BOUNDS)}")
-        for key in BOUNDS:
-            if not isinstance(bounds.get(key), (int, float)) or bounds[key] < 0:
-                raise ProblemFormatError(f"{path.name}: {where} needs a non-negative {key!r}")
-    flags = {flag: getattr(module, flag, False) for flag in ("MUTATES_INPUTS", "LEAN_INPUTS")}
-    for flag, value in flags.items():
-        if not isinstance(value, bool):
-            raise ProblemFormatError(f"{path.name}: {flag} must be True or False")
-    if flags["MUTATES_INPUTS"] and flags["LEAN_INPUTS"]:
-        raise ProblemFormatError(
-            f"{path.name}: LEAN_INPUTS cannot go with MUTATES_INPUTS (an in-place workload is called "
-            "on a copy of its inputs, the copy lean inputs exist to avoid)"
-        )
-    max_outputs = getattr(module, "MAX_OUTPUTS", tensorfile.MAX_TENSORS)
-    if (
-        type(max_outputs) is not int
-        or not tensorfile.MAX_TENSORS <= max_outputs <= tensorfile.HARD_MAX_TENSORS
-    ):
-        raise ProblemFormatError(
-            f"{path.name}: MAX_OUTPUTS must be an int from {tensorfile.MAX_TENSORS} (the default) to "
-            f"{tensorfile.HARD_MAX_TENSORS}"
-        )
-    if hasattr(module, "canonical"):
-        why = _canonical_error(module.canonical)
-        if why:
-            raise ProblemFormatError(f"{path.name}: canonical {why}")
+    own = _output_tolerances(path.name, tolerance)
+    flags, max_outputs = _options(path.name, module)
     if not (module.__doc__ or "").strip():
         raise ProblemFormatError(
             f"{path.name}: needs a docstring saying what it computes and where it is from"
@@ -223,6 +188,47 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
     if why:
         raise ProblemFormatError(f"{path.name}: {why}")
     return problem
+
+
+def _output_tolerances(file: str, tolerance: dict) -> dict:
+    """TOLERANCE checked: its bounds, and its per-output bounds by index (returned)."""
+    own = tolerance.get("outputs", {})
+    if not isinstance(own, dict) or not all(type(i) is int and i >= 0 for i in own):
+        raise ProblemFormatError(f"{file}: TOLERANCE['outputs'] maps output indices (0, 1, ...) to bounds")
+    extra = set(tolerance) - {*BOUNDS, "outputs"}
+    if extra:
+        raise ProblemFormatError(f"{file}: TOLERANCE has unknown keys {sorted(extra)}")
+    checked = [("TOLERANCE", tolerance), *((f"TOLERANCE['outputs'][{i}]", b) for i, b in own.items())]
+    for where, bounds in checked:
+        if not isinstance(bounds, dict) or (where != "TOLERANCE" and set(bounds) != set(BOUNDS)):
+            raise ProblemFormatError(f"{file}: {where} must be a dict of exactly {', '.join(BOUNDS)}")
+        for key in BOUNDS:
+            if not isinstance(bounds.get(key), (int, float)) or bounds[key] < 0:
+                raise ProblemFormatError(f"{file}: {where} needs a non-negative {key!r}")
+    return own
+
+
+def _options(file: str, module: Any) -> tuple[dict[str, bool], int]:
+    """The optional declarations checked: the MUTATES_INPUTS and LEAN_INPUTS flags, MAX_OUTPUTS (returned)
+    and the `canonical` hook."""
+    flags = {flag: getattr(module, flag, False) for flag in ("MUTATES_INPUTS", "LEAN_INPUTS")}
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ProblemFormatError(f"{file}: {flag} must be True or False")
+    if flags["MUTATES_INPUTS"] and flags["LEAN_INPUTS"]:
+        raise ProblemFormatError(
+            f"{file}: LEAN_INPUTS cannot go with MUTATES_INPUTS (an in-place workload is called "
+            "on a copy of its inputs, the copy lean inputs exist to avoid)"
+        )
+    max_outputs = getattr(module, "MAX_OUTPUTS", tensorfile.MAX_TENSORS)
+    low, high = tensorfile.MAX_TENSORS, tensorfile.HARD_MAX_TENSORS
+    if type(max_outputs) is not int or not low <= max_outputs <= high:
+        raise ProblemFormatError(f"{file}: MAX_OUTPUTS must be an int from {low} (the default) to {high}")
+    if hasattr(module, "canonical"):
+        why = _canonical_error(module.canonical)
+        if why:
+            raise ProblemFormatError(f"{file}: canonical {why}")
+    return flags, max_outputs
 
 
 def _canonical_error(hook: object) -> str | None:

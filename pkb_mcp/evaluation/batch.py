@@ -426,6 +426,15 @@ def _wait_stopped(scheduler: Any, timeout_s: float = 60.0) -> None:
         time.sleep(POLL_S)
 
 
+def _check_settings(device: str, trials: int, timeout_s: float, bench_timeout_s: float) -> None:
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device {device!r} is not cpu or cuda")
+    if not 1 <= trials <= service.MAX_TRIALS:
+        raise UserError(f"trials must be between 1 and {service.MAX_TRIALS}, not {trials}")
+    if timeout_s <= 0 or bench_timeout_s <= 0:
+        raise UserError("timeouts must be positive; pass --timeout in seconds")
+
+
 def evaluate(
     paths: Iterable[str | Path],
     *,
@@ -468,12 +477,7 @@ def evaluate(
         )  # no node large enough: say so before any work
         device = device or ("cuda" if max(cluster.node_gpus(), default=0) else "cpu")
     device = device or service.default_device()
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"device {device!r} is not cpu or cuda")
-    if not 1 <= trials <= service.MAX_TRIALS:
-        raise UserError(f"trials must be between 1 and {service.MAX_TRIALS}, not {trials}")
-    if timeout_s <= 0 or bench_timeout_s <= 0:
-        raise UserError("timeouts must be positive; pass --timeout in seconds")
+    _check_settings(device, trials, timeout_s, bench_timeout_s)
     try:
         if cluster is None:  # on a cluster, the nodes' backends run the jobs
             select_backend(sandbox)
