@@ -1,0 +1,131 @@
+"""Issue 32's figures: what one iteration on a custom kernel costs, stage by stage.
+
+    python3 docs/scripts/build_speed.py --out build.jsonl [--device cuda] [--world-size 2] [--files 10]
+
+With an empty cache (a fresh PKB_CACHE_DIR) and through the service layer, as the MCP server and the
+CLI call it (the Docker sandbox when an engine answers, else the process backend), in order:
+
+  first_build  check of an agent-style solution: discovery, the build launch, the check
+  kernel_edit  check after an edit of the kernel's source alone (its cuda_sources; a C++-only
+               solution has one unit, so on CPU the edit compiles everything again)
+  cached       check of the unchanged solution, --repeats times: each wall, their median
+  plain        check of the problem's reference (no extension), --repeats times
+  batch        `pkb eval` of --files copies of the solution, each with a kernel of its own
+               (checked, and benchmarked on GPUs): files per minute
+
+The solution is examples/001_allreduce_cuda_oneshot.py on GPUs (bindings plus a CUDA kernel, built
+with load_inline) and tests/candidates/cpp_extension_lazy.py on CPU (torch's CPU build cannot build
+CUDA sources). An edit is a comment line added at the top of the kernel's source string, which changes
+what the compiler reads and nothing else. Each row is appended to --out as soon as it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+SOLUTIONS = {
+    # device: (file, the line that opens the kernel's source string)
+    "cuda": (ROOT / "examples" / "001_allreduce_cuda_oneshot.py", 'CUDA_SOURCE = r"""'),
+    "cpu": (ROOT / "tests" / "candidates" / "cpp_extension_lazy.py", 'CPP_SOURCE = """'),
+}
+
+
+def edited(text: str, opener: str, tag: str) -> str:
+    """The solution with `// tag` as the first line of its kernel's source."""
+    if opener not in text:
+        raise SystemExit(f"the solution has no {opener!r} to edit")
+    return text.replace(opener, f"{opener}// {tag}\n", 1)
+
+
+def emit(out: Path, row: dict) -> None:
+    row = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
+def check(path: Path, args: argparse.Namespace) -> dict:
+    from pkb_mcp import service
+    from pkb_mcp.models import RunRequest
+
+    t0 = time.monotonic()
+    r = service.check(
+        RunRequest(problem=1, path=str(path), world_size=args.world_size, device=args.device, trials=1)
+    )
+    return {
+        "wall_s": round(time.monotonic() - t0, 3),
+        "verdict": r.verdict,
+        "sandbox": r.sandbox.backend if r.sandbox else None,
+        "notes": [n for n in r.notes if "extension" in n],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("build_speed.jsonl"))
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--files", type=int, default=10)
+    ap.add_argument("--stages", nargs="+", default=["first_build", "kernel_edit", "cached", "plain", "batch"])
+    args = ap.parse_args()
+    os.environ["PKB_CACHE_DIR"] = tempfile.mkdtemp(prefix="pkb-build-speed-cache-")
+    os.environ.setdefault("PKB_STATE_DIR", tempfile.mkdtemp(prefix="pkb-build-speed-state-"))
+    source, opener = SOLUTIONS[args.device]
+    work = Path(tempfile.mkdtemp(prefix="pkb-build-speed-"))
+    solution = work / "001_allreduce_kernel.py"
+    solution.write_text(edited(source.read_text(), opener, "iteration 0"))
+    base = {"device": args.device, "world_size": args.world_size, "solution": str(source.relative_to(ROOT))}
+
+    if "first_build" in args.stages:
+        emit(args.out, {**base, "stage": "first_build", **check(solution, args)})
+    if "kernel_edit" in args.stages:
+        solution.write_text(edited(source.read_text(), opener, "iteration 1"))
+        emit(args.out, {**base, "stage": "kernel_edit", **check(solution, args)})
+    for stage, path in (("cached", solution), ("plain", ROOT / "problems" / "001_allreduce.py")):
+        if stage in args.stages:
+            runs = [check(path, args) for _ in range(args.repeats)]
+            walls = [r["wall_s"] for r in runs]
+            emit(
+                args.out,
+                {**base, "stage": stage, "walls_s": walls, "median_s": statistics.median(walls),
+                 "verdicts": sorted({r["verdict"] for r in runs})},
+            )  # fmt: skip
+    if "batch" in args.stages:
+        from pkb_mcp.evaluation.batch import evaluate
+
+        batch = work / "batch"
+        batch.mkdir()
+        for i in range(args.files):
+            text = edited(source.read_text(), opener, f"file {i}")
+            (batch / f"001_allreduce_kernel{i}.py").write_text(text)
+        t0 = time.monotonic()
+        report = evaluate(
+            [batch],
+            world_size=args.world_size,
+            device=args.device,
+            trials=1,
+            bench=args.device == "cuda",
+            store=work / "eval.sqlite",
+        )
+        wall = time.monotonic() - t0
+        emit(
+            args.out,
+            {**base, "stage": "batch", "files": args.files, "wall_s": round(wall, 3),
+             "files_per_min": round(60 * args.files / wall, 2),
+             "outcomes": sorted({r.outcome for r in report.results})},
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
