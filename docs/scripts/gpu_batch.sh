@@ -43,6 +43,8 @@
 #              tests/candidates/original/, examples/original/ (013 a C++ build failure) and the custom
 #              CUDA files (tests/candidates/original_helper_cuda.py as 001_allreduce_cuda.py, examples/001_*);
 #              $TRIALS (else 1) trials a side; world size $WS, else 2
+#   build-speed issue 32: docs/scripts/build_speed.py (first build, kernel-only edit, cached re-check,
+#              plain check, a batch of $FILES (else 10) extension files through pkb eval); world size $WS, else 2
 # LIMIT (seconds) caps the refs and pytest parts. DEADLINE (epoch seconds) caps every part's limit at
 # the time left, and skips a part when less than a minute is left; PACK (a path outside $OUT) is rewritten as a tar of $OUT after each part, so a
 # device call stopped at its limit still returns what finished.
@@ -155,6 +157,11 @@ for part in "$@"; do
       timeout "$(limit 200)" python3 -m pkb_mcp profile 12 examples/012_allgather_gemm_overlap.py \
         --world-size "${WS:-2}" --size pkb --device cuda > "$OUT/profile_p12_ex012_pkb.txt" 2>&1
       cat "$OUT/profile_p12_ex012_pkb.txt" ;;
+    build-speed)
+      name=build_speed_w${WS:-2}
+      timeout "$(limit 590)" python3 docs/scripts/build_speed.py --out "$OUT/$name.jsonl" --world-size "${WS:-2}" \
+        --files "${FILES:-10}" > "$OUT/$name.log" 2>&1
+      tail -10 "$OUT/$name.log" ;;
     side-by-side-a) side_by_side 1 ;;
     side-by-side-b) side_by_side 2 ;;
     side-by-side-c) side_by_side 3 ;;
