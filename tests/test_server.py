@@ -10,12 +10,14 @@ import json
 import anyio
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from pkb_mcp.frontends.server import build_server
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobStore
 
 from .conftest import CANDIDATES, ROOT, launch_processes
+from .tasks_client import TaskHandle, Tasks, cancel_task, get_task
 
 pytestmark = pytest.mark.anyio
 REFERENCE_1 = (ROOT / "problems" / "001_allreduce.py").read_text()
@@ -293,3 +295,73 @@ async def test_roofline_and_filters_answer_at_once(client):
     assert {p["name"] for p in found.structured_content["problems"]} >= {"allgather_gemm"}
     none = await client.call_tool("list_problems", {"category": "no-such-category"})
     assert not none.is_error and none.structured_content["problems"] == []
+
+
+# ---------------------------------------------------------------- MCP tasks (SEP-2663)
+
+
+RUN_1 = {"problem": "1", "path": str(ROOT / "problems" / "001_allreduce.py"), "world_size": 2, "trials": 1}
+
+
+async def test_a_client_without_the_tasks_extension_is_not_given_tasks(state):
+    server, scheduler = make_server(state)
+    async with Client(server) as c:
+        r = await c.call_tool("run_correctness", {**RUN_1, "path": "/nonexistent.py"})
+        assert r.is_error and "is not a file on the server" in r.content[0].text
+    scheduler.stop()
+
+
+async def test_a_refused_call_is_the_tool_s_error_even_for_a_tasks_client(state):
+    server, scheduler = make_server(state)
+    tasks = Tasks()
+    async with Client(server, extensions=[tasks]) as c:
+        r = await c.call_tool("run_correctness", {**RUN_1, "trials": 0})
+        assert r.is_error and not tasks.handles
+        listed = await c.call_tool("list_problems", {"text": "allreduce"})  # not a task tool: as before
+        assert not listed.is_error and not tasks.handles
+    scheduler.stop()
+
+
+@pytest.mark.integration
+async def test_a_tasks_client_gets_a_task_it_polls_to_the_tool_s_result(state):
+    server, scheduler = make_server(state)
+    tasks = Tasks()
+    async with Client(server, extensions=[tasks]) as c:
+        r = await c.call_tool("run_correctness", {**RUN_1, "device": "cpu", "sandbox": "process"})
+    scheduler.stop()
+    assert not r.is_error and r.structured_content["result"]["verdict"] == "pass"
+    (handle,) = tasks.handles
+    assert handle.status == "working" and handle.poll_interval_ms == 1000 and handle.ttl_ms
+    assert handle.task_id == r.structured_content["job_id"], "a task is the job: job_status answers for it"
+    assert (
+        tasks.polls[-1]["status"] == "completed" and "match the reference" in tasks.polls[-1]["statusMessage"]
+    )
+
+
+@pytest.mark.integration
+async def test_a_task_is_cancelled_and_survives_a_restart_as_its_job_does(state):
+    server, scheduler = make_server(state)
+    cpu = {**RUN_1, "device": "cpu", "sandbox": "process"}
+    async with Client(server, extensions=[Tasks()]) as c:
+        hang = await c.session.call_tool(
+            "run_correctness", {**cpu, "path": str(CANDIDATES / "hangs.py")}, allow_claimed=True
+        )
+        queued = await c.session.call_tool("run_correctness", cpu, allow_claimed=True)  # behind the hang
+        assert isinstance(hang, TaskHandle) and isinstance(queued, TaskHandle)
+        task = await cancel_task(c.session, hang.task_id)
+        with anyio.fail_after(60):
+            while task["status"] == "working":
+                await anyio.sleep(0.2)
+                task = await get_task(c.session, hang.task_id)
+        assert task["status"] == "cancelled" and "tasks/cancel" in task["statusMessage"]
+    scheduler.stop()
+    server, scheduler = make_server(state)  # a new server on the same job store
+    async with Client(server, extensions=[Tasks()]) as c:
+        with anyio.fail_after(300):
+            while (task := await get_task(c.session, queued.task_id))["status"] == "working":
+                await anyio.sleep(0.2)
+        assert task["status"] == "completed"
+        assert task["result"]["structuredContent"]["result"]["verdict"] == "pass"
+        with pytest.raises(MCPError, match="does not exist"):
+            await get_task(c.session, "nosuchtask")
+    scheduler.stop()

@@ -15,6 +15,7 @@ from mcp.client.stdio import StdioServerParameters
 from pkb_mcp.frontends.cli import main
 
 from .conftest import ROOT
+from .tasks_client import Tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -31,14 +32,15 @@ def server_env(tmp_path):
     return env
 
 
-async def test_stdio_subprocess_lists_tools_and_runs_a_check(tmp_path):
+async def test_stdio_subprocess_lists_tools_and_runs_a_check_as_a_task(tmp_path):
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "pkb_mcp", "serve"],
         env=server_env(tmp_path),
         cwd=str(ROOT),
     )
-    async with Client(params) as client:
+    tasks = Tasks()  # the client declares the tasks extension: the check comes back as a task
+    async with Client(params, extensions=[tasks]) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         assert "run_correctness" in names
         r = await client.call_tool(
@@ -52,6 +54,7 @@ async def test_stdio_subprocess_lists_tools_and_runs_a_check(tmp_path):
             },
         )
         assert r.structured_content["result"]["verdict"] == "pass", r.content
+    assert len(tasks.handles) == 1 and tasks.polls[-1]["status"] == "completed"
 
 
 def free_port():
@@ -82,7 +85,7 @@ async def test_http_needs_the_bearer_token(tmp_path):
     )
     try:
         url = f"http://127.0.0.1:{port}/mcp"
-        for _ in range(100):
+        for _ in range(900):  # the server imports torch first: slow on a loaded 2-core machine
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     break
@@ -97,9 +100,14 @@ async def test_http_needs_the_bearer_token(tmp_path):
         client_http = httpx.AsyncClient(headers={"Authorization": "Bearer s3cret"})
         from mcp.client.streamable_http import streamable_http_client
 
-        async with Client(streamable_http_client(url, http_client=client_http)) as client:
+        tasks = Tasks()
+        async with Client(streamable_http_client(url, http_client=client_http), extensions=[tasks]) as client:
             listed = await client.call_tool("list_problems", {"text": "allreduce"})
             assert 1 in {p["id"] for p in listed.structured_content["problems"]}
+            run = {"problem": "1", "path": "problems/001_allreduce.py", "world_size": 2, "trials": 1}
+            r = await client.call_tool("run_correctness", {**run, "device": "cpu", "sandbox": "process"})
+            assert r.structured_content["result"]["verdict"] == "pass", r.content
+        assert len(tasks.handles) == 1 and tasks.polls[-1]["status"] == "completed"
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -333,12 +333,15 @@ def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
 def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
     """The server: tools on problems, tools that run candidate code, the job tools, and the context an
     agent starts from (the reference resource and the attempt_problem prompt)."""
+    from pkb_mcp.frontends.tasks import TasksExtension
+
     tools = Tools(scheduler, sources_dir)
     mcp = _Server(
         name="pkb",
         title="pkb: multi-GPU kernel problems",
         instructions=INSTRUCTIONS,
         version=__import__("pkb_mcp").__version__,
+        extensions=[TasksExtension(tools)],
     )
     _add_problem_tools(mcp)
     _add_run_tools(mcp, tools)
