@@ -8,6 +8,7 @@ that skips the exchange failing as wrong."""
 from __future__ import annotations
 
 import inspect
+import math
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,15 @@ from .conftest import CANDIDATES
 
 SUITE = problems.suite()
 ORIGINAL_SUITE = problems.suite("original")
-IDS = [25, 27]
+IDS = [25, 27, 28, 29]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
 # The original's signature (parameter names and defaults) and the non-tensor part of the argument
-# tuple its harness passes (../shared/pkb-contracts.md); `TENSOR` marks a tensor, `LIST` a list of ints.
+# tuple its harness passes (../shared/pkb-contracts.md); `TENSOR` marks a tensor, `LIST` a list of ints,
+# `SIZE` a torch.Size.
 TENSOR = object()
 LIST = object()
+SIZE = object()
 NO_DEFAULT = inspect.Parameter.empty
 CONTRACTS: dict[int, tuple[list[tuple[str, object]], tuple]] = {
     25: (
@@ -49,13 +52,46 @@ CONTRACTS: dict[int, tuple[list[tuple[str, object]], tuple]] = {
         ],
         (TENSOR, LIST, LIST, None),
     ),
+    28: (
+        [
+            ("hidden_states", NO_DEFAULT),
+            ("expert_mask", NO_DEFAULT),
+            ("num_experts", NO_DEFAULT),
+            ("input_splits", NO_DEFAULT),
+            ("output_splits", NO_DEFAULT),
+            ("num_global_tokens_per_local_expert", NO_DEFAULT),
+            ("group", None),
+        ],
+        (TENSOR, TENSOR, 8, LIST, LIST, TENSOR, None),
+    ),
+    29: (
+        [
+            ("expert_outputs", NO_DEFAULT),
+            ("routing_weights", NO_DEFAULT),
+            ("selected_experts", NO_DEFAULT),
+            ("num_experts", NO_DEFAULT),
+            ("input_splits", NO_DEFAULT),
+            ("output_splits", NO_DEFAULT),
+            ("num_global_tokens_per_local_expert", NO_DEFAULT),
+            ("routing_map", NO_DEFAULT),
+            ("local_input_permutation_mapping", NO_DEFAULT),
+            ("org_hidden_states_shape", NO_DEFAULT),
+            ("group", None),
+        ],
+        (TENSOR, TENSOR, TENSOR, 8, LIST, LIST, TENSOR, TENSOR, TENSOR, SIZE, None),
+    ),
 }
 
-# Per-rank tensor inputs at the pkb size, as `pkb show` lists them (meta: the original's shapes).
-PKB_SHAPES = {
-    25: [[1024, 1024], [32000, 1024], [1024], [1024], [1024]],
-    27: [[1024, 1024]],
-}
+
+def pkb_shapes(pid: int, w: int) -> list[list[int]]:
+    """Per-rank tensor inputs at the pkb size, as `pkb show` lists them (meta: the original's shapes;
+    28's and 29's counts are [W, E/W], as the original's builder makes them)."""
+    return {
+        25: [[1024, 1024], [32000, 1024], [1024], [1024], [1024]],
+        27: [[1024, 1024]],
+        28: [[1024, 1024], [8, 2, 1024], [w, 8 // w]],
+        29: [[2048, 1024], [1024, 2], [1024, 2], [w, 8 // w], [8, 1024], [2048]],
+    }[pid]
 
 
 def test_these_problems_are_in_both_variants():
@@ -78,6 +114,8 @@ def test_signature_and_call_are_the_original_s(pid, variant):
             assert isinstance(value, torch.Tensor)
         elif want is LIST:
             assert isinstance(value, list) and all(type(x) is int for x in value)
+        elif want is SIZE:
+            assert type(value) is torch.Size
         else:
             assert value == want and type(value) is type(want)
 
@@ -89,7 +127,7 @@ def test_pkb_shapes_are_the_original_s_per_rank(pid, world_size, variant):
     p = problems.suite(variant)[pid]
     assert p.world_size_error(world_size, "pkb") is None
     shapes = [s["shape"] for s in p.input_shapes(world_size, "pkb") if "shape" in s]
-    assert shapes == PKB_SHAPES[pid]
+    assert shapes == pkb_shapes(pid, world_size)
 
 
 @pytest.mark.parametrize("pid", IDS)
@@ -111,6 +149,10 @@ def test_shapes_on_meta_and_traffic_at_both_sizes(pid, preset, world_size):
         (25, "pkb", 1, "at least 2 ranks"),
         (27, "pkb", 1, "at least 2 ranks"),
         (27, "original", 3, "tokens = 1024 is not divisible"),
+        (28, "pkb", 3, "experts = 8 is not divisible"),
+        (28, "original", 6, "experts = 8 is not divisible"),
+        (29, "pkb", 3, "experts = 8 is not divisible"),
+        (29, "original", 1, "at least 2 ranks"),
     ],
 )
 def test_world_size_rules(pid, variant, world_size, reason):
@@ -200,6 +242,16 @@ def schedules(pid: int, s: dict, w: int, isz: int) -> dict[str, float]:
             "all-to-all-v, each row once": (t - t // w) * h * isz,
             "all-gather every row, keep one's own": (w - 1) * t * h * isz,
         }
+    if pid in (28, 29):  # under uniform routing; the drawn routings are checked below
+        e, k, t, h = s["experts"], s["top_k"], s["tokens"], s["hidden"]
+        row = h * isz
+        # a token misses a given rank's E/W experts with probability C(E-E/W, k) / C(E, k)
+        miss = math.comb(e - e // w, k) / math.comb(e, k)
+        return {
+            "a row per (token, expert) pair (the reference)": t * k * (w - 1) / w * row,
+            # less 5% for the spread of drawn routings about the mean (the problems' traffic)
+            "a row per token and destination rank": 0.95 * t * (w - 1) * (1 - miss) * row,
+        }
     raise KeyError(pid)
 
 
@@ -222,6 +274,59 @@ def test_27_every_rank_sends_exactly_the_stated_bytes():
     for rank in range(4):
         _, inp, _, _ = cpu_inputs(27, 4, rank, 3)
         assert (sum(inp) - inp[rank]) * 1024 * 2 == stated
+
+
+def destinations(pid: int, world_size: int, seed: int) -> tuple[list[int], list[int]]:
+    """Rows a rank must send and receive under the drawn routing, a token's row sent once per other
+    rank that owns one of its experts."""
+    p = SUITE[pid]
+    ctx = p.context(world_size, "pkb", rank=0, device="cpu")
+    ctx.seed = seed
+    chosen, _ = p.module.routing(ctx)  # [W, T, k], the same on every rank
+    owner = chosen // (p.size("pkb")["experts"] // world_size)
+    hits = torch.zeros(world_size, chosen.shape[1], world_size, dtype=torch.bool)
+    hits.scatter_(2, owner, True)
+    hits[torch.arange(world_size), :, torch.arange(world_size)] = False
+    return hits.sum(dim=(1, 2)).tolist(), hits.sum(dim=(0, 1)).tolist()
+
+
+@pytest.mark.parametrize("pid", [28, 29])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_the_busiest_rank_of_a_drawn_routing_moves_at_least_the_floor(pid, world_size):
+    """The floor is stated for uniform routing; the drawn routing's popular experts make the busiest
+    rank send or receive more."""
+    p = SUITE[pid]
+    floor_rows = p.traffic(world_size, "pkb")["nvlink_bytes"] / (1024 * 2)
+    for seed in range(8):
+        sent, received = destinations(pid, world_size, seed)
+        assert max(sent + received) >= floor_rows
+
+
+@pytest.mark.parametrize("pid", [28, 29])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_28_29_counts_and_splits_are_the_routing_s(pid, world_size):
+    ranks = [cpu_inputs(pid, world_size, r, 11) for r in range(world_size)]
+    local = 8 // world_size
+    if pid == 28:
+        per_expert = [x[1].sum(dim=(1, 2)).long() for x in ranks]  # [E] choices of each expert
+        splits = [(x[3], x[4], x[5]) for x in ranks]
+    else:
+        per_expert = [x[7].sum(dim=1).long() for x in ranks]
+        splits = [(x[4], x[5], x[6]) for x in ranks]
+        for x in ranks:
+            assert x[0].shape[0] == sum(x[5]), "one expert output per row received"
+            chosen = torch.zeros(8, 1024, dtype=torch.bool).scatter_(0, x[2].T, True)
+            assert torch.equal(chosen, x[7]), "selected_experts and routing_map agree"
+            assert torch.equal(x[8], torch.arange(1024).expand(8, -1).masked_select(x[7]))
+            assert torch.allclose(x[1].float().sum(dim=1), torch.ones(1024), atol=1e-2)
+            assert x[9] == torch.Size([1024, 1024])
+    for r, (inp, out, counts) in enumerate(splits):
+        assert inp == per_expert[r].view(world_size, local).sum(dim=1).tolist()
+        mine = torch.stack([per_expert[p][r * local : (r + 1) * local] for p in range(world_size)])
+        assert torch.equal(counts, mine)
+        assert out == mine.sum(dim=1).tolist() == [splits[p][0][r] for p in range(world_size)]
+    loads = torch.stack(per_expert).sum(dim=0)
+    assert loads.max() > 1.3 * loads.min(), "the routing is uneven"
 
 
 # ------------------------------------------------------------------- through the harness, on CPU
@@ -253,16 +358,24 @@ def test_the_reference_passes(pid, variant, world_size):
 # Each file in the original's convention, and what its problem's docstring says it does in each
 # variant: passes (None), or fails with this message.
 ORIGINAL_STYLE = [
-    ("025_original_style.py", "pkb", "output 2 is bfloat16[32], expected float32[32]"),
-    ("025_original_style.py", "original", None),
-    ("027_original_style.py", "pkb", None),
-    ("027_original_style.py", "original", None),
+    ("025_original_style.py", "pkb", 2, "output 2 is bfloat16[32], expected float32[32]"),
+    *[
+        (name, variant, w, None)
+        for name in (
+            "025_original_style.py",
+            "027_original_style.py",
+            "028_original_style.py",
+            "029_original_style.py",
+        )
+        for variant in ("pkb", "original")
+        for w in (2, 4)
+        if not (name.startswith("025") and variant == "pkb")
+    ],
 ]
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize(("name", "variant", "failure"), ORIGINAL_STYLE)
+@pytest.mark.parametrize(("name", "variant", "world_size", "failure"), ORIGINAL_STYLE)
 def test_original_style_file_passes_or_fails_as_stated(name, variant, failure, world_size):
     r = check(int(name[:3]), BY_PROBLEM / name, world_size, variant)
     if failure is None:
@@ -272,7 +385,9 @@ def test_original_style_file_passes_or_fails_as_stated(name, variant, failure, w
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["025_no_exchange.py", "027_no_exchange.py"])
+@pytest.mark.parametrize(
+    "name", ["025_no_exchange.py", "027_no_exchange.py", "028_no_exchange.py", "029_no_exchange.py"]
+)
 def test_a_solution_that_skips_the_exchange_is_wrong(name):
     r = check(int(name[:3]), BY_PROBLEM / name, 2)
     assert r.verdict == "fail", r.message
@@ -281,6 +396,7 @@ def test_a_solution_that_skips_the_exchange_is_wrong(name):
 
 
 @pytest.mark.integration
-def test_25_a_float64_solution_passes():
-    r = check(25, BY_PROBLEM / "025_float64.py", 2)
+@pytest.mark.parametrize("name", ["025_float64.py", "029_float32.py"])
+def test_a_more_precise_solution_passes(name):
+    r = check(int(name[:3]), BY_PROBLEM / name, 2)
     assert r.verdict == "pass", r.message
