@@ -41,7 +41,7 @@ Differences from the original:
   rank (the original draws one per rank); the MLP weights are scaled so the output is O(1); the
   nn.Linear parameters do not require gradients (the original's do, so its output carries an
   autograd graph).
-- The reference reads the counts on the host once (the original converts to lists four times and
+- The reference reads the counts on the host once (the original converts them to lists four times and
   reads two non-blocking device-to-host copies without a synchronisation); it sums the weighted
   outputs in float32 (the original rounds each product and the sum to bf16); it skips the original's
   two chunk sorts by local expert, which change no output since one MLP serves all of a rank's
