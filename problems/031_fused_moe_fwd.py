@@ -22,8 +22,8 @@ router and top-k; the token copies sorted by expert; an all-gather of every rank
 counts, read on the host once for the split sizes; the token all-to-all; the MLP on what arrived;
 the all-to-all back; the weighted sum in float32, rounded once to bf16.
 
-The pieces (`route`, `split_sizes`, `expert_mlp`, `combine`) are named so that the variants of this
-layer (49-51: other expert counts) read the same.
+The pieces (`route`, `split_sizes`, `exchange`, `expert_mlp`, `combine`) are named so that the
+variants of this layer (49-51: other expert counts) read the same.
 
 Source: VeOmni's / Megatron-LM's MoE layer with its all-to-all token dispatcher (ParallelKernelBench
 problem 31, the base case of 49-51). Its call, (hidden_states, gate_weight, gate_bias, gate_proj,
@@ -32,8 +32,8 @@ runs unchanged.
 
 Differences from the original:
 - Inputs. The original draws hidden states, router weight and bias from N(0, 1), so a token's
-  logits have a standard deviation of about 32: the softmax is nearly one-hot, the second choice's
-  weight is near 0 (a solution that drops it passes), and near-ties at the top-k cut decide by
+  logits have a standard deviation of about 32: the softmax is nearly one-hot (the second choice's
+  weight is below 1e-3 for three tokens in four), and near-ties at the top-k cut decide by
   rounding. Here the router's rows are orthonormal and each token's hidden state is a random vector
   whose projection on them puts its logits on a ladder 0.5 apart, in an order drawn per token with a
   random preference per rank: the two weights are about 0.40 and 0.24, the top-k set is the same in

@@ -40,9 +40,9 @@ unchanged.
 
 Differences from the original:
 - Inputs. The original draws hidden states, router weight and bias from N(0, 1), so a token's
-  logits have a standard deviation of about 32: the softmax is nearly one-hot, the second choice's
-  weight is near 0 (a solution that drops it passes), and near-ties at the top-k cut decide by
-  rounding. Its adapters are N(0, 1) too, so the low-rank terms (about 90 times the base
+  logits have a standard deviation of about 32: the softmax is nearly one-hot (the second choice's
+  weight is below 1e-3 for three tokens in four), and near-ties at the top-k cut decide by
+  rounding. Its adapters are N(0, 1) too, so the low-rank terms (about 150 times the base
   projections) swamp the MLP. Here the router's rows are orthonormal and each token's hidden state
   is a random vector whose projection on them puts its logits on a ladder 0.5 apart, in an order
   drawn per token with a random preference per rank: the two weights are about 0.40 and 0.24, the
