@@ -225,7 +225,8 @@ def test_float64_candidate_by_the_weight_schedule_passes(pid, world_size):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("pid", "name", "world_size"), [(31, "031_no_exchange.py", 2), (32, "032_no_adapters.py", 4)]
+    ("pid", "name", "world_size"),
+    [(31, "031_no_exchange.py", 2), (32, "032_no_exchange.py", 2), (32, "032_no_adapters.py", 4)],
 )
 def test_a_shortcut_fails_as_wrong(pid, name, world_size):
     r = check(pid, BY_PROBLEM / name, world_size)
