@@ -23,9 +23,10 @@ Inputs: the routing is drawn first and the tokens are made to follow it. Each ra
 T * top_k / W of its tokens, at random, to use its own expert; the others' choices are random among
 the remote experts, so the split sizes vary by rank and trial while the number of (token, remote
 expert) pairs is fixed. The hidden states are N(0, 1) noise corrected (in float64, then rounded to
-bf16) so that the router's logits are exactly drawn targets: in [2, 3) for the chosen experts and in
-[-1, 0) for the others, a gap of 1 that keeps bf16 and float32 routers from choosing differently.
-Router rows are N(0, 1/H); the MLP weights N(0, 1/fan_in) and biases N(0, 0.1^2), so outputs are O(1).
+bf16) so that the router's logits are drawn targets (up to bf16 rounding): in [2, 3) for the chosen
+experts and in [-1, 0) for the others, a gap of 1 that keeps bf16 and float32 routers from choosing
+differently. Router rows are N(0, 1/H); the MLP weights N(0, 1/fan_in) and biases N(0, 0.1^2), so
+outputs are O(1).
 
 Differences from the original:
 - The original routes with a router of each rank's own (weights drawn per rank) on plain N(0, 1)

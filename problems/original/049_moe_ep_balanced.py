@@ -1,15 +1,15 @@
 """The original benchmark's problem 49, exactly: an expert-parallel MoE forward with one expert per rank.
 
 As the original's input builder makes them (a seed per rank, all bf16): rank r holds 1024 tokens
-hidden_states [1024, 1024] ~ N(0, 1), a router of its own, gate_weight [W, 1024] and gate_bias [W]
-~ N(0, 1), and its expert's MLP as three nn.Linear modules in PyTorch's default initialisation
-(uniform in +-1/sqrt(fan_in)), gate_proj and up_proj (1024 -> 128) and down_proj (128 -> 1024), whose
-parameters require gradients; it is called as solution(hidden_states, gate_weight, gate_bias,
+hidden_states [1024, 1024] ~ N(0, 1), a router of its own, gate_weight [W, 1024] and gate_bias [W] ~
+N(0, 1), and its expert's MLP as three nn.Linear modules in PyTorch's default initialisation
+(uniform in +-1/sqrt(fan_in)), gate_proj and up_proj (1024 -> 128) and down_proj (128 -> 1024),
+whose parameters require gradients; it is called as solution(hidden_states, gate_weight, gate_bias,
 gate_proj, up_proj, down_proj, W, 2, None). Each token goes, through an all-to-all, to the ranks of
 the top 2 of W experts of its router's bf16 softmax; each rank runs its MLP, down(silu(gate(x)) *
 up(x)), on what it receives, and the outputs come back, are scaled by their routing probabilities
-and summed in bf16: every rank returns bf16 [1024, 1024] (with the autograd graph the parameters
-give it).
+and summed in bf16: every rank returns bf16 [1024, 1024] (the original's output carries the autograd
+graph of its parameters; the values are judged).
 
 Judged as the original harness judges: atol = rtol = 1e-2, no norm bound; the inputs are drawn from
 secret seeds (pkb's, docs/variants.md).

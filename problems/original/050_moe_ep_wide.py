@@ -9,8 +9,8 @@ solution(hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, 2
 token goes, through an all-to-all, to the ranks of the top 2 of 2W experts of its router's bf16
 softmax (once per expert: twice to a rank whose two experts it chose); each rank runs its MLP,
 down(silu(gate(x)) * up(x)), on what it receives, and the outputs come back, are scaled by their
-routing probabilities and summed in bf16: every rank returns bf16 [1024, 1024] (with the autograd
-graph the parameters give it).
+routing probabilities and summed in bf16: every rank returns bf16 [1024, 1024] (the original's
+output carries the autograd graph of its parameters; the values are judged).
 
 Judged as the original harness judges: atol = rtol = 1e-2, no norm bound; the inputs are drawn from
 secret seeds (pkb's, docs/variants.md).

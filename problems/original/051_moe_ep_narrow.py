@@ -4,16 +4,16 @@ As the original's input builder makes them (a seed per rank, all bf16), with E t
 of W from 2 to W / 2, else 1 (E = 1 at W = 2, 2 at W = 4, 4 at W = 8) and top_k = min(2, E): rank r
 holds 1024 tokens hidden_states [1024, 1024] ~ N(0, 1), a router of its own, gate_weight [E, 1024]
 and gate_bias [E] ~ N(0, 1), and its expert's MLP as three nn.Linear modules in PyTorch's default
-initialisation (uniform in +-1/sqrt(fan_in)), gate_proj and up_proj (1024 -> 128) and down_proj
-(128 -> 1024), whose parameters require gradients; it is called as solution(hidden_states,
-gate_weight, gate_bias, gate_proj, up_proj, down_proj, E, top_k, None). Group None means this rank's
-EP group: the W / E groups of E consecutive ranks, created on the first call and cached (every rank
-creates every group, in the same order). Within its group each token goes, through an all-to-all, to
-the ranks of the top_k of E experts of its router's bf16 softmax (expert e on the group's e-th rank);
+initialisation (uniform in +-1/sqrt(fan_in)), gate_proj and up_proj (1024 -> 128) and down_proj (128
+-> 1024), whose parameters require gradients; it is called as solution(hidden_states, gate_weight,
+gate_bias, gate_proj, up_proj, down_proj, E, top_k, None). Group None means this rank's EP group:
+the W / E groups of E consecutive ranks, created on the first call and cached (every rank creates
+every group, in the same order). Within its group each token goes, through an all-to-all, to the
+ranks of the top_k of E experts of its router's bf16 softmax (expert e on the group's e-th rank);
 each rank runs its MLP, down(silu(gate(x)) * up(x)), on what it receives, and the outputs come back,
 are scaled by their routing probabilities and summed in bf16: every rank returns bf16 [1024, 1024]
-(with the autograd graph the parameters give it). At W = 2 the groups have one rank, and nothing is
-exchanged.
+(the original's output carries the autograd graph of its parameters; the values are judged). At W =
+2 the groups have one rank, and nothing is exchanged.
 
 Judged as the original harness judges: atol = rtol = 1e-2, no norm bound; the inputs are drawn from
 secret seeds (pkb's, docs/variants.md).
