@@ -1,0 +1,18 @@
+"""Problem 49 without the exchange (a wrong solution): each rank runs only its own expert, on its own
+tokens that chose it, and never sends a token. It must fail: the remote experts' outputs, about half
+of every token's, are missing."""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def solution(
+    hidden_states, gate_weight, gate_bias, gate_proj, up_proj, down_proj, num_experts, top_k, group=None
+):
+    local = num_experts // dist.get_world_size(group)
+    x = hidden_states.reshape(-1, hidden_states.shape[-1])
+    probs, chosen = torch.softmax(F.linear(x, gate_weight, gate_bias), dim=-1).topk(top_k, dim=-1)
+    weight = (probs * (chosen // local == dist.get_rank(group))).sum(dim=-1, keepdim=True)
+    y = down_proj(F.silu(gate_proj(x)) * up_proj(x))
+    return (y.float() * weight.float()).to(x.dtype)
