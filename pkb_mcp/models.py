@@ -276,7 +276,7 @@ class BenchResult(Result):
     seen_inputs_advantage: float | None = None
     faster_on_seen_inputs: bool = False
     within_noise: bool | None = Field(
-        None, description="on GPUs: within the spread of identical code between runs, so no evidence"
+        None, description="within identical code's run-to-run spread here: no evidence, not credited"
     )
     ranks: list[RankResult] = []
     protections: list[str] = Field([], description=PROTECTIONS_NOTE)

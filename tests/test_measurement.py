@@ -162,9 +162,20 @@ def test_a_speedup_within_the_run_to_run_spread_is_flagged_as_no_evidence():
 
     assert stats.RUN_TO_RUN_SPREAD == 0.05
     for s in (1.0, 1.049, 1 / 1.049, 0.96):
-        assert stats.within_noise(s), s
+        assert stats.within_noise(s, "cuda"), s
     for s in (1.051, 1 / 1.051, 0.5, 2.0):
-        assert not stats.within_noise(s), s
+        assert not stats.within_noise(s, "cuda"), s
+
+
+def test_on_cpu_the_band_is_the_cpu_s_and_disagreeing_fresh_calls_are_noise_on_every_device():
+    """Identical code measured 1.562x replayed and 0.684x fresh in one CPU benchmark (issue 33)."""
+    from pkb_mcp.runs import stats
+
+    assert stats.within_noise(1.562, "cpu") and stats.within_noise(0.684, "cpu")
+    assert not stats.within_noise(1.7, "cpu") and not stats.within_noise(1 / 1.7, "cpu")
+    assert stats.within_noise(1.562, "cpu", fresh_speedup=0.684)
+    assert stats.within_noise(1.2, "cuda", fresh_speedup=0.9), "the two figures disagree on the side"
+    assert not stats.within_noise(1.2, "cuda", fresh_speedup=1.15)
 
 
 def test_a_side_s_launches_share_one_budget():

@@ -169,7 +169,7 @@ def _from_bench(checked: FileResult, b: BenchResult, job: str, device: str) -> F
             speedup_low=b.speedup_low,
             speedup_high=b.speedup_high,
             candidate_ms=b.candidate.median_ms,
-            credited=b.verdict == "pass",
+            credited=b.verdict == "pass" and not b.within_noise,
         )
     if b.reference is not None:
         update["reference_ms"] = b.reference.median_ms

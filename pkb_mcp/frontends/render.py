@@ -149,7 +149,10 @@ def bench(r: BenchResult) -> str:
     if r.verdict in ("fail", "timeout"):
         lines.append(rank_table(r.ranks))
     if r.speedup is not None:
-        lines.append(f"speedup {r.speedup:.3f}x (quartile range {r.speedup_low:.3f}-{r.speedup_high:.3f})")
+        noise = "; within noise: no evidence of a difference, not credited" if r.within_noise else ""
+        lines.append(
+            f"speedup {r.speedup:.3f}x (quartile range {r.speedup_low:.3f}-{r.speedup_high:.3f}){noise}"
+        )
     fresh = [
         f"{label} {s.fresh_calls} calls, median {s.fresh_median_ms:.4g} ms, replay advantage "
         f"{s.replay_advantage:.2f}"

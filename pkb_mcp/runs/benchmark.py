@@ -299,20 +299,26 @@ def _credit(
             f"the reference itself is {ref_stats.replay_advantage:.2f}x faster on replayed input sets "
             "than on fresh ones: the check for memoized outputs is weaker on this problem here"
         )
+    fresh = fields.get("fresh_speedup")
+    fields["within_noise"] = stats.within_noise(speed, run.device, fresh)
+    noise = (
+        "; no evidence of a difference: identical code lands up to "
+        f"{stats.run_to_run_spread(run.device):.0%} either way between runs on {run.device.upper()}"
+    )
+    if stats.sides_disagree(speed, fresh):
+        noise += ", and the fresh calls' speedup is on the other side of 1.00x"
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
+        if fields["within_noise"]:
+            message += noise
     else:
-        fields["within_noise"] = stats.within_noise(speed)
         if below_floor(cand_stats.median_ms, roof):
             verdict = "suspect"
             fields["below_floor"] = True
             message = floor_message(cand_stats.median_ms, roof, speed)
         else:
             if fields["within_noise"]:
-                message += (
-                    f"; identical code lands up to {stats.RUN_TO_RUN_SPREAD:.0%} either way between "
-                    "runs, so this is no evidence of a difference"
-                )
+                message += noise
             if roof.note:
                 run.warnings.append(
                     f"candidate time {cand_stats.median_ms:.4g} ms is below the floor "
