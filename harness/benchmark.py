@@ -127,7 +127,9 @@ def fresh_calls(calls: Calls, label: str, base: int, max_calls: int, judged: set
         pristine = state["pristine"]
         meta: dict[str, Any] = {"aliased_outputs": calls.aliasing(outs, inputs, returned)}
         meta["mutated_inputs"] = [] if pristine is None else pristine.changed(inputs)
-        calls.save(f"f{k}", [o.detach().clone() for o in outs], shape, meta)
+        copies = [o.detach().clone() for o in outs]
+        shape, copies = calls.judged_form(shape, copies, returned, inputs)
+        calls.save(f"f{k}", copies, shape, meta)
 
     return timing.Fresh(prepare, call, record, max_calls)
 
@@ -238,9 +240,10 @@ def _timed(
     def normalize(out: Any) -> list | None:
         # compared with the judged outputs of the set just called: its in-place results too
         shape, outs = normalize_output(out)
-        if shape != shapes[holds[timed_set[0]]]:
-            return None
-        return calls.in_place(outs, working[timed_set[0]])
+        returned = len(outs)
+        outs = calls.in_place(outs, working[timed_set[0]])
+        shape, outs = calls.judged_form(shape, outs, returned, working[timed_set[0]])
+        return outs if shape == shapes[holds[timed_set[0]]] else None
 
     record = timing.run_timing(
         prepare,

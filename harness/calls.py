@@ -31,14 +31,19 @@ MAX_INPUT_DEPTH = 4  # nesting of tuples, lists and dicts searched for tensors a
 
 def input_tensors(inputs: tuple | list) -> list[tuple[str, Any]]:
     """Every tensor the inputs hold, named as a message names it: tensor arguments ("input 2"),
-    tensors inside tuples, lists and dicts ("input 1[0]"), and the parameters and buffers of module
-    arguments ("input 3 (Linear) parameter weight")."""
+    tensors inside tuples, lists and dicts ("input 1[0]"), the parameters and buffers of module
+    arguments ("input 3 (Linear) parameter weight"), and the indices and values of sparse COO
+    tensors ("input 0 (sparse values)")."""
     import torch
 
     found: list[tuple[str, Any]] = []
 
     def walk(value: Any, name: str, depth: int) -> None:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and value.layout == torch.sparse_coo:
+            # its indices and values, as they lie (views of the sparse tensor's own memory)
+            found.append((f"{name} (sparse indices)", value._indices()))
+            found.append((f"{name} (sparse values)", value._values()))
+        elif isinstance(value, torch.Tensor):
             found.append((name, value))
         elif isinstance(value, torch.nn.Module):
             kind = type(value).__name__
@@ -135,20 +140,27 @@ class Pristine:
 
 
 def snapshot(inputs: tuple) -> tuple:
-    """A working copy of an input set (tensors cloned, module arguments deep-copied): what a
-    workload that updates its inputs is called with, so that the set itself stays as it was."""
+    """A working copy of an input set: every tensor it holds cloned (inside tuples, lists and dicts
+    too, to the depth `input_tensors` searches; sparse ones with their indices), module arguments
+    deep-copied, the containers rebuilt: what a workload that updates its inputs is called with, so
+    that the set itself stays as it was."""
     import copy
 
     import torch
 
-    return tuple(
-        t.clone()
-        if isinstance(t, torch.Tensor)
-        else copy.deepcopy(t)
-        if isinstance(t, torch.nn.Module)
-        else t
-        for t in inputs
-    )
+    def copied(value: Any, depth: int) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, torch.nn.Module):
+            return copy.deepcopy(value)
+        if depth < MAX_INPUT_DEPTH and isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+            items = [copied(v, depth + 1) for v in value]
+            return items if isinstance(value, list) else tuple(items)
+        if depth < MAX_INPUT_DEPTH and isinstance(value, dict):
+            return {k: copied(v, depth + 1) for k, v in value.items()}
+        return value
+
+    return tuple(copied(v, 0) for v in inputs)
 
 
 def copy_at_return(outs: list, caller: Any) -> list:
@@ -192,6 +204,9 @@ class Calls:
         self.out_dir = out_dir
         self.mac_key = tensorfile.result_key(cfg["seeds"])  # the host checks every result file with it
         self.check = check  # fails the rank if the solution replaced what the harness relies on
+        # the problem's canonical order of its outputs (docs/problem-format.md), taken before the
+        # solution was imported: a solution that replaces it afterwards fails the Watch's check
+        self.canonical: Callable[[Any, tuple], Any] | None = getattr(problem, "canonical", None)
         # lean inputs are fingerprinted, not copied, under a key the solution is never given
         self.lean_key = int.from_bytes(self.mac_key[8:16], "little") if self.lean else None
 
@@ -230,11 +245,32 @@ class Calls:
         aliased = aliased_inputs(outs[:returned], inputs)
         return convention.aliasing_faults(self.problem, self.rank, self.world_size, outs, inputs, aliased)
 
-    def in_place(self, outs: list, inputs: tuple) -> list:
-        """The outputs judged: the returned ones, then the inputs a mutating workload updated."""
-        import torch
+    def in_place(self, outs: list, inputs: tuple | list) -> list:
+        """The outputs judged: the returned ones, then, where the workload updates its inputs, every
+        tensor the inputs hold after the call (`input_tensors`' order: inside tuples, lists and
+        dicts, module parameters and buffers, sparse indices and values)."""
+        return outs + [t for _, t in input_tensors(inputs)] if self.mutates else outs
 
-        return outs + [t for t in inputs if isinstance(t, torch.Tensor)] if self.mutates else outs
+    def judged_form(
+        self, shape: structure.Structure, outs: list, returned: int, inputs: tuple | list
+    ) -> tuple[structure.Structure, list]:
+        """The outputs as they are judged: the returned ones (the first `returned` of `outs`) in the
+        problem's canonical order where it has one, then the in-place outputs, unchanged, as more
+        items of the outermost tuple. Applied to the reference's and the candidate's outputs alike,
+        where they are judged (never inside a timed call)."""
+        if self.canonical is not None:
+            value = structure.decode(shape, outs[:returned])
+            try:
+                ordered = self.canonical(value, tuple(inputs))
+            except Exception as exc:
+                raise SolutionError(
+                    f"the problem's canonical order could not be applied to the outputs "
+                    f"({type(exc).__name__}: {exc}); return the reference's structure"
+                ) from exc
+            shape, tensors = normalize_output(ordered)
+            outs = tensors + outs[returned:]
+            returned = len(tensors)
+        return structure.extended(shape, returned, len(outs) - returned), outs
 
     def judge_call(self, inputs: tuple) -> tuple[structure.Structure, list, dict[str, Any]]:
         """One checked call: the outputs as they were at return (private copies), plus what the
@@ -256,6 +292,7 @@ class Calls:
         dist.barrier()  # every rank's work has ended before inputs are compared
         meta: dict[str, Any] = {"aliased_outputs": self.aliasing(outs, list(inputs), returned)}
         meta["mutated_inputs"] = [] if pristine is None else pristine.changed(inputs)
+        shape, at_return = self.judged_form(shape, at_return, returned, inputs)
         return shape, at_return, meta
 
     def save(self, name: str, outs: list, shape: structure.Structure, meta: dict[str, Any]) -> None:

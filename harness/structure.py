@@ -12,6 +12,8 @@ return). Anything else is a tree of nodes, each a JSON list whose first item is 
   ["float", "0x1.8p+0"]           a float, as float.hex (exact: NaN and infinities included)
   ["str", "text"]                 a string of at most MAX_STR characters
   ["size", [2, 3]]                a torch.Size
+  ["sparse", [4, 6]]              a sparse COO tensor of that size, coalesced: the next two of the
+                                  file's tensors, its indices (int64, [sparse dims, nnz]) and values
   ["tuple", [node, ...]]          a tuple or a list (one kind: either may be returned)
   ["dict", [["key", node], ...]]  a dict with string keys, sorted
 
@@ -40,12 +42,16 @@ class StructureError(ValueError):
     """A structure outside the grammar or the caps."""
 
 
+def _dense(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.layout == torch.strided
+
+
 def encode(out: Any) -> tuple[Structure, list[torch.Tensor]]:
     """(structure, tensors in order) of a solution's return; ValueError for what cannot be judged."""
-    if isinstance(out, torch.Tensor):
+    if _dense(out):
         return "tensor", [out]
     sequence = isinstance(out, (tuple, list)) and not isinstance(out, torch.Size)
-    if sequence and all(isinstance(t, torch.Tensor) for t in out):
+    if sequence and all(_dense(t) for t in out):
         return "tuple", list(out)
     tensors: list[torch.Tensor] = []
     tree = _node(out, tensors, "the output", 0)
@@ -57,6 +63,13 @@ def _node(value: Any, tensors: list[torch.Tensor], where: str, depth: int) -> li
     if depth > MAX_DEPTH:
         raise ValueError(f"{where} is nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, torch.Tensor):
+        if value.layout == torch.sparse_coo:
+            # coalesced: sorted, unique indices, so that equal sparse tensors have equal parts
+            value = value.coalesce()
+            tensors.extend([value._indices(), value._values()])
+            return ["sparse", [int(d) for d in value.shape]]
+        if value.layout != torch.strided:
+            raise ValueError(f"{where} is a {value.layout} tensor: return a dense or a sparse COO tensor")
         tensors.append(value)
         return ["tensor"]
     if value is None:
@@ -87,6 +100,51 @@ def _node(value: Any, tensors: list[torch.Tensor], where: str, depth: int) -> li
     raise ValueError(
         f"{where} is a {type(value).__name__}, which the harness cannot judge: return {RETURNABLE}"
     )
+
+
+def extended(structure: Structure, tensors: int, more: int) -> Structure:
+    """A structure of `tensors` tensors with `more` tensors after them (a mutating workload's
+    in-place outputs, judged after its returned ones): further items of the outermost tuple, which a
+    single tensor or a return of another kind becomes the first item of."""
+    if not more:
+        return structure
+    if structure in ("tensor", "tuple"):
+        return "tuple"
+    node = tree(structure, tensors)
+    items = node[1] if node[0] == "tuple" else [node]
+    return ["tuple", [*items, *(["tensor"] for _ in range(more))]]
+
+
+def decode(structure: Structure, tensors: list[torch.Tensor]) -> Any:
+    """The value `encode` read `structure` and `tensors` from, rebuilt (tuples and lists both come
+    back as tuples; the inverse of `encode` otherwise)."""
+    if structure == "tensor":
+        return tensors[0]
+    if structure == "tuple":
+        return tuple(tensors)
+    assert isinstance(structure, list)
+    left = iter(tensors)
+
+    def build(node: list) -> Any:
+        kind = node[0]
+        if kind == "tensor":
+            return next(left)
+        if kind == "none":
+            return None
+        if kind == "float":
+            return float.fromhex(node[1])
+        if kind == "size":
+            return torch.Size(node[1])
+        if kind == "sparse":
+            indices, values = next(left), next(left)
+            return torch.sparse_coo_tensor(indices, values, node[1], is_coalesced=True)
+        if kind == "tuple":
+            return tuple(build(item) for item in node[1])
+        if kind == "dict":
+            return {k: build(item) for k, item in node[1]}
+        return node[1]  # bool, int, str
+
+    return build(structure)
 
 
 def _child(where: str, label: str) -> str:
@@ -130,8 +188,9 @@ def _check(node: object, depth: int, count: list[int]) -> None:
         return
     if kind == "str" and isinstance(value, str) and len(value) <= MAX_STR:
         return
-    dims = kind == "size" and isinstance(value, list) and len(value) <= MAX_DIMS
+    dims = kind in ("size", "sparse") and isinstance(value, list) and len(value) <= MAX_DIMS
     if dims and all(type(d) is int and 0 <= d < INT_LIMIT for d in value):  # type: ignore[union-attr]
+        count[1] += 2 * (kind == "sparse")  # its indices and values
         return
     if kind == "tuple" and isinstance(value, list) and len(value) <= MAX_ITEMS:
         for item in value:
@@ -198,6 +257,9 @@ def tensor_names(node: list) -> list[str]:
     def walk(n: list, where: str) -> None:
         if n[0] == "tensor":
             names.append("output 0" if where == "the output" else where)
+        elif n[0] == "sparse":
+            at = "output 0" if where == "the output" else where
+            names.extend([f"{at} (sparse indices)", f"{at} (sparse values)"])
         elif n[0] == "tuple":
             for i, item in enumerate(n[1]):
                 walk(item, _child(where, str(i)))
@@ -225,6 +287,8 @@ def describe(node: list) -> str:
         return f"str {text[:40]!r}" + ("..." if len(text) > 40 else "")
     if kind == "size":
         return f"torch.Size({node[1][:MAX_DIMS]})"
+    if kind == "sparse":
+        return f"a sparse tensor of size {node[1][:MAX_DIMS]}"
     if kind == "tuple":
         return f"a tuple or list of {len(node[1])}"
     keys = ", ".join(repr(k[:40]) for k, _ in node[1][:6])

@@ -161,7 +161,7 @@ class Watch:
     """Identity of every clock, torch function and harness attribute the harness relies on, taken
     before the solution is imported; `check` fails the rank if the solution replaced any of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, problem: ModuleType | None = None) -> None:
         import builtins
 
         import torch
@@ -218,6 +218,8 @@ class Watch:
             ("harness.worker", sys.modules[__name__]),  # __main__ when run with -m
         ]:
             owners[label] = (module, [n for n in vars(module) if not n.startswith("__")])
+        if problem is not None:  # the problem's hooks the harness calls on a candidate's outputs
+            owners["the problem"] = (problem, ["canonical"])
         owners["harness.timing.Timer"] = (
             timing.Timer,
             [n for n in vars(timing.Timer) if not n.startswith("__")],
@@ -369,7 +371,7 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
     "profile" or "benchmark". Returns the benchmark's timing record (else None)."""
     stages.enter("setup")
     problem = load_module(cfg["problem_path"], "pkb_problem")
-    watch = Watch()
+    watch = Watch(problem)
     _become_subreaper()
     stages.enter("import")
     if cfg["solution_path"] == cfg["problem_path"]:

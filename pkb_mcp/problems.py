@@ -175,6 +175,10 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
             f"{path.name}: LEAN_INPUTS cannot go with MUTATES_INPUTS (an in-place workload is called "
             "on a copy of its inputs, the copy lean inputs exist to avoid)"
         )
+    if hasattr(module, "canonical"):
+        why = _canonical_error(module.canonical)
+        if why:
+            raise ProblemFormatError(f"{path.name}: canonical {why}")
     if not (module.__doc__ or "").strip():
         raise ProblemFormatError(
             f"{path.name}: needs a docstring saying what it computes and where it is from"
@@ -208,6 +212,19 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
     if why:
         raise ProblemFormatError(f"{path.name}: {why}")
     return problem
+
+
+def _canonical_error(hook: object) -> str | None:
+    """Why a problem's `canonical` is not a function of (outputs, inputs); None when it is."""
+    if not callable(hook):
+        return "must be a function canonical(outputs, inputs) -> outputs"
+    try:
+        inspect.signature(hook).bind(None, None)
+    except TypeError:
+        return "must take two arguments, (outputs, inputs)"
+    except ValueError:  # a builtin without a signature: called as it is
+        return None
+    return None
 
 
 @cache

@@ -136,3 +136,70 @@ def test_complex_draws_have_independent_real_and_imaginary_parts(dtype):
     assert torch.equal(shared[0], shared[1])
     meta = ProblemContext(rank=0, world_size=2, size={}, device=torch.device("meta"))
     assert meta.rand(3, 2, dtype=dtype).shape == (3, 2) and meta.randn(3, dtype=dtype).dtype == dtype
+
+
+def sparse_inputs():
+    torch.manual_seed(1)
+    indices = torch.tensor([[0, 1, 1, 3], [2, 0, 2, 1]])
+    return (torch.sparse_coo_tensor(indices, torch.randn(4), (4, 3)), [torch.randn(3)])
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_sparse_inputs_are_snapshotted_and_their_changes_named(lean):
+    inputs = sparse_inputs()
+    names = [n for n, _ in input_tensors(inputs)]
+    assert names == ["input 0 (sparse indices)", "input 0 (sparse values)", "input 1[0]"]
+    pristine = Pristine(inputs, 4321 if lean else None)
+    assert pristine.changed(inputs) == []
+    inputs[0].mul_(2)
+    assert pristine.changed(inputs) == ["input 0 (sparse values)"]
+    inputs = sparse_inputs()
+    pristine = Pristine(inputs, 4321 if lean else None)
+    inputs[0]._indices()[1, 0] = 1  # the pattern moved, the values kept
+    assert pristine.changed(inputs) == ["input 0 (sparse indices)"]
+
+
+def test_a_sparse_input_is_copied_per_call_and_its_memory_watched():
+    inputs = sparse_inputs()
+    copy = calls.snapshot(inputs)[0]
+    assert copy.layout == torch.sparse_coo and torch.equal(copy.to_dense(), inputs[0].to_dense())
+    assert copy._values().data_ptr() != inputs[0]._values().data_ptr()
+    assert aliased_inputs([inputs[0]._values()[1:], torch.zeros(2)], list(inputs)) == [0]
+    assert aliased_inputs([inputs[0].to_dense()], list(inputs)) == []
+
+
+def nested_inputs():
+    torch.manual_seed(2)
+    return ([torch.randn(3), torch.randn(2)], {"m": (torch.randn(2),)}, 4.0, torch.randn(2))
+
+
+def test_a_working_copy_copies_the_tensors_inside_lists_tuples_and_dicts():
+    inputs = nested_inputs()
+    copy = calls.snapshot(inputs)
+    assert isinstance(copy[0], list) and isinstance(copy[1]["m"], tuple) and copy[2] == 4.0
+    pairs = zip(input_tensors(copy), input_tensors(inputs), strict=True)
+    assert all(a.data_ptr() != b.data_ptr() and torch.equal(a, b) for (_, a), (_, b) in pairs)
+    copy[0][1].add_(1)
+    copy[0].append(torch.zeros(1))  # the list itself changed: the set's own list is another
+    assert len(inputs[0]) == 2 and torch.equal(inputs[0][1], nested_inputs()[0][1])
+
+
+def test_a_mutating_workload_has_every_tensor_its_inputs_hold_judged_after_the_call():
+    from types import SimpleNamespace
+
+    from harness.calls import Calls
+
+    state = Calls.__new__(Calls)
+    inputs = nested_inputs()
+    state.mutates = False
+    assert state.in_place([torch.ones(1)], inputs) == [torch.ones(1)]
+    state.mutates = True
+    judged = state.in_place([torch.ones(1)], inputs)
+    assert [t.data_ptr() for t in judged[1:]] == [t.data_ptr() for _, t in input_tensors(inputs)]
+    assert len(judged) == 5
+    problem = SimpleNamespace(MUTATES_INPUTS=True)
+    from harness import convention
+
+    # an input inside a list, returned after its update in place, is the in-place result: allowed
+    outs = [inputs[0][1], inputs[0][1][:1]]
+    assert convention.aliasing_faults(problem, 0, 2, outs, list(inputs), [0, 1]) == [1]

@@ -192,3 +192,136 @@ def test_complex_inputs_and_outputs_are_judged_on_both_parts(suite, tmp_path):
     wrong.write_text(reference.read_text() + REAL_PART_ONLY)
     r = check_file(902, wrong)
     assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message
+
+
+CANONICAL = """
+def make_inputs(ctx):
+    return (ctx.randn(ctx.size["n"], 3),)
+
+
+def solution(x):
+    rows = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, x)
+    return torch.cat(rows), x.shape[0]
+
+
+def canonical(outputs, inputs):
+    rows, count = outputs
+    return rows[rows[:, 0].argsort()], count
+"""
+
+OTHER_ORDER = """
+def solution(x):
+    rows = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, x)
+    return torch.cat(rows[::-1]).flip(0), x.shape[0]
+"""
+
+
+def test_outputs_in_another_order_pass_through_the_canonical_order(suite, tmp_path):
+    reference = tiny_problem(suite, 903, "tiny_canonical", CANONICAL)
+    other = tmp_path / "other_order.py"
+    other.write_text(reference.read_text() + OTHER_ORDER)
+    r = check_file(903, other)
+    assert r.verdict == "pass", r.message
+    r = service.bench(
+        RunRequest(problem=903, path=other, world_size=2, device="cpu", sandbox="process", timeout_s=300)
+    )
+    assert r.verdict == "pass", r.message
+    unordered = reference.read_text().replace("def canonical(", "def _unused(")
+    reference.write_text(unordered)
+    r = check_file(903, other)
+    assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message
+
+
+SPARSE = """
+import warnings
+
+warnings.filterwarnings("ignore", message="Sparse invariant checks")
+
+
+def make_inputs(ctx):
+    n = ctx.size["n"]
+    mask = ctx.rand(n, n, dtype=torch.float32) < 0.3
+    weights = (ctx.randn(n, n, dtype=torch.float32) * mask).to_sparse()
+    return weights, ctx.randn(n, 4, dtype=torch.float32)
+
+
+def solution(weights, x):
+    y = torch.sparse.mm(weights, x)
+    dist.all_reduce(y)
+    return y, weights * 2
+"""
+
+SPARSE_UNCOALESCED = """
+_reference = solution
+
+
+def solution(weights, x):
+    y, doubled = _reference(weights, x)
+    # the same entries, each split in two halves: uncoalesced, equal once coalesced
+    i, v = doubled._indices(), doubled._values()
+    return y, torch.sparse_coo_tensor(torch.cat([i, i], 1), torch.cat([v, v]) / 2, doubled.shape)
+"""
+
+SPARSE_MUTATES = """
+_reference = solution
+
+
+def solution(weights, x):
+    out = _reference(weights, x)
+    weights._values().mul_(2)
+    return out
+"""
+
+
+def test_sparse_inputs_and_outputs_are_judged(suite, tmp_path):
+    reference = tiny_problem(suite, 904, "tiny_sparse", SPARSE)
+    uncoalesced = tmp_path / "uncoalesced.py"
+    uncoalesced.write_text(reference.read_text() + SPARSE_UNCOALESCED)
+    r = check_file(904, uncoalesced)
+    assert r.verdict == "pass", r.message
+    mutates = tmp_path / "mutates.py"
+    mutates.write_text(reference.read_text() + SPARSE_MUTATES)
+    r = check_file(904, mutates)
+    assert r.verdict == "fail" and "input 0 (sparse values) was changed" in r.ranks[0].message, r.message
+    r = service.bench(
+        RunRequest(problem=904, path=reference, world_size=2, device="cpu", sandbox="process", timeout_s=300)
+    )
+    assert r.verdict == "pass", r.message
+
+
+LISTS_IN_PLACE = """
+MUTATES_INPUTS = True
+
+
+def make_inputs(ctx):
+    return [ctx.randn(ctx.size["n"]), ctx.randn(ctx.size["n"], 2)], 0.5
+
+
+def solution(shards, scale):
+    for s in shards:
+        dist.all_reduce(s)
+        s.mul_(scale)
+    return torch.stack([s.norm() for s in shards])
+"""
+
+FIRST_SHARD_ONLY = """
+def solution(shards, scale):
+    for s in shards:
+        dist.all_reduce(s)
+    shards[0].mul_(scale)
+    return torch.stack([s.norm() * (scale if i else 1.0) for i, s in enumerate(shards)])
+"""
+
+
+def test_tensors_in_a_list_are_copied_per_call_and_judged_after_an_update_in_place(suite, tmp_path):
+    reference = tiny_problem(suite, 905, "tiny_lists", LISTS_IN_PLACE)
+    r = service.bench(
+        RunRequest(problem=905, path=reference, world_size=2, device="cpu", sandbox="process", timeout_s=300)
+    )
+    assert r.verdict == "pass", r.message  # a list updated twice would change the timed outputs
+    partial = tmp_path / "first_shard_only.py"
+    partial.write_text(reference.read_text() + FIRST_SHARD_ONLY)
+    r = check_file(905, partial)
+    assert r.verdict == "fail" and "output 2" in r.ranks[0].message, r.message

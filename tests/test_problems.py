@@ -75,6 +75,8 @@ GOOD = (Path(problems.config.problems_dir()) / "001_allreduce.py").read_text()
         ("001_allreduce.py", GOOD.replace('"rel_norm": 0.005', '"rel_norm": -1'), "non-negative 'rel_norm'"),
         ("001_allreduce.py", GOOD + "\nimport nonexistent_module\n", "cannot be imported"),
         ("1_allreduce.py", GOOD, "named NNN_slug.py"),
+        ("001_allreduce.py", GOOD + "\ncanonical = 3\n", "canonical must be a function"),
+        ("001_allreduce.py", GOOD + "\ndef canonical(outputs):\n    return outputs\n", "two arguments"),
     ],
 )
 def test_malformed_problem_is_refused_naming_the_file(tmp_path, name, text, message):
@@ -140,3 +142,9 @@ def test_a_constant_fill_may_be_a_0_dim_tensor(device):
     t = ctx.full((), 7, dtype=torch.int64)
     assert t.shape == () and t.dtype == torch.int64 and t.device.type == device
     assert ctx.full((2, 3), 1.0).shape == (2, 3)
+
+
+def test_a_canonical_order_hook_loads(tmp_path):
+    path = tmp_path / "001_allreduce.py"
+    path.write_text(GOOD + "\ndef canonical(outputs, inputs):\n    return outputs\n")
+    assert callable(problems.load_problem(path).module.canonical)

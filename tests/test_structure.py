@@ -154,3 +154,124 @@ def test_floats_keep_their_exact_value():
         (shape, _) = normalize_output((x, None))
         assert float.fromhex(shape[1][0][1]) == x or math.isnan(x)
     assert normalize_output((-0.0, None))[0] != normalize_output((0.0, None))[0], "the sign of zero counts"
+
+
+def test_decode_rebuilds_what_encode_read():
+    value = mixed_output()
+    shape, tensors = normalize_output(value)
+    back = structure.decode(shape, tensors)
+    assert back[1] is None and back[2] == torch.Size([4, 8]) and back[3]["scale"] == 0.25
+    assert back[3]["values"] is tensors[1] and back[4][0] is tensors[2] and math.isnan(back[4][1])
+    assert structure.encode(back) == (shape, tensors)
+    assert structure.decode("tensor", tensors[:1]) is tensors[0]
+    assert structure.decode("tuple", tensors) == tuple(tensors)
+
+
+def sorted_rows(outputs, inputs):
+    """A canonical order: rows sorted by their first column (ties broken by the second)."""
+    rows, count = outputs
+    key = rows[:, 0] * 1000 + rows[:, 1]
+    return rows[key.argsort()], count
+
+
+def canonical_calls(hook):
+
+    from harness.calls import Calls
+
+    calls = Calls.__new__(Calls)
+    calls.canonical = hook
+    return calls
+
+
+def test_the_canonical_order_applies_to_the_returned_outputs_only_the_in_place_follow():
+    rows = torch.tensor([[2.0, 1.0], [0.0, 5.0], [2.0, 0.0]])
+    in_place = torch.ones(3)
+    shape, outs = normalize_output((rows, 3))
+    calls = canonical_calls(sorted_rows)
+    new_shape, ordered = calls.judged_form(shape, [*outs, in_place], 1, (rows,))
+    assert new_shape == ["tuple", [["tensor"], ["int", 3], ["tensor"]]] and ordered[1] is in_place
+    assert ordered[0].tolist() == [[0.0, 5.0], [2.0, 0.0], [2.0, 1.0]]
+    assert canonical_calls(None).judged_form(shape, outs, 1, ()) == (shape, outs)
+
+
+def test_a_canonical_order_that_cannot_read_the_outputs_fails_the_call():
+    shape, outs = normalize_output(torch.zeros(3))  # a tensor where the hook wants (rows, count)
+    with pytest.raises(SolutionError, match="canonical order could not be applied"):
+        canonical_calls(sorted_rows).judged_form(shape, outs, 1, ())
+
+
+def test_a_solution_that_replaces_the_canonical_order_fails_the_rank():
+    from types import ModuleType
+
+    from harness.worker import Watch
+
+    problem = ModuleType("pkb_problem")
+    problem.canonical = sorted_rows  # type: ignore[attr-defined]
+    watch = Watch(problem)
+    watch.check("before")
+    problem.canonical = lambda outputs, inputs: outputs  # type: ignore[attr-defined]
+    with pytest.raises(SolutionError, match=r"replaced the problem\.canonical"):
+        watch.check("during a call")
+
+
+def sparse(indices, values, size=(4, 3)):
+    return torch.sparse_coo_tensor(torch.tensor(indices), torch.tensor(values), size)
+
+
+def test_a_sparse_output_is_coalesced_and_round_trips(tmp_path):
+    # uncoalesced: (1, 0) twice, out of order
+    out = sparse([[1, 0, 1], [0, 2, 0]], [1.0, 2.0, 3.0])
+    shape, tensors = normalize_output((out, torch.ones(2)))
+    assert shape == ["tuple", [["sparse", [4, 3]], ["tensor"]]]
+    assert tensors[0].tolist() == [[0, 1], [2, 0]] and tensors[1].tolist() == [2.0, 4.0]
+    assert structure.tensor_names(shape) == [
+        "output 0 (sparse indices)",
+        "output 0 (sparse values)",
+        "output 1",
+    ]
+    path = tmp_path / "o.pkbt"
+    tensorfile.save(path, tensors, shape, {})
+    loaded, back, _ = tensorfile.load(path, 1 << 20)
+    assert loaded == shape and len(back) == 3
+    rebuilt = structure.decode(loaded, back)[0]
+    assert rebuilt.is_coalesced() and torch.equal(rebuilt.to_dense(), out.to_dense())
+    with pytest.raises(SolutionError, match="sparse_csr"):
+        normalize_output(out.to_dense().to_sparse_csr())
+
+
+def test_the_judge_compares_a_sparse_pattern_exactly_and_its_values_on_the_bounds():
+    want = Outputs(*normalize_output(sparse([[0, 1], [2, 0]], [2.0, 4.0])), {})
+
+    def judged(indices, values, size=(4, 3)):
+        return compare(0, 0, Outputs(*normalize_output(sparse(indices, values, size)), {}), want, TOL)
+
+    assert judged([[1, 0, 1], [0, 2, 0]], [1.0, 2.0, 3.0]).state == "pass"  # the same, uncoalesced
+    assert judged([[0, 1], [2, 0]], [2.0, 4.0001]).state == "pass"
+    r = judged([[0, 1], [2, 0]], [2.0, 4.5])
+    assert r.state == "wrong" and "output 0 (sparse values)" in r.message
+    r = judged([[0, 1], [2, 1]], [2.0, 4.0])
+    assert r.state == "wrong" and "output 0 (sparse indices)" in r.message
+    r = judged([[0, 1, 2], [2, 0, 0]], [2.0, 4.0, 0.0])  # an explicit zero is a different pattern
+    assert r.state == "wrong" and "int64[2, 3], expected int64[2, 2]" in r.message
+    r = judged([[0, 1], [2, 0]], [2.0, 4.0], (5, 3))
+    assert r.state == "wrong" and "expected a sparse tensor of size [4, 3]" in r.message
+
+
+@pytest.mark.parametrize(
+    ("shape", "tensors", "want"),
+    [
+        ("tensor", 1, "tuple"),
+        ("tuple", 2, "tuple"),
+        (["tuple", [["tensor"], ["none"]]], 1, ["tuple", [["tensor"], ["none"], ["tensor"], ["tensor"]]]),
+        (
+            ["dict", [["a", ["tensor"]]]],
+            1,
+            ["tuple", [["dict", [["a", ["tensor"]]]], ["tensor"], ["tensor"]]],
+        ),
+    ],
+)
+def test_in_place_outputs_follow_the_returned_ones_in_the_structure(shape, tensors, want):
+    extended = structure.extended(shape, tensors, 2)
+    assert extended == want and structure.extended(shape, tensors, 0) == shape
+    if extended != "tuple":
+        assert structure.check(extended) == tensors + 2

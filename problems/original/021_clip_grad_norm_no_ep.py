@@ -5,17 +5,17 @@ of three gradient shards, each [1024, 1024], and is called as solution(grads, 1.
 rank sums the squares of its shards in float32 (torch.norm of each, raised to the power 2),
 all-reduces that sum over the FSDP group (the world), and takes the square root: the total 2-norm, a
 0-dim float32 tensor, which every rank returns. Where it exceeds max_norm it scales every shard in
-place by max_norm / norm, as the original does. Judged as the original harness judges: only the
-returned norm, atol = rtol = 1e-2, no norm bound; the inputs are drawn from secret seeds (pkb's,
-docs/variants.md).
+place by max_norm / norm, as the original does. Judged with the original harness's bounds,
+atol = rtol = 1e-2, no norm bound, on the returned norm and on the shards after the call; the inputs
+are drawn from secret seeds (pkb's, docs/variants.md).
 
-What a solution could skip: the clipping. The original harness compares the returned norm only, and
-so does this variant (the workload updates its shards in place, `MUTATES_INPUTS`, and the harness
-judges only inputs that are tensors themselves after a call: the shards, in a list, are neither
-judged nor checked for changes), so a solution that leaves the gradients unclipped passes; with
-max_norm = 1 and a norm of about 1800 sqrt(W), the clipped values would be about 5e-4 anyway, below
-the tolerance's atol. The all-reduce cannot be skipped: a rank's own norm is 1 / sqrt(W) of the
-total.
+What a solution could skip: the clipping. The original harness compares the returned norm only;
+this variant also judges the shards after the call (the workload updates them in place,
+`MUTATES_INPUTS`, and the harness judges every tensor the inputs hold, inside lists too), so a
+solution that leaves the gradients unclipped fails here where the original passed it. With
+max_norm = 1 and a norm of about 1800 sqrt(W) the clipped values are about 5e-4, below the atol:
+the shards catch a clipping skipped, not a wrong clip coefficient. The all-reduce cannot be
+skipped: a rank's own norm is 1 / sqrt(W) of the total.
 """
 
 import math

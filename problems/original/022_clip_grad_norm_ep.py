@@ -10,17 +10,18 @@ group and the EP-FSDP group is the world. Each rank first scales its expert shar
 over the world, sums those of the expert shards and all-reduces them over the EP-FSDP group, then
 the EP group, and returns the square root of the two sums together: the total 2-norm, a 0-dim
 float32 tensor, the same on every rank. Where it exceeds max_norm it scales every shard in place by
-max_norm / norm, as the original does. Judged as the original harness judges: only the returned
-norm, atol = rtol = 1e-2, no norm bound; the inputs are drawn from secret seeds (pkb's,
-docs/variants.md). The groups are created once per launch, on the first inputs (dist.new_group is
-collective: every rank creates every group, in the same order).
+max_norm / norm, as the original does. Judged with the original harness's bounds, atol = rtol =
+1e-2, no norm bound, on the returned norm and on the shards after the call; the inputs are drawn
+from secret seeds (pkb's, docs/variants.md). The groups are created once per launch, on the first
+inputs (dist.new_group is collective: every rank creates every group, in the same order).
 
 What a solution could skip: the clipping and the expert shards' scaling left in place. The original
-harness compares the returned norm only, and so does this variant (the workload updates its shards
-in place, `MUTATES_INPUTS`, and the harness judges only inputs that are tensors themselves after a
-call: the shards, in lists, are neither judged nor checked for changes); with max_norm = 1 and a norm in the
-thousands, the clipped values would be below the tolerance's atol anyway. The all-reduces cannot be
-skipped: a rank's own norm is about 1 / sqrt(W) of the total.
+harness compares the returned norm only; this variant also judges the shards after the call (the
+workload updates them in place, `MUTATES_INPUTS`, and the harness judges every tensor the inputs
+hold, inside lists too), so a solution that leaves them unclipped fails here where the original
+passed it. With max_norm = 1 and a norm in the thousands the clipped values are below the atol: the
+shards catch a clipping skipped, not a wrong clip coefficient. The all-reduces cannot be skipped: a
+rank's own norm is about 1 / sqrt(W) of the total.
 """
 
 import math
