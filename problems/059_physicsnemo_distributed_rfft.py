@@ -39,7 +39,7 @@ SIZES = {
     # batch B, rows H (rounded up to a multiple of W), columns per rank (L = W * cols_local)
     "pkb": {"batch": 16, "rows": 1024, "cols_local": 128},
     # estimate, not yet measured: each rank sends (W-1)/W of a 1.07 GB complex64 block, 0.54 GB at
-    # W = 2 (1.4 ms at 395 GB/s), against 1.6 GB of HBM traffic (0.4 ms at 4.26 TB/s)
+    # W = 2 (1.4 ms at 395 GB/s), against 1.07 GB of HBM traffic (0.25 ms at 4.26 TB/s)
     "large": {"batch": 32, "rows": 4096, "cols_local": 1024},
 }
 # Measured (CPU, the reference in float32 against float64 rfft2 of the whole field, pkb size,
