@@ -17,7 +17,9 @@ secret seeds (pkb's, docs/variants.md).
 
 On CPU (gloo) the counts are gathered as [1] tensors and the pairs exchanged with one
 all_to_all_single each, where the original gathers a 0-dim tensor and passes lists of uneven
-tensors, which gloo refuses; the values and their order are the same.
+tensors, which gloo refuses; the values and their order are the same. The original's own reference
+file fails on gloo at that 0-dim gather; with that one tensor made [1] it matches this reference bit
+for bit (CPU, W = 2 and 4, 2026-11-26).
 
 The `pkb` variant computes in float32, with random cameras, culling and global Gaussian ids.
 """
