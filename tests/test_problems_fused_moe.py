@@ -207,8 +207,7 @@ def test_reference_passes(pid, world_size):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("pid", IDS)
-@pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize(("variant", "world_size"), [("pkb", 2), ("original", 2), ("original", 4)])
 def test_original_style_candidate_passes_in_both_variants(pid, world_size, variant):
     name = "fused_moe_fwd" if pid == 31 else "fused_moe_fwd_lora"
     r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size, variant)

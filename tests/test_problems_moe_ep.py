@@ -204,12 +204,12 @@ def check(pid: int, path: Path, world_size: int, variant: str = "pkb"):
     )
 
 
+# the pkb variant at W = 4 is the reference's check (above): CI's budget
 RUNS = [
     (pid, variant, w)
     for pid in IDS
-    for variant in ("pkb", "original")
-    for w in (2, 4)
-    if not (pid == 51 and variant == "pkb" and w == 2)
+    for variant, w in (("pkb", 2), ("original", 2), ("original", 4))
+    if not (pid == 51 and variant == "pkb")
 ]
 
 

@@ -346,9 +346,11 @@ def check(pid: int, path: Path, world_size: int, variant: str = "pkb"):
     )
 
 
+# CI's budget: the pkb variant's reference at W = 2 and 4 here; the original variant at both world
+# sizes through the files in the original's convention (below), which the original's reference is
 @pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 4])
-@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize("variant", ["pkb"])
 @pytest.mark.parametrize("pid", IDS)
 def test_the_reference_passes(pid, variant, world_size):
     r = check(pid, problems.suite(variant)[pid].path, world_size, variant)
@@ -367,8 +369,7 @@ ORIGINAL_STYLE = [
             "028_original_style.py",
             "029_original_style.py",
         )
-        for variant in ("pkb", "original")
-        for w in (2, 4)
+        for variant, w in (("pkb", 2), ("original", 2), ("original", 4))
         if not (name.startswith("025") and variant == "pkb")
     ],
 ]
