@@ -1,0 +1,202 @@
+"""Sample sort (85), DINOv2 k-NN (79), SAM3 IoU suppression (81) and MAGI-1 tile-parallel VAE
+decode (78), in both variants.
+
+Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
+device at both sizes, its world-size rule says what it should, its traffic model is no larger than
+the schedules a solution could choose instead, its inputs keep clear of the traps the problem names
+(ties, thresholds), and the vectorised references equal a direct, loop-by-loop computation on the
+same inputs.
+Integration tier (real ranks on CPU, process sandbox): the reference passes at world sizes 2 and 4
+in both variants, a file written in the original benchmark's convention passes in both variants,
+and a solution that skips the exchange fails (wrong, not crashed)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
+
+from .conftest import CANDIDATES
+
+IDS = [85]
+BY_PROBLEM = CANDIDATES / "by_problem"
+
+# the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
+# (../shared/pkb-contracts.md); "T" stands for a tensor argument
+CONTRACTS = {
+    85: (["local_shard", "group"], {"group": None}, ["T", None]),
+}
+
+
+def problem(pid: int, variant: str = "pkb") -> problems.Problem:
+    return problems.suite(variant)[pid]
+
+
+def cpu_inputs(pid: int, world_size: int, rank: int, seed: int = 1, variant: str = "pkb") -> tuple:
+    p = problem(pid, variant)
+    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
+    ctx.seed = seed
+    return tuple(p.module.make_inputs(ctx))
+
+
+# ---------------------------------------------------------------- fast: format, shapes, rules
+
+
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize("variant", ["pkb", "original"])
+def test_loads_with_the_originals_signature_and_call(pid, variant):
+    p = problem(pid, variant)
+    names, defaults, call = CONTRACTS[pid]
+    params = inspect.signature(p.module.solution).parameters
+    assert list(params) == names
+    for name, value in defaults.items():
+        assert params[name].default == value, name
+    if variant == "pkb":
+        assert "Differences from the original:" in p.description
+    inputs = cpu_inputs(pid, 4, rank=0, variant=variant)
+    assert len(inputs) == len(call)
+    for got, want in zip(inputs, call, strict=True):
+        if want == "T":
+            assert isinstance(got, torch.Tensor)
+        else:
+            assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize("preset", ["pkb", "large"])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_meta_shapes_and_traffic(pid, preset, world_size):
+    p = problem(pid)
+    if p.world_size_error(world_size, preset):
+        pytest.skip(f"world size {world_size} not allowed for {p.name} {preset}")
+    shapes = p.input_shapes(world_size, preset)
+    assert any("shape" in s for s in shapes)
+    traffic = p.traffic(world_size, preset)
+    assert traffic["nvlink_bytes"] > 0 and traffic["hbm_bytes"] > 0 and traffic["flops"] >= 0
+
+
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize(("world_size", "allowed"), [(1, False), (2, True), (3, True)])
+def test_world_size_rules(pid, world_size, allowed):
+    assert (problem(pid).world_size_error(world_size, "pkb") is None) == allowed
+
+
+def test_85_shard_sizes_and_bands():
+    """Rank r holds n + r values (none where r % 4 == 1), inside its own band; the original's shards
+    are max(4 W, 1024 / W) values, the odd ranks' empty in some trials (about one in four)."""
+    shapes = [problem(85).input_shapes(8, "pkb", rank=r)[0]["shape"] for r in range(8)]
+    assert shapes == [[0] if r % 4 == 1 else [128 + r] for r in range(8)]
+    for r in (0, 2, 3):
+        values = cpu_inputs(85, 4, r)[0].float()
+        assert bool((values > -(r + 1)).all() and (values < -r).all())
+    assert not torch.equal(cpu_inputs(85, 4, 0)[0], cpu_inputs(85, 4, 0, seed=2)[0])
+    sizes = {cpu_inputs(85, 2, 1, seed=s, variant="original")[0].numel() for s in range(12)}
+    assert sizes == {0, 512}
+    assert cpu_inputs(85, 4, 2, variant="original")[0].numel() == 256
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_85_traffic_is_one_move_of_each_value(world_size):
+    """Each value moves once at most, so no rank sends or receives more than its shard or its slice;
+    the reference's two all-to-alls, and gathering every shard, move more."""
+    p = problem(85)
+    for preset in ("pkb", "large"):
+        size = p.size(preset)
+        n = [p.module.shard_size(r, size) for r in range(world_size)]
+        total = sum(n)
+        t = p.traffic(world_size, preset)["nvlink_bytes"]
+        assert t <= (max(n) + -(-total // world_size)) * 2
+        assert t < (total - min(n)) * 2  # all-gathering the shards
+        assert t >= max(n) // 2 * 2  # at least half of the largest shard belongs elsewhere
+    if world_size == 2:  # rank 1 is empty: rank 0 keeps the lower half of nothing, sends its upper half
+        assert p.traffic(2, "pkb")["nvlink_bytes"] == 64 * 2
+
+
+# ---------------------------------------------------------------- integration: real ranks on CPU
+
+
+def check(pid, path, world_size, trials=1, variant="pkb"):
+    return service.check(
+        RunRequest(
+            problem=pid,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=trials,
+            timeout_s=600,
+            sandbox="process",
+            variant=variant,
+        )
+    )
+
+
+def reference_path(pid: int, variant: str) -> Path:
+    return problem(pid, variant).path
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_reference_passes(pid, variant, world_size):
+    r = check(pid, reference_path(pid, variant), world_size, variant=variant)
+    assert r.verdict == "pass", r.message
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize(
+    ("variant", "world_size"), [("pkb", 2), ("pkb", 4), ("original", 2), ("original", 4)]
+)
+def test_original_style_candidate_passes(pid, variant, world_size):
+    trials = 3 if variant == "original" else 1  # 85: reach a trial with empty shards
+    r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size, trials=trials, variant=variant)
+    assert r.verdict == "pass", r.message
+
+
+GATHER_ALL_85 = """
+import torch
+import torch.distributed as dist
+
+
+def solution(local_shard, group=None):
+    w, rank = dist.get_world_size(group), dist.get_rank(group)
+    parts = [None] * w
+    dist.all_gather_object(parts, local_shard, group=group)
+    ordered = torch.cat(parts).sort().values
+    base, extra = divmod(ordered.numel(), w)
+    start = rank * base + min(rank, extra)
+    return ordered[start : start + base + (1 if rank < extra else 0)].clone()
+"""
+
+# 85 with no exchange of values: the shard's own values, sorted, cut or padded to the slice's size
+NO_EXCHANGE_85 = """
+import torch
+import torch.distributed as dist
+
+
+def solution(local_shard, group=None):
+    w, rank = dist.get_world_size(group), dist.get_rank(group)
+    n = torch.tensor([local_shard.numel()])
+    dist.all_reduce(n, group=group)
+    base, extra = divmod(int(n), w)
+    size = base + (1 if rank < extra else 0)
+    own = local_shard.sort().values
+    return torch.cat([own, own.new_full((size,), -0.5)])[:size]
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("source", "verdict"), [(GATHER_ALL_85, "pass"), (NO_EXCHANGE_85, "fail")])
+def test_85_a_plain_sort_passes_and_no_exchange_fails(tmp_path, source, verdict):
+    path = tmp_path / "candidate.py"
+    path.write_text(source)
+    r = check(85, path, 4)
+    assert r.verdict == verdict, r.message
+    if verdict == "fail":
+        assert all(rank.state == "wrong" for rank in r.ranks), r.message
