@@ -23,13 +23,18 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-IDS = [85]
+IDS = [85, 79]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
 # the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
 # (../shared/pkb-contracts.md); "T" stands for a tensor argument
 CONTRACTS = {
     85: (["local_shard", "group"], {"group": None}, ["T", None]),
+    79: (
+        ["test_features_rank", "train_features_rank_T", "train_labels_rank", "max_k", "group"],
+        {"group": None},
+        ["T", "T", "T", 200, None],
+    ),
 }
 
 
@@ -84,6 +89,30 @@ def test_meta_shapes_and_traffic(pid, preset, world_size):
 @pytest.mark.parametrize(("world_size", "allowed"), [(1, False), (2, True), (3, True)])
 def test_world_size_rules(pid, world_size, allowed):
     assert (problem(pid).world_size_error(world_size, "pkb") is None) == allowed
+
+
+def test_79_row_numbers_limit_the_world_size():
+    assert problem(79).world_size_error(8, "large") is None
+    assert problem(79).world_size_error(16, "large") is not None
+    assert problem(79).world_size_error(64, "pkb") is None
+
+
+def test_79_similarities_are_exact_and_never_tie():
+    """Every query's similarity to every rank's rows, float32 from the bf16 inputs, equals the
+    float64 one, is a multiple of 2^-20, and no two rows score the same; in bf16 the top 201 tie."""
+    w = 2
+    inputs = [cpu_inputs(79, w, r) for r in range(w)]
+    queries = torch.cat([i[0] for i in inputs])
+    train = torch.cat([i[1] for i in inputs], dim=1)
+    exact = queries.double() @ train.double()
+    assert torch.equal((queries.float() @ train.float()).double(), exact)
+    assert torch.equal((exact * 2**20).round(), exact * 2**20)
+    for row in exact:
+        assert row.unique().numel() == row.numel()
+    top_bf16 = (queries @ train).topk(201, dim=1).values
+    assert any(row.unique().numel() < 201 for row in top_bf16), "bf16 similarities tie near the top"
+    numbers = (train[-3:].double() * 2**20 * torch.tensor([[2**16], [2**8], [1]])).sum(0)
+    assert torch.equal(numbers.sort().values, torch.arange(w * 2048, dtype=torch.float64))
 
 
 def test_85_shard_sizes_and_bands():
@@ -148,11 +177,14 @@ def test_reference_passes(pid, variant, world_size):
     assert r.verdict == "pass", r.message
 
 
+# 79's file in the original's convention returns bf16 similarities: it fails in the pkb variant (the
+# stated difference) and passes there once it sums in float32 (test_direct_passes_and_no_exchange_fails)
+ORIGINAL_STYLE = [(85, "pkb", 2), (85, "pkb", 4), (85, "original", 2), (85, "original", 4)]
+ORIGINAL_STYLE += [(79, "original", 2), (79, "original", 4)]
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("pid", IDS)
-@pytest.mark.parametrize(
-    ("variant", "world_size"), [("pkb", 2), ("pkb", 4), ("original", 2), ("original", 4)]
-)
+@pytest.mark.parametrize(("pid", "variant", "world_size"), ORIGINAL_STYLE)
 def test_original_style_candidate_passes(pid, variant, world_size):
     trials = 3 if variant == "original" else 1  # 85: reach a trial with empty shards
     r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size, trials=trials, variant=variant)
@@ -191,12 +223,52 @@ def solution(local_shard, group=None):
 """
 
 
+# 79: every rank's rows and labels gathered, scored in float64; and no exchange (the rank's own rows)
+GATHER_ALL_79 = """
+import torch
+import torch.distributed as dist
+
+
+def solution(test_features_rank, train_features_rank_T, train_labels_rank, max_k, group=None):
+    w = dist.get_world_size(group)
+    rows, labels = [None] * w, [None] * w
+    dist.all_gather_object(rows, train_features_rank_T, group=group)
+    dist.all_gather_object(labels, train_labels_rank, group=group)
+    sims = test_features_rank.double() @ torch.cat(rows, 1).double()
+    best, picked = sims.topk(max_k, dim=1)
+    return best.float(), torch.cat(labels, 1)[0][picked]
+"""
+
+NO_EXCHANGE_79 = """
+def solution(test_features_rank, train_features_rank_T, train_labels_rank, max_k, group=None):
+    best, picked = (test_features_rank.float() @ train_features_rank_T.float()).topk(max_k, dim=1)
+    return best, train_labels_rank[0][picked]
+"""
+
+# the original-style file with float32 similarities, the pkb variant's contract
+FLOAT32_79 = (
+    (BY_PROBLEM / "079_original_style.py")
+    .read_text()
+    .replace("FLOAT32_SIMILARITIES = False", "FLOAT32_SIMILARITIES = True")
+)
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize(("source", "verdict"), [(GATHER_ALL_85, "pass"), (NO_EXCHANGE_85, "fail")])
-def test_85_a_plain_sort_passes_and_no_exchange_fails(tmp_path, source, verdict):
+@pytest.mark.parametrize(
+    ("pid", "source", "verdict"),
+    [
+        (85, GATHER_ALL_85, "pass"),
+        (85, NO_EXCHANGE_85, "fail"),
+        (79, GATHER_ALL_79, "pass"),
+        (79, NO_EXCHANGE_79, "fail"),
+        (79, FLOAT32_79, "pass"),
+        (79, (BY_PROBLEM / "079_original_style.py").read_text(), "fail"),  # bf16 similarities
+    ],
+)
+def test_direct_passes_and_no_exchange_fails(tmp_path, pid, source, verdict):
     path = tmp_path / "candidate.py"
     path.write_text(source)
-    r = check(85, path, 4)
+    r = check(pid, path, 4)
     assert r.verdict == verdict, r.message
     if verdict == "fail":
         assert all(rank.state == "wrong" for rank in r.ranks), r.message
