@@ -23,7 +23,7 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-IDS = [85, 79]
+IDS = [85, 79, 81]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
 # the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
@@ -34,6 +34,19 @@ CONTRACTS = {
         ["test_features_rank", "train_features_rank_T", "train_labels_rank", "max_k", "group"],
         {"group": None},
         ["T", "T", "T", 200, None],
+    ),
+    81: (
+        [
+            "low_res_masks_local",
+            "obj_scores_local",
+            "num_obj_per_gpu",
+            "last_occluded",
+            "iou_threshold",
+            "reverse",
+            "group",
+        ],
+        {"iou_threshold": 0.7, "reverse": False, "group": None},
+        ["T", "T", "L", "T", 0.7, False, None],
     ),
 }
 
@@ -68,6 +81,8 @@ def test_loads_with_the_originals_signature_and_call(pid, variant):
     for got, want in zip(inputs, call, strict=True):
         if want == "T":
             assert isinstance(got, torch.Tensor)
+        elif want == "L":
+            assert isinstance(got, list) and all(isinstance(c, int) for c in got)
         else:
             assert got == want and type(got) is type(want)
 
@@ -146,6 +161,45 @@ def test_85_traffic_is_one_move_of_each_value(world_size):
         assert p.traffic(2, "pkb")["nvlink_bytes"] == 64 * 2
 
 
+def _suppressed_pair_by_pair(masks, last, threshold, reverse):
+    """The original's rule, one pair at a time."""
+    binary = [m > 0 for m in masks]
+    out = [False] * len(binary)
+    for i in range(len(binary)):
+        for j in range(i + 1, len(binary)):
+            inter = int((binary[i] & binary[j]).sum())
+            union = int(binary[i].sum()) + int(binary[j].sum()) - inter
+            if inter / max(union, 1) >= threshold:
+                a, b = int(last[i]), int(last[j])
+                out[i] |= (a < b if reverse else a > b) and b > -1
+                out[j] |= (b < a if reverse else b > a) and a > -1
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_81_vectorised_suppression_is_the_pair_by_pair_rule(variant, world_size, reverse):
+    """`suppression` equals the rule applied pair by pair on the same inputs; the pkb variant's IoUs
+    keep clear of 0.7 (a third of its objects go), the original's never reach it."""
+    p = problem(81, variant)
+    inputs = [cpu_inputs(81, world_size, r, seed=3, variant=variant) for r in range(world_size)]
+    masks = torch.cat([i[0] for i in inputs]).float()
+    last = inputs[0][3]
+    assert [i[0].shape[0] for i in inputs] == inputs[0][2]
+    got = p.module.suppression(masks, last, 0.7, reverse)
+    assert torch.equal(got, _suppressed_pair_by_pair(masks, last, 0.7, reverse))
+    binary = (masks > 0).flatten(1).double()
+    inter = binary @ binary.T
+    area = binary.sum(1)
+    iou = (inter / (area[:, None] + area[None, :] - inter))[~torch.eye(len(masks), dtype=torch.bool)]
+    if variant == "pkb":
+        assert bool(((iou < 0.6) | (iou > 0.75)).all())
+        assert bool((iou > 0.75).any()) and bool((masks != 0).all())
+    else:
+        assert bool((iou < 0.6).all()) and not bool(got.any())
+
+
 # ---------------------------------------------------------------- integration: real ranks on CPU
 
 
@@ -181,6 +235,7 @@ def test_reference_passes(pid, variant, world_size):
 # stated difference) and passes there once it sums in float32 (test_direct_passes_and_no_exchange_fails)
 ORIGINAL_STYLE = [(85, "pkb", 2), (85, "pkb", 4), (85, "original", 2), (85, "original", 4)]
 ORIGINAL_STYLE += [(79, "original", 2), (79, "original", 4)]
+ORIGINAL_STYLE += [(81, "pkb", 2), (81, "pkb", 4), (81, "original", 2), (81, "original", 4)]
 
 
 @pytest.mark.integration
@@ -245,6 +300,34 @@ def solution(test_features_rank, train_features_rank_T, train_labels_rank, max_k
     return best, train_labels_rank[0][picked]
 """
 
+# 81: the masks gathered but nothing suppressed (what the original's inputs let pass); and no
+# exchange (the rank's own objects in place, the others left zero)
+NO_SUPPRESSION_81 = """
+import torch
+import torch.distributed as dist
+
+
+def solution(masks, scores, counts, last, iou_threshold=0.7, reverse=False, group=None):
+    parts = [None] * len(counts)
+    dist.all_gather_object(parts, (masks.float(), scores.float()), group=group)
+    out = torch.cat([m for m, _ in parts])
+    return out, torch.cat([s for _, s in parts]), torch.zeros(out.shape[0], dtype=torch.bool)
+"""
+
+NO_EXCHANGE_81 = """
+import torch
+import torch.distributed as dist
+
+
+def solution(masks, scores, counts, last, iou_threshold=0.7, reverse=False, group=None):
+    first = sum(counts[: dist.get_rank(group)])
+    out = masks.new_zeros(sum(counts), *masks.shape[1:]).float()
+    out[first : first + masks.shape[0]] = masks.float()
+    all_scores = out.new_zeros(sum(counts))
+    all_scores[first : first + masks.shape[0]] = scores.float()
+    return out, all_scores, torch.zeros(out.shape[0], dtype=torch.bool)
+"""
+
 # the original-style file with float32 similarities, the pkb variant's contract
 FLOAT32_79 = (
     (BY_PROBLEM / "079_original_style.py")
@@ -263,6 +346,8 @@ FLOAT32_79 = (
         (79, NO_EXCHANGE_79, "fail"),
         (79, FLOAT32_79, "pass"),
         (79, (BY_PROBLEM / "079_original_style.py").read_text(), "fail"),  # bf16 similarities
+        (81, NO_SUPPRESSION_81, "fail"),
+        (81, NO_EXCHANGE_81, "fail"),
     ],
 )
 def test_direct_passes_and_no_exchange_fails(tmp_path, pid, source, verdict):
