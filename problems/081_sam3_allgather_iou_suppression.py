@@ -1,7 +1,7 @@
 """SAM3's multi-GPU tracker: gather every rank's object masks and suppress objects that overlap.
 
-The tracked objects are split across ranks, unevenly: rank r holds n_r = base + r % 3 objects'
-mask logits low_res_masks_local bf16 [n_r, H, W] and scores obj_scores_local bf16 [n_r]; every rank
+The tracked objects are split across ranks, unevenly: rank r holds n_r = base + (r + 1) % 3
+objects' mask logits low_res_masks_local bf16 [n_r, H, W] and scores obj_scores_local bf16 [n_r]; every rank
 holds the list num_obj_per_gpu = [n_0, ..., n_{W-1}] and last_occluded int64 [T] (T = the sum: the
 frame each object was last occluded, -1 for never), iou_threshold 0.7 and reverse False. Every rank
 returns, in rank order: every object's logits, float32 [T, H, W], with those of suppressed objects
@@ -29,8 +29,8 @@ Differences from the original: the call, outputs and rule are the original's. Th
 are standard normal plus 4 on every fifth diagonal (shifted by the object and the rank) minus 1, its
 counts 1 + (r + trial) % 3 and its last_occluded (g % 5) - 1: no two of its objects reach IoU 0.7
 (nothing is ever suppressed); here clusters of objects overlap well above 0.7, the rest well below,
-and the counts are base + r % 3 in every trial. The original all-gathers float32 copies of the masks
-as a list; this one all-gathers the bf16 masks, padded, into one tensor.
+and the counts are base + (r + 1) % 3 in every trial. The original all-gathers float32 copies of the
+masks as a list; this one all-gathers the bf16 masks, padded, into one tensor.
 """
 
 import torch
@@ -44,7 +44,7 @@ SUMMARY = "All-gather uneven bf16 object masks and suppress pairs with mask IoU 
 DTYPE = "bfloat16"
 WORLD_SIZES = "any world size >= 2"
 SIZES = {
-    # base: rank r holds base + r % 3 objects of height x width logits
+    # base: rank r holds base + (r + 1) % 3 objects of height x width logits
     "pkb": {"base": 1, "height": 256, "width": 256},
     # estimate, not yet measured: 97 objects of 128 KiB per rank; each rank receives (W-1) of them,
     # 38 MiB at W = 4 (0.1 ms at 395 GB/s), writes 100 MiB of float32 logits and computes a
@@ -65,8 +65,8 @@ def check_world_size(world_size, size):
 
 
 def counts(world_size, size):
-    """num_obj_per_gpu: base + r % 3 objects on rank r."""
-    return [size["base"] + r % 3 for r in range(world_size)]
+    """num_obj_per_gpu: base + (r + 1) % 3 objects on rank r."""
+    return [size["base"] + (r + 1) % 3 for r in range(world_size)]
 
 
 def make_inputs(ctx):
@@ -171,7 +171,7 @@ ORIGINAL = {
     "differences": (
         "the call, outputs and rule are the original's. The original's masks (normal noise on a "
         "diagonal pattern) never reach IoU 0.7, so nothing is suppressed; here clusters of objects "
-        "overlap well above 0.7 and the rest well below, and the counts are base + r % 3 in every "
+        "overlap well above 0.7 and the rest well below, and the counts are base + (r + 1) % 3 in every "
         "trial (the original's 1 + (r + trial) % 3). The original all-gathers float32 copies as a "
         "list; this one all-gathers the bf16 masks, padded, into one tensor."
     ),
