@@ -10,8 +10,8 @@ is unique; pure data movement, judged exactly.
 Inputs: rank r's values are uniform in a band of its own, [-(r + 1) + 0.1, -r - 0.1] before the
 rounding to bf16 (which keeps them inside the band for W <= 16), so the bands run in the reverse of
 rank order: the global sequence is rank W-1's values first, then rank W-2's, and a rank's output is
-mostly other ranks' values. Within a band the values repeat (bf16 has 32 steps or fewer per unit
-there; many at the `large` size), which a sort must handle.
+mostly other ranks' values. A band holds from 32 (|value| near 8) to a few thousand bf16 values per
+unit, so at the `large` size every value repeats many times, which a sort must handle.
 
 The reference is a sample sort with tensor ops only: it sorts its shard, all-gathers the counts and
 W regular samples of every non-empty shard, picks W - 1 splitters, sends each bucket to its rank with

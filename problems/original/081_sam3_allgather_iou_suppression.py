@@ -16,6 +16,9 @@ What a solution could skip: the suppression. The masks are the pattern's fifth o
 noise over 16% of the rest, so two objects overlap with IoU about 0.5 at most: nothing is ever
 suppressed, and a solution that only gathers passes. The `pkb` variant's objects come in clusters
 that overlap above 0.8.
+
+On CPU the original's own reference fails here: it all-gathers lists of tensors of unequal sizes,
+which gloo refuses ("invalid tensor size"); NCCL takes them.
 """
 
 import math
