@@ -222,9 +222,10 @@ def reference_path(pid: int, variant: str) -> Path:
     return problem(pid, variant).path
 
 
+# CI's budget: the original variant at both world sizes through the files in its convention (below)
 @pytest.mark.integration
 @pytest.mark.parametrize("pid", IDS)
-@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize("variant", ["pkb"])
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_reference_passes(pid, variant, world_size):
     r = check(pid, reference_path(pid, variant), world_size, variant=variant)
@@ -233,9 +234,9 @@ def test_reference_passes(pid, variant, world_size):
 
 # 79's file in the original's convention returns bf16 similarities: it fails in the pkb variant (the
 # stated difference) and passes there once it sums in float32 (test_direct_passes_and_no_exchange_fails)
-ORIGINAL_STYLE = [(85, "pkb", 2), (85, "pkb", 4), (85, "original", 2), (85, "original", 4)]
+ORIGINAL_STYLE = [(85, "pkb", 2), (85, "original", 2), (85, "original", 4)]
 ORIGINAL_STYLE += [(79, "original", 2), (79, "original", 4)]
-ORIGINAL_STYLE += [(81, "pkb", 2), (81, "pkb", 4), (81, "original", 2), (81, "original", 4)]
+ORIGINAL_STYLE += [(81, "pkb", 2), (81, "original", 2), (81, "original", 4)]
 
 
 @pytest.mark.integration
