@@ -39,7 +39,7 @@ from pkb_mcp.models import (
     Traffic,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profile
-from pkb_mcp.runs import conventions, protections
+from pkb_mcp.runs import conventions, protections, static_report
 from pkb_mcp.runs.benchmark import bench, timing_config
 from pkb_mcp.runs.run import (
     Progress,
@@ -271,6 +271,9 @@ def check(
     verdict, why = decide(ranks)
     in_trials = f"{trials} trial" + ("s" if trials != 1 else "")
     message = f"all {world_size} ranks match the reference in {in_trials}" if verdict == "pass" else why
+    raised_on_cpu = run.device == "cpu" and all(r.state in ("pass", "error") for r in ranks)
+    if verdict != "pass" and raised_on_cpu and (uses := static_report.gpu_only(run.sources.text)):
+        message = f"needs CUDA GPUs (it uses {', '.join(uses)}); on CPU {why}"
     # correct by the original benchmark's rules, failed by pkb's protections: named (original variant)
     found = protections.judged_outputs(p, list(range(trials)), cand_outcome, ref_outcome, ranks, mac_key)
     if found:

@@ -170,7 +170,15 @@ def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     assert r.speedup_low <= r.speedup <= r.speedup_high
     assert r.candidate.launches == 1 and r.candidate.launch_spread is None
     assert "launches per side" not in r.message
+    # identical code on CPU: flagged as no evidence of a difference (issue 33), whatever it measured
+    assert r.within_noise and "no evidence of a difference" in r.message, r.message
     assert_clean(isolated_dirs)
+
+
+def test_a_gpu_only_solution_checked_on_cpu_says_so_in_its_headline(isolated_dirs):
+    example = Path(__file__).resolve().parents[1] / "examples" / "001_allreduce_symm_mem.py"
+    r = service.check(RunRequest(problem=1, path=example, world_size=2, device="cpu", trials=1))
+    assert r.verdict == "fail" and r.message.startswith("needs CUDA GPUs (it uses torch symmetric memory)")
 
 
 def test_benchmark_in_several_launches_per_side_on_cpu(isolated_dirs):

@@ -250,3 +250,21 @@ def test_every_adversarial_candidate_is_analyzable_and_the_hacks_show():
 def test_unparsable_source_raises_syntax_error():
     with pytest.raises(SyntaxError):
         analyze("def solution(x):\n    return x +\n")
+
+
+def test_gpu_only_facilities_are_named_from_the_text():
+    assert static_report.gpu_only("import torch.distributed._symmetric_memory as symm_mem\n") == [
+        "torch symmetric memory"
+    ]
+    text = "EXT = load_inline('x', cpp_sources=A, cuda_sources=B)\nimport triton\n"
+    assert static_report.gpu_only(text) == ["CUDA sources built with load_inline", "Triton"]
+    assert static_report.gpu_only("import torch\ndef solution(x):\n    return x.clone()\n") == []
+
+
+def test_ranks_that_failed_alike_are_told_once():
+    from pkb_mcp.frontends import render
+    from pkb_mcp.models import RankResult
+
+    same = {"state": "error", "message": "raised RuntimeError: needs CUDA", "traceback": "Traceback\n  boom"}
+    text = render.rank_table([RankResult(rank=0, **same), RankResult(rank=1, **same)])
+    assert text.count("raised RuntimeError: needs CUDA") == 1 and "rank 1: as rank 0" in text

@@ -47,7 +47,14 @@ def rank_table(results: list[RankResult]) -> str:
         where = "" if r.first_mismatch is None else f"out {r.first_mismatch.output} {r.first_mismatch.index}"
         rows.append([str(r.rank), r.state, "" if r.trial is None else str(r.trial), err, rel, where])
     text = table(rows, ["rank", "state", "trial", "max abs err", "rel norm", "first mismatch"])
+    told: dict[tuple[str, str], int] = {}  # what a rank failed with, and the first rank told it
     for r in results:
+        said = (r.message or "", r.traceback or r.log_tail or "")
+        if r.state != "pass" and said in told:
+            text += f"\nrank {r.rank}: as rank {told[said]}"
+            continue
+        if r.state != "pass":
+            told.setdefault(said, r.rank)
         if r.state != "pass" and r.message:
             text += f"\nrank {r.rank}: {r.message}"
         if r.traceback:

@@ -608,3 +608,16 @@ def refusal(report: StaticReport) -> str | None:
         f"and the solution uses it ({where}); use peer loads and stores, symmetric-memory ops "
         "without multimem, or NCCL"
     )
+
+
+# what runs only on CUDA GPUs, by a pattern of the source text and its name for a message
+GPU_ONLY = (
+    (re.compile(r"_symmetric_memory\b|\bsymm_mem\."), "torch symmetric memory"),
+    (re.compile(r"\bcuda_sources\b"), "CUDA sources built with load_inline"),
+    (re.compile(r"^\s*(?:import|from)\s+triton\b", re.M), "Triton"),
+)
+
+
+def gpu_only(source: str) -> list[str]:
+    """The facilities a source uses that exist only on CUDA GPUs ([] when none is seen)."""
+    return [name for pattern, name in GPU_ONLY if pattern.search(source)]
