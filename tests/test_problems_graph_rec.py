@@ -1,0 +1,190 @@
+"""GNN sampling and sparse exchanges (64, 67, 68) and TorchRec's KJT all-to-all (70), both variants.
+
+Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
+device at both sizes (and the `original` file's follow the original's builder), its world-size rule
+says what it should, its traffic model is no larger than the schedules a solution could choose, and
+the inputs make the exchange necessary (64: each rank holds only its own nodes' edges).
+Integration tier (real ranks on CPU, process sandbox, one trial): a file of our own in the original
+benchmark's convention passes both variants at world sizes 2 and 4 (64's loops over nodes in Python,
+so it also shows that the vectorised reference returns the original's result on the same inputs),
+and a candidate that skips the exchange fails as wrong."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
+
+from .conftest import CANDIDATES
+
+IDS = [64]
+BY_PROBLEM = CANDIDATES / "by_problem"
+
+# the original benchmark's signature (names, defaults) and its call tuple (../shared/pkb-contracts.md):
+# "T" a tensor argument, "L" a list of ints, else the value itself
+CONTRACTS = {
+    64: (
+        [
+            "seed_nodes",
+            "fanouts",
+            "local_adj_row_ptr",
+            "local_adj_col",
+            "node_to_rank",
+            "group",
+            "replace",
+        ],
+        {"group": None, "replace": False},
+        ["T", [10, 5], "T", "T", "T", None, False],
+    ),
+}
+
+
+def problem(pid: int, variant: str = "pkb") -> problems.Problem:
+    return problems.suite(variant)[pid]
+
+
+def cpu_inputs(pid: int, world_size: int, rank: int, seed: int = 1, variant: str = "pkb") -> tuple:
+    p = problem(pid, variant)
+    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
+    ctx.seed = seed
+    return tuple(p.module.make_inputs(ctx))
+
+
+# ---------------------------------------------------------------- fast: format, shapes, rules
+
+
+@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize("pid", IDS)
+def test_loads_with_the_originals_signature_and_call(pid, variant):
+    p = problem(pid, variant)
+    names, defaults, call = CONTRACTS[pid]
+    params = inspect.signature(p.module.solution).parameters
+    assert list(params) == names
+    for name, value in defaults.items():
+        assert params[name].default == value, name
+    if variant == "pkb":
+        assert "Differences from the original:" in p.description
+    inputs = cpu_inputs(pid, 4, rank=0, variant=variant)
+    assert len(inputs) == len(call)
+    for got, want in zip(inputs, call, strict=True):
+        if want == "T":
+            assert isinstance(got, torch.Tensor)
+        elif want == "L":
+            assert isinstance(got, list) and all(isinstance(c, int) for c in got)
+        else:
+            assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("pid", IDS)
+@pytest.mark.parametrize("preset", ["pkb", "large"])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_meta_shapes_and_traffic(pid, preset, world_size):
+    p = problem(pid)
+    assert p.world_size_error(world_size, preset) is None
+    assert p.world_size_error(1, preset) is not None
+    assert any("shape" in s for s in p.input_shapes(world_size, preset))
+    t = p.traffic(world_size, preset)
+    assert t["nvlink_bytes"] > 0 and t["hbm_bytes"] > 0 and t["flops"] >= 0
+    if preset == "pkb":
+        o = problem(pid, "original")
+        assert any("shape" in s for s in o.input_shapes(world_size, "pkb"))
+        assert o.traffic(world_size, "pkb")["hbm_bytes"] > 0
+
+
+def test_shapes_are_the_originals():
+    def shapes(pid, world_size, variant="pkb"):
+        return [s.get("shape") for s in problem(pid, variant).input_shapes(world_size, "pkb")]
+
+    # 64: 10000 nodes (rounded up to a multiple of W in the original), 16 edges a node, 512 seeds
+    assert shapes(64, 8)[0] == [512] and shapes(64, 8)[2] == [10001] and shapes(64, 8)[4] == [10000]
+    assert shapes(64, 8)[3] == [10000 * 16 // 8]  # the expected share: random per trial
+    assert shapes(64, 3, "original")[:5] == [[512], None, [10003], [160032], [10002]]
+
+
+# ---------------------------------------------------------------- fast: 64's graph
+
+
+def test_64_ranks_hold_disjoint_parts_of_one_graph():
+    """Every node's edges are on its owner alone, the same edges for the same seed on every rank's
+    draw, and a rank finds no edge for a node it does not own (so skipping the exchange fails)."""
+    w = 4
+    ranks = [cpu_inputs(64, w, r, seed=5) for r in range(w)]
+    node_to_rank = ranks[0][4]
+    assert all(torch.equal(x[4], node_to_rank) for x in ranks)
+    assert torch.bincount(node_to_rank, minlength=w).tolist() == [2500] * w
+    degree = torch.zeros(10000, dtype=torch.int64)
+    for r, (seeds, fanouts, row_ptr, col, *_rest) in enumerate(ranks):
+        local = row_ptr.diff()
+        assert (local[node_to_rank != r] == 0).all(), "no edges of another rank's nodes"
+        assert int(row_ptr[-1]) == col.numel()
+        degree += local
+        assert seeds.unique().numel() == 512 and fanouts == [10, 5]
+    assert int(degree.min()) >= 1 and int(degree.max()) <= 31
+    assert not torch.equal(ranks[0][0], ranks[1][0]), "seeds differ per rank"
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("preset", ["pkb", "large"])
+def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
+    w = world_size
+
+    # 64: the reference's schedule (8-byte ids and counts per request, 16 bytes a sampled edge), or
+    # replicating every rank's edges (8 bytes each) on every rank
+    p = problem(64)
+    ctx = p.context(w, preset, rank=0, device="meta")
+    hops, _ = p.module._expected_hops(ctx)
+    remote = (w - 1) / w
+    reference = sum(remote * (16 * frontier + 16 * sampled) for frontier, sampled in hops)
+    replicate = remote * ctx.size["nodes"] * ctx.size["mean_degree"] * 8
+    t = p.traffic(w, preset)["nvlink_bytes"]
+    assert 0 < t < reference and t < replicate
+
+
+# ---------------------------------------------------------------- integration: real ranks on CPU
+
+
+def check(pid, path, world_size, variant="pkb"):
+    return service.check(
+        RunRequest(
+            problem=pid,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=1,
+            timeout_s=600,
+            sandbox="process",
+            variant=variant,
+        )
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("pid", IDS)
+def test_original_style_candidate_passes(pid, world_size, variant):
+    r = check(pid, BY_PROBLEM / f"{pid:03d}_original_style.py", world_size, variant)
+    assert r.verdict == "pass", r.message
+
+
+# candidates that skip the exchange: the reference with one line changed (problem id, old, new)
+MUTANTS = {
+    # every frontier node asked of this rank itself: it samples only its own part of the graph
+    "64_local_only": (64, "owner = node_to_rank[src]", "owner = torch.full_like(src, dist.get_rank(group))"),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_fails_without_the_exchange(tmp_path, mutant):
+    pid, old, new = MUTANTS[mutant]
+    text = problem(pid).path.read_text()
+    assert text.count(old) == 1
+    path = tmp_path / f"{pid:03d}_{mutant}.py"
+    path.write_text(text.replace(old, new))
+    r = check(pid, path, 2)
+    assert r.verdict == "fail" and [rank.state for rank in r.ranks] == ["wrong", "wrong"], r.message
