@@ -21,7 +21,7 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-IDS = [64]
+IDS = [64, 67]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
 # the original benchmark's signature (names, defaults) and its call tuple (../shared/pkb-contracts.md):
@@ -40,6 +40,7 @@ CONTRACTS = {
         {"group": None, "replace": False},
         ["T", [10, 5], "T", "T", "T", None, False],
     ),
+    67: (["idx", "value", "num_nodes", "group"], {"group": None}, ["T", "T", 100000, None]),
 }
 
 
@@ -103,6 +104,17 @@ def test_shapes_are_the_originals():
     assert shapes(64, 8)[0] == [512] and shapes(64, 8)[2] == [10001] and shapes(64, 8)[4] == [10000]
     assert shapes(64, 8)[3] == [10000 * 16 // 8]  # the expected share: random per trial
     assert shapes(64, 3, "original")[:5] == [[512], None, [10003], [160032], [10002]]
+    # 67: 1024 pairs of 128 bf16 values, num_nodes 100000 rounded up to a multiple of W
+    for variant in ("pkb", "original"):
+        assert shapes(67, 8, variant)[:2] == [[1024], [1024, 128]]
+        assert cpu_inputs(67, 3, 0, variant=variant)[2] == 100002
+
+
+def test_67_splits_are_uneven_and_differ_by_rank():
+    counts = [torch.bincount(cpu_inputs(67, 4, r, seed=7)[0] % 4, minlength=4) for r in range(4)]
+    assert all(int(c.sum()) == 1024 for c in counts)
+    assert max(int(c.max() - c.min()) for c in counts) > 100, "uniform indices would differ by ~60"
+    assert len({tuple(c.tolist()) for c in counts}) == 4
 
 
 # ---------------------------------------------------------------- fast: 64's graph
@@ -143,6 +155,11 @@ def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
     t = p.traffic(w, preset)["nvlink_bytes"]
     assert 0 < t < reference and t < replicate
 
+    # 67: every remote row with its index, 8 bytes in the reference's schedule
+    s = problem(67).context(w, preset, rank=0, device="meta").size
+    t = problem(67).traffic(w, preset)["nvlink_bytes"]
+    assert (w - 1) / w * s["nnz"] * s["hidden"] * 2 < t < (w - 1) / w * s["nnz"] * (s["hidden"] * 2 + 8)
+
 
 # ---------------------------------------------------------------- integration: real ranks on CPU
 
@@ -175,6 +192,8 @@ def test_original_style_candidate_passes(pid, world_size, variant):
 MUTANTS = {
     # every frontier node asked of this rank itself: it samples only its own part of the graph
     "64_local_only": (64, "owner = node_to_rank[src]", "owner = torch.full_like(src, dist.get_rank(group))"),
+    # every pair kept on this rank
+    "67_keep_own": (67, "owner = idx % w", "owner = torch.full_like(idx, dist.get_rank(group))"),
 }
 
 
