@@ -21,7 +21,7 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-IDS = [64, 67]
+IDS = [64, 67, 70]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
 # the original benchmark's signature (names, defaults) and its call tuple (../shared/pkb-contracts.md):
@@ -41,6 +41,11 @@ CONTRACTS = {
         ["T", [10, 5], "T", "T", "T", None, False],
     ),
     67: (["idx", "value", "num_nodes", "group"], {"group": None}, ["T", "T", 100000, None]),
+    70: (
+        ["lengths", "values", "key_splits", "batch_size", "pg", "weights", "stride_per_key", "stagger"],
+        {"pg": None, "weights": None, "stride_per_key": None, "stagger": 1},
+        ["T", "T", "L", 512, None],
+    ),
 }
 
 
@@ -110,6 +115,17 @@ def test_shapes_are_the_originals():
         assert cpu_inputs(67, 3, 0, variant=variant)[2] == 100002
 
 
+def test_70_shapes_and_empty_bags():
+    for variant in ("pkb", "original"):
+        shapes = problem(70, variant).input_shapes(8, "pkb")
+        assert shapes[0]["shape"] == [15 * 512]  # key_splits 1, 2, 3, 1, 2, 3, 1, 2
+    lengths, values, splits, batch, _ = cpu_inputs(70, 4, 1)
+    assert splits == [1, 2, 3, 1] and batch == 512 and values.numel() == int(lengths.sum())
+    assert int(lengths.min()) == 0 and int(lengths.max()) == 20, "empty bags occur (pkb)"
+    lengths = cpu_inputs(70, 4, 1, variant="original")[0]
+    assert int(lengths.min()) == 5 and int(lengths.max()) == 20
+
+
 def test_67_splits_are_uneven_and_differ_by_rank():
     counts = [torch.bincount(cpu_inputs(67, 4, r, seed=7)[0] % 4, minlength=4) for r in range(4)]
     assert all(int(c.sum()) == 1024 for c in counts)
@@ -160,6 +176,15 @@ def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
     t = problem(67).traffic(w, preset)["nvlink_bytes"]
     assert (w - 1) / w * s["nnz"] * s["hidden"] * 2 < t < (w - 1) / w * s["nnz"] * (s["hidden"] * 2 + 8)
 
+    # 70: the reference's schedule sends 8-byte lengths and ids; the floor counts 1 and 4 bytes, for
+    # the busiest rank (rank 0 sends the most at W = 2, where it owns 1 of 3 features)
+    c = problem(70).context(w, preset, rank=0, device="meta")
+    splits = problem(70).module.key_splits(c.size, w)
+    features, batch, mean = sum(splits), c.size["batch_size"], c.size["max_length"] / 2
+    t = problem(70).traffic(w, preset)["nvlink_bytes"]
+    heaviest = max(max(features - k, (w - 1) * k) for k in splits) * batch
+    assert heaviest * (1 + 4 * mean) == t < heaviest * (8 + 8 * mean)
+
 
 # ---------------------------------------------------------------- integration: real ranks on CPU
 
@@ -195,6 +220,36 @@ MUTANTS = {
     # every pair kept on this rank
     "67_keep_own": (67, "owner = idx % w", "owner = torch.full_like(idx, dist.get_rank(group))"),
 }
+
+
+# candidates that skip the exchange, written out: problem id and body
+BODIES = {
+    # each rank returns its own bags of the features it owns
+    "70_own_bags": (
+        70,
+        "r, w = dist.get_rank(), dist.get_world_size()\n"
+        "    first, local = sum(key_splits[:r]), key_splits[r]\n"
+        "    bags = lengths.view(-1, batch_size)\n"
+        "    skip = int(bags[:first].sum())\n"
+        "    own = bags[first : first + local].reshape(-1)\n"
+        "    return {'lengths': own, 'values': values[skip : skip + int(own.sum())].clone(),\n"
+        "            'stride': torch.tensor(w * batch_size),\n"
+        "            'stride_per_rank': torch.tensor([batch_size] * w)}",
+    ),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mutant", sorted(BODIES))
+def test_fails_without_the_exchange_written_out(tmp_path, mutant):
+    pid, body = BODIES[mutant]
+    path = tmp_path / f"{pid:03d}_{mutant}.py"
+    path.write_text(
+        "import torch\nimport torch.distributed as dist\n\n\n"
+        f"def solution{inspect.signature(problem(pid).module.solution)}:\n    {body}\n"
+    )
+    r = check(pid, path, 2)
+    assert r.verdict == "fail" and [rank.state for rank in r.ranks] == ["wrong", "wrong"], r.message
 
 
 @pytest.mark.integration
