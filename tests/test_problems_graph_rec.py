@@ -21,11 +21,11 @@ from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
 
-IDS = [64, 67, 70]
+IDS = [64, 67, 68, 70]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
 # the original benchmark's signature (names, defaults) and its call tuple (../shared/pkb-contracts.md):
-# "T" a tensor argument, "L" a list of ints, else the value itself
+# "T" a tensor argument, "L" a list of ints, "I" an int (its value depends on the device), else the value
 CONTRACTS = {
     64: (
         [
@@ -41,6 +41,11 @@ CONTRACTS = {
         ["T", [10, 5], "T", "T", "T", None, False],
     ),
     67: (["idx", "value", "num_nodes", "group"], {"group": None}, ["T", "T", 100000, None]),
+    68: (
+        ["local_embedding_shard", "input_node_ids", "proj_matrix", "num_total_nodes", "group"],
+        {"group": None},
+        ["T", "T", "T", "I", None],
+    ),
     70: (
         ["lengths", "values", "key_splits", "batch_size", "pg", "weights", "stride_per_key", "stagger"],
         {"pg": None, "weights": None, "stride_per_key": None, "stagger": 1},
@@ -81,6 +86,8 @@ def test_loads_with_the_originals_signature_and_call(pid, variant):
             assert isinstance(got, torch.Tensor)
         elif want == "L":
             assert isinstance(got, list) and all(isinstance(c, int) for c in got)
+        elif want == "I":
+            assert type(got) is int
         else:
             assert got == want and type(got) is type(want)
 
@@ -113,6 +120,25 @@ def test_shapes_are_the_originals():
     for variant in ("pkb", "original"):
         assert shapes(67, 8, variant)[:2] == [[1024], [1024, 128]]
         assert cpu_inputs(67, 3, 0, variant=variant)[2] == 100002
+
+
+def test_68_keeps_the_originals_table_per_rank_and_never_copies_it():
+    for variant in ("pkb", "original"):
+        p = problem(68, variant)
+        assert p.lean_inputs, "a rank's shard is 7.1 GB or more: LEAN_INPUTS"
+        shapes = [s.get("shape") for s in p.input_shapes(8, "pkb")]
+        assert shapes[:3] == [[13_875_000, 256], [20000], [256, 256]]
+    assert problem(68, "original").input_shapes(2, "pkb")[0]["shape"] == [55_500_000, 256]
+    assert problem(68).input_shapes(2, "pkb")[0]["shape"] == [13_875_000, 256]
+    # on a CPU device, the reduced table; the pkb ids reach every rank's rows, the original's pattern
+    # sends Q / W to each owner
+    shard, ids, proj, total, _ = cpu_inputs(68, 4, 0)
+    assert shard.shape == (65536, 256) and total == 4 * 65536 and ids.numel() == 4096
+    owners = torch.bincount(ids // 65536, minlength=4)
+    assert owners.numel() == 4 and int(owners.min()) > 0
+    shard, ids, _, total, _ = cpu_inputs(68, 4, 1, variant="original")
+    assert torch.bincount(ids // (total // 4), minlength=4).tolist() == [5000] * 4
+    assert float(proj.float().std()) == pytest.approx(1 / 16, rel=0.1), "outputs O(1)"
 
 
 def test_70_shapes_and_empty_bags():
@@ -176,6 +202,12 @@ def test_traffic_is_no_more_than_the_alternatives(world_size, preset):
     t = problem(67).traffic(w, preset)["nvlink_bytes"]
     assert (w - 1) / w * s["nnz"] * s["hidden"] * 2 < t < (w - 1) / w * s["nnz"] * (s["hidden"] * 2 + 8)
 
+    # 68: 4-byte ids and the rows, against the reference's 8-byte ids
+    s = problem(68).context(w, preset, rank=0, device="meta").size
+    row = s["embed_dim"] * 2
+    t = problem(68).traffic(w, preset)["nvlink_bytes"]
+    assert (w - 1) / w * s["queries"] * row < t < (w - 1) / w * s["queries"] * (8 + row)
+
     # 70: the reference's schedule sends 8-byte lengths and ids; the floor counts 1 and 4 bytes, for
     # the busiest rank (rank 0 sends the most at W = 2, where it owns 1 of 3 features)
     c = problem(70).context(w, preset, rank=0, device="meta")
@@ -224,6 +256,11 @@ MUTANTS = {
 
 # candidates that skip the exchange, written out: problem id and body
 BODIES = {
+    # each rank reads its own shard only
+    "68_own_shard": (
+        68,
+        "return local_embedding_shard[input_node_ids % local_embedding_shard.shape[0]] @ proj_matrix",
+    ),
     # each rank returns its own bags of the features it owns
     "70_own_bags": (
         70,
@@ -262,3 +299,10 @@ def test_fails_without_the_exchange(tmp_path, mutant):
     path.write_text(text.replace(old, new))
     r = check(pid, path, 2)
     assert r.verdict == "fail" and [rank.state for rank in r.ranks] == ["wrong", "wrong"], r.message
+
+
+@pytest.mark.integration
+def test_68_float64_projection_passes():
+    """A float64 projection of rows fetched by another schedule is within 68's tolerance."""
+    r = check(68, BY_PROBLEM / "068_float64.py", 4)
+    assert r.verdict == "pass", r.message
