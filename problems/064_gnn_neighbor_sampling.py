@@ -1,4 +1,4 @@
-"""Distributed multi-hop neighbour sampling over a partitioned graph (PyG's distributed sampler).
+"""Distributed multi-hop neighbour sampling over a partitioned graph (a PyG-style sampler).
 
 A graph of `nodes` nodes is partitioned over the ranks: node_to_rank [nodes] int64 (the same on
 every rank) says which rank owns each node, and rank r holds the in-edges of the nodes it owns as a
@@ -19,7 +19,7 @@ Inputs are random per trial: a balanced random partition; in-degrees uniform in 
 - 1], so min(fanout, degree) varies; edge sources uniform over the nodes; seeds distinct, drawn per
 rank. A rank that samples locally without the exchange finds no edges for the nodes it does not own.
 
-Source: PyTorch Geometric's DistNeighborSampler (ParallelKernelBench problem 64). The call (seed
+Source: a PyG-style distributed neighbour sampler (ParallelKernelBench problem 64). The call (seed
 nodes, fanouts [10, 5], a CSC, the partition, group, replace), the deterministic sampling (the first
 min(fanout, degree) edges, `replace` unused) and the outputs are the original's, and so are the pkb
 sizes: 10000 nodes, 16 edges a node on average, 512 seeds a rank.
@@ -45,7 +45,7 @@ import torch.distributed as dist
 ID = 64
 NAME = "gnn_neighbor_sampling"
 CATEGORY = "GNN"
-SOURCE = "PyTorch Geometric DistNeighborSampler"
+SOURCE = "PyG-style distributed neighbour sampler"
 SUMMARY = "Two-hop neighbour sampling (fanouts [10, 5]) over a graph partitioned across ranks."
 DTYPE = "int64"
 WORLD_SIZES = "any world size >= 2"

@@ -53,7 +53,7 @@ SIZES = {
         "cpu_queries": 4096,
     },
     # estimate, not yet measured: 2M ids a rank, 1 GB of fetched rows of which 3/4 cross NVLink at
-    # W = 4 (1.9 ms at 395 GB/s); the projection is 0.27 TFLOP (0.35 ms)
+    # W = 4 (a floor of 2.1 ms at 395 GB/s); the projection is 0.27 TFLOP (0.35 ms)
     "large": {
         "shard_rows": 13_875_000,
         "embed_dim": 256,

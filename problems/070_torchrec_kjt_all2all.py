@@ -41,8 +41,8 @@ WORLD_SIZES = "any world size >= 2"
 SIZES = {
     "pkb": {"key_scale": 1, "batch_size": 512, "max_length": 20},
     # estimate, not yet measured: 224 features at W = 4 (32, 64, 96, 32 a rank), 32768 samples a
-    # rank, 10 ids a bag on average: 73M ids (590 MB) a rank, 3/4 to 6/7 of them across NVLink
-    # (0.6-1.3 ms at 395 GB/s as int32 ids, twice that as int64)
+    # rank, 10 ids a bag on average: 73M ids (590 MB) a rank; the rank owning 96 features receives
+    # 288 features' bags (a floor of 1.0 ms at 395 GB/s as 4-byte ids, 2.3 ms at W = 8)
     "large": {"key_scale": 32, "batch_size": 32768, "max_length": 20},
 }
 # Pure data movement: every correct solution returns the same integers.

@@ -22,7 +22,7 @@ import torch.distributed as dist
 ID = 64
 NAME = "gnn_neighbor_sampling"
 CATEGORY = "GNN"
-SOURCE = "PyTorch Geometric DistNeighborSampler"
+SOURCE = "PyG-style distributed neighbour sampler"
 SUMMARY = (
     "Two-hop neighbour sampling (fanouts [10, 5]) of a 10000-node ring every rank holds (the original's)."
 )

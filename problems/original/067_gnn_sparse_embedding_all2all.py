@@ -20,7 +20,7 @@ import torch.distributed as dist
 ID = 67
 NAME = "gnn_sparse_embedding_all2all"
 CATEGORY = "GNN"
-SOURCE = "PyTorch Geometric sparse embedding gradients"
+SOURCE = "sparse embedding-gradient routing (GNN / recsys)"
 SUMMARY = "Route 1024 uniform (index, bf16 row [128]) pairs to the rank owning index % W (the original's)."
 DTYPE = "bfloat16"
 WORLD_SIZES = "any world size >= 2"
