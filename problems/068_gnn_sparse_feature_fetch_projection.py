@@ -40,7 +40,7 @@ ID = 68
 NAME = "gnn_sparse_feature_fetch_projection"
 CATEGORY = "GNN"
 SOURCE = "GNN feature fetch at ogbn-papers100M scale"
-SUMMARY = "Fetch bf16 feature rows by id from a row-sharded 111M-node table, project by [256, 256]."
+SUMMARY = "Fetch bf16 feature rows by id from a table sharded by rows (13.875M x 256 a rank), project."
 DTYPE = "bfloat16"
 WORLD_SIZES = "any world size >= 2"
 # shard_rows, queries: per rank; cpu_*: the same on a CPU device (see the docstring)
