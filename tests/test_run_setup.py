@@ -75,22 +75,37 @@ def test_a_solution_file_must_exist_and_be_a_reasonable_size(tmp_path):
     with pytest.raises(UserError, match=f"over the {run.MAX_SOLUTION_BYTES}-byte limit"):
         run.read_solution(big)
     at_limit = tmp_path / "at_limit.py"
-    at_limit.write_bytes(b"#" * run.MAX_SOLUTION_BYTES)
+    body = b"def solution(x):\n    return x\n"
+    at_limit.write_bytes(body + b"#" * (run.MAX_SOLUTION_BYTES - len(body)))
     assert run.read_solution(at_limit) is None
+    with pytest.raises(UserError, match=r"is a directory, not a \.py file"):
+        run.read_solution(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# notes\n")
+    with pytest.raises(UserError, match=r"README\.md is not a \.py file"):
+        run.read_solution(readme)
 
 
 def test_a_syntax_error_is_a_candidate_failure_with_file_and_line(tmp_path):
     """Parsed as text on the host (never imported): a syntax error is the candidate's, not the user's."""
     bad = tmp_path / "sol.py"
     bad.write_text("def solution(x):\n    return x +\n")
-    assert run.read_solution(bad) == "sol.py:2: invalid syntax"
+    assert run.read_solution(bad) == "the solution does not parse: sol.py:2: invalid syntax"
     nul = tmp_path / "nul.py"
     nul.write_bytes(b"x = 1\x00\n")
     message = run.read_solution(nul)
-    assert message is not None and message.startswith("nul.py")
+    assert message is not None and message.startswith("the solution does not parse: nul.py")
     good = tmp_path / "good.py"
     good.write_text("import os\nos.system('never run on the host')\ndef solution(x):\n    return x\n")
     assert run.read_solution(good) is None
+    for bound in ("from mine import solution\n", "solution = lambda x: x\n", "from mine import *\n"):
+        (tmp_path / "bound.py").write_text(bound)
+        assert run.read_solution(tmp_path / "bound.py") is None, bound
+    (tmp_path / "none.py").write_text("def solve(x):\n    return x\n")
+    assert run.read_solution(tmp_path / "none.py") == (
+        "none.py defines no solution(): a candidate is a module whose solution(...) takes the reference's "
+        "inputs (pkb show ID prints the signature)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -64,11 +64,16 @@ def gpus_for(device: str, world_size: int) -> list[int]:
 
 
 def read_solution(path: Path) -> str | None:
-    """Validates the solution file; returns a syntax-error message (a candidate failure) or None."""
+    """Validates the solution file as text (it is never imported here): raises UserError for a path that
+    is not a usable .py file; returns why the candidate cannot run (it does not parse, or defines no
+    solution) as a candidate failure, or None."""
+    why = "pass the path of a .py file defining solution()"
+    if path.is_dir():
+        raise UserError(f"{path} is a directory, not a .py file; {why}")
     if not path.is_file():
-        raise UserError(
-            f"solution file {path} does not exist; pass the path of a .py file defining solution()"
-        )
+        raise UserError(f"solution file {path} does not exist; {why}")
+    if path.suffix != ".py":
+        raise UserError(f"{path} is not a .py file; {why}")
     size = path.stat().st_size
     if size == 0:
         raise UserError(
@@ -77,12 +82,31 @@ def read_solution(path: Path) -> str | None:
     if size > MAX_SOLUTION_BYTES:
         raise UserError(f"solution file {path} is {size} bytes, over the {MAX_SOLUTION_BYTES}-byte limit")
     try:
-        ast.parse(path.read_bytes(), filename=path.name)
+        tree = ast.parse(path.read_bytes(), filename=path.name)
     except SyntaxError as exc:
-        return f"{path.name}:{exc.lineno}: {exc.msg}"
+        return f"the solution does not parse: {path.name}:{exc.lineno}: {exc.msg}"
     except ValueError as exc:
-        return f"{path.name}: {exc}"
+        return f"the solution does not parse: {path.name}: {exc}"
+    if not _may_define_solution(tree):
+        return (
+            f"{path.name} defines no solution(): a candidate is a module whose solution(...) takes the "
+            "reference's inputs (pkb show ID prints the signature)"
+        )
     return None
+
+
+def _may_define_solution(tree: ast.Module) -> bool:
+    """Whether the module's top level could bind `solution` (a def, an assignment, an import, or
+    something too dynamic to tell: a star import, globals())."""
+    for node in ast.walk(tree):
+        named = node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+        if named == "solution":
+            return True
+        if isinstance(node, ast.Name) and node.id in ("solution", "globals", "exec", "setattr"):
+            return True
+        if isinstance(node, ast.alias) and (node.name == "*" or (node.asname or node.name) == "solution"):
+            return True
+    return False
 
 
 def preflight(
@@ -135,11 +159,11 @@ class Run:
         self.size = request.size
         self.timeout_s = request.timeout_s
         self.solution = Path(request.path).resolve()
-        self.syntax_error = read_solution(self.solution)
+        self.unrunnable = read_solution(self.solution)
         # what the source still calls, read without running it; multicast refuses it outright
         self.static_report: StaticReport | None = None
         self.refusal: str | None = None
-        if self.syntax_error is None:
+        if self.unrunnable is None:
             try:
                 self.static_report = static_report.analyze(self.solution.read_bytes(), self.solution.name)
                 self.refusal = static_report.refusal(self.static_report)
@@ -226,8 +250,8 @@ class Run:
     def cannot_run(self) -> tuple[str, list[RankResult]] | None:
         """Why the solution cannot run at all (it does not parse, or its source is refused) and
         every rank's result for it; None when it can."""
-        if self.syntax_error:
-            why, each = f"the solution does not parse: {self.syntax_error}", self.syntax_error
+        if self.unrunnable:
+            why, each = self.unrunnable, self.unrunnable
         elif self.refusal:
             why, each = self.refusal, "not run: " + self.refusal
         else:
