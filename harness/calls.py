@@ -243,7 +243,8 @@ class Calls:
         from harness import convention
 
         aliased = aliased_inputs(outs[:returned], inputs)
-        return convention.aliasing_faults(self.problem, self.rank, self.world_size, outs, inputs, aliased)
+        held = [t for _, t in input_tensors(inputs)]  # inside lists too: returned after an update in place
+        return convention.aliasing_faults(self.problem, self.rank, self.world_size, outs, held, aliased)
 
     def in_place(self, outs: list, inputs: tuple | list) -> list:
         """The outputs judged: the returned ones, then, where the workload updates its inputs, every

@@ -253,19 +253,16 @@ def aliasing_faults(
     problem: ModuleType, rank: int, world_size: int, outputs: list, inputs: list, aliased: list[int]
 ) -> list[int]:
     """Which aliased outputs break the contract: all of them, but an output that is exactly one of
-    the tensors the inputs hold where the problem updates its inputs in place (`MUTATES_INPUTS`: the
-    in-place result returned, as torch's in-place ops return it) or on a rank where the problem says
-    the workload returns its input there (`input_returned(rank, world_size)`, the original's contract
-    for rooted collectives; that input must still be unchanged, checked apart). Outputs are copied at
-    return."""
+    the tensors the inputs hold (`inputs`: every one, those inside lists too) where the problem
+    updates its inputs in place (`MUTATES_INPUTS`: the in-place result returned, as torch's in-place
+    ops return it) or on a rank where the problem says the workload returns its input there
+    (`input_returned(rank, world_size)`, the original's contract for rooted collectives; that input
+    must still be unchanged, checked apart). Outputs are copied at return."""
     returns_input = getattr(problem, "input_returned", None)
     in_place = bool(getattr(problem, "MUTATES_INPUTS", False))
     if not aliased or not (in_place or (returns_input is not None and returns_input(rank, world_size))):
         return aliased
-    from harness.calls import input_tensors
-
-    held = [t for _, t in input_tensors(inputs)]  # inside lists too: returned after an update in place
-    return [i for i in aliased if not any(_same_tensor(outputs[i], t) for t in held)]
+    return [i for i in aliased if not any(_same_tensor(outputs[i], t) for t in inputs)]
 
 
 def _same_tensor(a: Any, b: Any) -> bool:

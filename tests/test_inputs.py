@@ -202,4 +202,5 @@ def test_a_mutating_workload_has_every_tensor_its_inputs_hold_judged_after_the_c
 
     # an input inside a list, returned after its update in place, is the in-place result: allowed
     outs = [inputs[0][1], inputs[0][1][:1]]
-    assert convention.aliasing_faults(problem, 0, 2, outs, list(inputs), [0, 1]) == [1]
+    held = [t for _, t in input_tensors(inputs)]
+    assert convention.aliasing_faults(problem, 0, 2, outs, held, [0, 1]) == [1]

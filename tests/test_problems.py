@@ -43,7 +43,7 @@ def test_inputs_are_random_and_differ_by_rank_and_seed(pid):
 
     a, b, c = inputs(0, 1), inputs(1, 1), inputs(0, 2)
     for t in a:
-        if t.dtype.is_floating_point:
+        if t.dtype.is_floating_point and t.numel() > 1:  # a 0-dim draw (63's error) has no spread
             assert t.float().std() > 0, "no constant fills"
     assert any(not torch.equal(x, y) for x, y in zip(a, b, strict=True)), "ranks get different inputs"
     assert all(not torch.equal(x, y) for x, y in zip(a, c, strict=True)), "every trial gets new inputs"
