@@ -70,7 +70,7 @@ async def test_list_and_reference_in_both_forms(client):
         ("run_correctness", {"problem": "1"}, "give exactly one of source"),
         ("run_correctness", {"problem": "1", "source": "x", "path": "/x.py"}, "give exactly one of source"),
         ("run_correctness", {"problem": "1", "source": "x" * (1 << 20 + 1)}, "over the limit"),
-        ("run_correctness", {"problem": "1", "path": "/nonexistent/sol.py"}, "is not a file on the server"),
+        ("run_correctness", {"problem": "1", "path": "/nonexistent/sol.py"}, "sol.py does not exist"),
         ("run_correctness", {"problem": "1", "path": str(ROOT / "README.md")}, "README.md is not a .py file"),
         ("benchmark", {"problem": "1", "path": str(ROOT / "README.md")}, "is not a .py file"),
         ("compile_kernel", {"path": str(ROOT / "README.md")}, "is not a .py or .cu or .cuh file"),
@@ -101,12 +101,12 @@ async def test_list_and_reference_in_both_forms(client):
         (
             "run_correctness",
             {"problem": "1", "source": REFERENCE_1, "device": "cuda", "world_size": 2},
-            "no CUDA GPU",
+            "no CUDA GPU is visible on this machine; pass device=cpu",
         ),
         ("benchmark", {"problem": "1", "source": REFERENCE_1, "launches": 0}, "greater than or equal to 1"),
         ("job_status", {"job_id": "feedface"}, "job feedface does not exist"),
         ("job_result", {"job_id": "feedface"}, "job feedface does not exist"),
-        ("roofline", {"problem": "999"}, "problem 999 does not exist; see pkb problems"),
+        ("roofline", {"problem": "999"}, "problem 999 does not exist; see list_problems"),
         ("roofline", {"problem": "1", "time_ms": -1}, "greater than 0"),
     ],
 )
@@ -114,6 +114,10 @@ async def test_bad_arguments_are_readable_tool_errors(client, tool, args, words)
     result = await client.call_tool(tool, args)
     assert result.is_error
     assert words in text_of(result), text_of(result)
+    # one sentence, also as structured content; no CLI flags, no validation dump
+    assert result.structured_content == {"error": text_of(result)}
+    assert "--" not in text_of(result) and "errors.pydantic.dev" not in text_of(result)
+    assert "\n" not in text_of(result)
 
 
 @pytest.mark.integration
@@ -307,7 +311,7 @@ async def test_a_client_without_the_tasks_extension_is_not_given_tasks(state):
     server, scheduler = make_server(state)
     async with Client(server) as c:
         r = await c.call_tool("run_correctness", {**RUN_1, "path": "/nonexistent.py"})
-        assert r.is_error and "is not a file on the server" in r.content[0].text
+        assert r.is_error and "does not exist on the server" in r.content[0].text
     scheduler.stop()
 
 

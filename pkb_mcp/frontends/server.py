@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
+from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from mcp_types import Tool as PublishedTool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from pkb_mcp import service
 from pkb_mcp.compile import CompileResult
@@ -38,7 +39,7 @@ from pkb_mcp.models import (
     lean_property,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profiles_root
-from pkb_mcp.runs import benchmark, pairing
+from pkb_mcp.runs import benchmark, pairing, run
 
 MAX_SOURCE_BYTES = 1 << 20
 TRACEBACK_CHARS = 1500
@@ -89,7 +90,20 @@ def lean_input(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Server(MCPServer):
-    """Publishes lean input schemas, and descriptions without the docstrings' indentation."""
+    """Publishes lean input schemas, and descriptions without the docstrings' indentation; answers a
+    refused call in one sentence, with the sentence as structured content too."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc, UnexpectedToolError):
+                raise
+            text = refusal_sentence(name, exc)
+            content = [TextContent(type="text", text=text)]
+            return CallToolResult(content=content, structured_content={"error": text}, is_error=True)
 
     async def list_tools(self) -> list[PublishedTool]:
         return [
@@ -101,6 +115,21 @@ class _Server(MCPServer):
             )
             for t in await super().list_tools()
         ]
+
+
+def refusal_sentence(tool: str, exc: ToolError) -> str:
+    """A refused call's reason in one sentence: an argument that failed validation by its name (the
+    first, when several did), else the tool's own sentence without the SDK's prefix."""
+    cause = exc.__cause__
+    if isinstance(cause, ValidationError) and cause.errors():
+        first = cause.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the arguments"
+        more = len(cause.errors()) - 1
+        given = repr(first.get("input"))
+        given = given if len(given) <= 40 else given[:37] + "..."
+        said = f"{first['msg'][:1].lower()}{first['msg'][1:]}, not {given}"
+        return f"{tool}: argument {where}: {said}" + (f" (and {more} more)" if more else "")
+    return in_tool_words(str(exc).removeprefix(f"Error executing tool {tool}: "))
 
 
 def Arg(**kwargs: Any) -> Any:
@@ -171,11 +200,27 @@ OUTPUTS: dict[str, type[JobOutput]] = {
 
 @contextlib.contextmanager
 def tool_errors() -> Iterator[None]:
-    """A user error becomes a ToolError whose one sentence the model reads."""
+    """A user error becomes a ToolError whose one sentence the model reads, its hints in this front
+    end's words."""
     try:
         yield
     except UserError as exc:
-        raise ToolError(str(exc)) from exc
+        raise ToolError(in_tool_words(str(exc))) from exc
+
+
+# the service layer's hints name the CLI (its first front end); an agent reads the tools' names
+_CLI_HINTS = (
+    (re.compile(r"\bsee pkb problems\b"), "see list_problems"),
+    (re.compile(r"\bpkb show ID\b"), "get_reference"),
+    (re.compile(r"\bpass --([a-z][a-z-]*) (\S+)"), lambda m: f"pass {m[1].replace('-', '_')}={m[2]}"),
+)
+
+
+def in_tool_words(text: str) -> str:
+    """A message whose hints name CLI commands and flags, naming the MCP tools and arguments instead."""
+    for pattern, words in _CLI_HINTS:
+        text = pattern.sub(words, text)  # type: ignore[arg-type]
+    return text
 
 
 def reply(model: BaseModel, text: str) -> CallToolResult:
@@ -247,10 +292,8 @@ class Tools:
             raise ToolError("give exactly one of source (the code as text) or path (a file on the server)")
         if path is not None:
             file = Path(path).expanduser()
-            if not file.is_file():
-                raise ToolError(f"{path} is not a file on the server; send the code as source instead")
-            if file.suffix not in suffixes:
-                raise ToolError(f"{path} is not a {' or '.join(suffixes)} file")
+            if (wrong := run.path_error(file, suffixes)) is not None:
+                raise ToolError(f"{wrong} on the server; pass its path, or send the code as source instead")
             return file.resolve()
         assert source is not None
         data = source.encode()

@@ -63,17 +63,23 @@ def gpus_for(device: str, world_size: int) -> list[int]:
     return list(range(world_size))
 
 
+def path_error(path: Path, suffixes: tuple[str, ...] = (".py",)) -> str | None:
+    """What is wrong with a candidate's path (a directory, missing, not a .py file), or None."""
+    if path.is_dir():
+        return f"{path} is a directory, not a {' or '.join(suffixes)} file"
+    if not path.is_file():
+        return f"{path} does not exist"
+    if path.suffix not in suffixes:
+        return f"{path} is not a {' or '.join(suffixes)} file"
+    return None
+
+
 def read_solution(path: Path) -> str | None:
     """Validates the solution file as text (it is never imported here): raises UserError for a path that
     is not a usable .py file; returns why the candidate cannot run (it does not parse, or defines no
     solution) as a candidate failure, or None."""
-    why = "pass the path of a .py file defining solution()"
-    if path.is_dir():
-        raise UserError(f"{path} is a directory, not a .py file; {why}")
-    if not path.is_file():
-        raise UserError(f"solution file {path} does not exist; {why}")
-    if path.suffix != ".py":
-        raise UserError(f"{path} is not a .py file; {why}")
+    if (wrong := path_error(path)) is not None:
+        raise UserError(f"{wrong}; pass the path of a .py file defining solution()")
     size = path.stat().st_size
     if size == 0:
         raise UserError(
