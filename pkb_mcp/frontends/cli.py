@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pkb_mcp import log, service
+from pkb_mcp import config, log, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import render
 from pkb_mcp.models import RunRequest
@@ -144,7 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rerun=args.rerun,
         attempts=args.attempts,
         store=Path(args.store) if args.store else None,
-        out_dir=Path(args.out),
+        out_dir=Path(args.out) if args.out else config.state_dir() / "eval",
         progress=_Bar(args.json),
         ray=args.ray,
     )
@@ -176,7 +176,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
-    from pkb_mcp import config
     from pkb_mcp.frontends.server import build_server
     from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobStore
@@ -369,7 +368,9 @@ def _add_eval(sub: Any) -> None:
         "published table gives best of k over them",
     )
     p.add_argument("--store", default=None, help="the SQLite store (default $PKB_STATE_DIR/eval.sqlite)")
-    p.add_argument("--out", default="pkb-eval", help="directory for the reports (default ./pkb-eval)")
+    p.add_argument(
+        "--out", default=None, help="directory for the reports (default: eval/ under the state dir)"
+    )
     p.add_argument(
         "--ray", default=None, metavar="ADDRESS", help="run the jobs on this Ray cluster (docs/scale-out.md)"
     )
