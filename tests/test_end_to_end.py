@@ -181,6 +181,14 @@ def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     assert_clean(isolated_dirs)
 
 
+def test_what_a_passing_rank_printed_is_in_its_result(isolated_dirs):
+    prints = CANDIDATES / "prints.py"
+    r = service.check(RunRequest(problem=1, path=prints, world_size=2, device="cpu", trials=1))
+    assert r.verdict == "pass", r.message
+    for rank in r.ranks:
+        assert f"rank {rank.rank} summed" in (rank.log_tail or ""), rank.log_tail
+
+
 def test_a_gpu_only_solution_checked_on_cpu_says_so_in_its_headline(isolated_dirs):
     example = Path(__file__).resolve().parents[1] / "examples" / "001_allreduce_symm_mem.py"
     r = service.check(RunRequest(problem=1, path=example, world_size=2, device="cpu", trials=1))

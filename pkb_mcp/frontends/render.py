@@ -59,8 +59,8 @@ def rank_table(results: list[RankResult]) -> str:
             text += f"\nrank {r.rank}: {r.message}"
         if r.traceback:
             text += "\n" + "\n".join("    " + line for line in r.traceback.rstrip().splitlines()[-12:])
-        elif r.state in ("crashed", "timeout", "exited") and r.log_tail:
-            text += "\n  last log lines:\n" + "\n".join(
+        elif r.log_tail and r.log_tail.strip():  # what the rank printed, whatever its state
+            text += f"\nrank {r.rank} printed (last lines):\n" + "\n".join(
                 "    " + line for line in r.log_tail.rstrip().splitlines()[-8:]
             )
     return text

@@ -79,6 +79,7 @@ def judge_ranks(
         assert worst is not None
         if worst.state == "pass":
             worst.trial = None
+        worst.log_tail = rank_outcome.log_tail[-2000:] or None  # what the rank printed (capped)
         results.append(worst)
     return results
 
