@@ -278,7 +278,7 @@ def check(
     found = protections.judged_outputs(p, list(range(trials)), cand_outcome, ref_outcome, ranks, mac_key)
     if found:
         message = protections.message(found)
-    progress(3, 3, message)
+    progress(3, 3, f"judged: {verdict}")  # the message itself is the result's headline, said once
     return result(verdict, message, ranks, protections.names(found) if found else [])
 
 
