@@ -92,7 +92,11 @@ class TasksExtension(Extension):
             "pollIntervalMs": POLL_INTERVAL_MS,
         }
         if status == "completed":
-            task["result"] = self._result(record).model_dump(by_alias=True, mode="json", exclude_none=True)
+            result = self._result(record)
+            task["result"] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            finished = (result.structured_content or {}).get("result") or {}
+            if isinstance(finished, dict) and isinstance(finished.get("message"), str):
+                task["statusMessage"] = finished["message"]  # the verdict's headline
         return task
 
     def _result(self, record: JobRecord) -> CallToolResult:
