@@ -97,7 +97,8 @@ async def test_http_needs_the_bearer_token(tmp_path):
             headers={"Accept": "application/json, text/event-stream"},
         )
         assert denied.status_code == 401
-        client_http = httpx.AsyncClient(headers={"Authorization": "Bearer s3cret"})
+        # httpx waits 5 s for a response by default; a loaded 2-core machine can take longer
+        client_http = httpx.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=120)
         from mcp.client.streamable_http import streamable_http_client
 
         tasks = Tasks()
