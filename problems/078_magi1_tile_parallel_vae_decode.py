@@ -135,7 +135,7 @@ def decode_tiles(z, axes, tiles):
     """Decoded tiles `tiles` (int64 tile indices) of z, each padded to the full shape: bf16
     [len(tiles) * B, 3, Rt, Rh, Rw]; positions past a short tile's end are not part of it."""
     channels = torch.arange(3, device=z.device) % z.shape[1]
-    pads = []
+    pads: list[int] = []
     for n, (stride, size, lengths, _, _, _) in zip(z.shape[2:], axes, strict=True):
         pads = [0, (len(lengths) - 1) * stride + size - n, *pads]
     latent = F.pad(z.index_select(1, channels).float(), pads, mode="replicate")
