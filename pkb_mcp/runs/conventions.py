@@ -59,7 +59,7 @@ def describe(problem: Any, world_size: int, preset: str) -> OriginalConvention |
         names = list(convention.positional_of(problem.module.solution).names)  # type: ignore[union-attr]
         env = convention.meta_env(world_size, problem.size(preset), problem.torch_dtype)
         args = build(inputs, env)
-        call = "solution(" + ", ".join(_describe(a, inputs, names) for a in args) + ")"
+        call = "solution(" + ", ".join(_describe(a, inputs, names, k) for k, a in enumerate(args)) + ")"
     return OriginalConvention(
         signature=declared["signature"],
         call=call,
@@ -68,7 +68,11 @@ def describe(problem: Any, world_size: int, preset: str) -> OriginalConvention |
     )
 
 
-def _describe(value: Any, inputs: tuple, names: list[str]) -> str:
+def _describe(value: Any, inputs: tuple, names: list[str], position: int | None = None) -> str:
+    """An argument in words: the input it is (the one at its own position first, since equal small
+    ints are one object), a view of one, or its value."""
+    if position is not None and position < min(len(inputs), len(names)) and value is inputs[position]:
+        return names[position]
     if isinstance(value, torch.Tensor):
         for i, t in enumerate(inputs):
             name = names[i] if i < len(names) else f"input {i}"
