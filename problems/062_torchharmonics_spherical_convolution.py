@@ -64,11 +64,12 @@ SIZES = {
     # gathers), and a perfect solution still moves 20-60 MB per GPU
     "large": {"batch": 32, "channels": 32, "kernel": 3, "lat": 64, "lon": 256, "entries": 4, "cpu_batch": 2},
 }
-# Measured (CPU, the reference in float32 against a float64 loop over output longitudes of the
-# original's form, W = 2 and 4, 3 seeds, every rank): worst |error| 2.4e-6 on outputs up to |5|,
-# relative error norm 3.5e-7. Bounds: about 10x that, for other summation orders (cuSPARSE, a
-# reduction tree); a rank that skips either exchange is off by O(1) (relative norm > 0.5).
-TOLERANCE = {"atol": 2e-5, "rtol": 2e-5, "rel_norm": 4e-6}
+# Measured (CPU, pkb size with the CPU batch, W = 2 and 4, 3 trials each, every rank): a float64
+# twin of the original's loop of rolled sparse bmms, in the original's convention, differs from the
+# reference by at most 9.5e-7 (absolute) and 9.0e-8 (relative error norm) on O(1) outputs. Bounds:
+# about 10x and 20x that, for other summation orders (cuSPARSE, a reduction tree, the large size's
+# 32-channel sums); a rank that skips the exchanges is off by O(1) (tests/test_problems_sphere.py).
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5, "rel_norm": 2e-6}
 
 _GROUPS: dict[int, tuple] = {}  # world size -> (azimuth group, polar group) of this rank
 

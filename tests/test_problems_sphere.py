@@ -149,3 +149,33 @@ def check(path: Path, world_size: int, variant: str = "pkb"):
             variant=variant,
         )
     )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_62_the_reference_and_the_original_style_file_pass(world_size):
+    r = check(P62.path, world_size)
+    assert r.verdict == "pass", r.message
+    r = check(STYLE, world_size, "original")
+    assert r.verdict == "pass", r.message
+
+
+@pytest.mark.integration
+def test_62_the_original_style_file_passes_in_pkb_s_variant():
+    r = check(STYLE, 2)
+    assert r.verdict == "pass", r.message
+
+
+@pytest.mark.integration
+def test_62_a_solution_that_skips_the_exchanges_fails(tmp_path):
+    local = tmp_path / "062_no_exchange.py"
+    text = STYLE.read_text()
+    swap = "    dist.all_to_all(arrived, pieces, group=group)\n"
+    reduce = "        dist.all_reduce(y, group=polar_group)\n"
+    assert swap in text and reduce in text
+    # each rank keeps its own piece where the exchange would have put it; the others' stay zero
+    own = "    arrived[dist.get_rank(group)] = pieces[dist.get_rank(group)].clone()\n"
+    text = text.replace(swap, own).replace("torch.empty_like(p)", "torch.zeros_like(p)")
+    local.write_text(text.replace(reduce, "        pass  # this slab's part only\n"))
+    r = check(local, 2)
+    assert r.verdict == "fail" and all(x.state == "wrong" for x in r.ranks), r.message
