@@ -23,9 +23,10 @@ first call, and cached (dist.new_group is collective: every rank creates every g
 order).
 
 psi has the original's pattern: for output latitude o and basis function k, E = 4 entries in every
-polar slab, at the slab's row o mod lat and longitudes (o + e (k + 1)) mod nlon, e = 0..3. So every
-output point depends on every polar slab and on longitudes up to lat + 9 beyond its own, in both
-azimuth halves: a rank that skips either exchange is wrong by O(1).
+polar slab, at the slab's row o mod lat and longitudes (o + e (k + 1)) mod nlon, e = 0..3. So output
+point (o, p) reads longitudes (p + o + s) mod nlon, s in {0, 1, 2, 3, 4, 6, 9}, in every polar slab:
+every output depends on every polar slab, and many on the other azimuth half; a rank that skips
+either exchange is wrong by O(1).
 
 Source: torch-harmonics' distributed DISCO convolution on the sphere, in the torch fallback
 (ParallelKernelBench problem 62). Differences from the original:
@@ -48,7 +49,7 @@ import torch.distributed as dist
 
 ID = 62
 NAME = "torchharmonics_spherical_convolution"
-CATEGORY = "SP"
+CATEGORY = "spatial"
 SOURCE = "torch-harmonics DistributedDiscreteContinuousConvS2 (torch fallback)"
 SUMMARY = (
     "DISCO convolution on the sphere over a polar x azimuth grid: all-to-all, sparse psi, reduce-scatter."

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 ID = 62
 NAME = "torchharmonics_spherical_convolution"
-CATEGORY = "SP"
+CATEGORY = "spatial"
 SOURCE = "torch-harmonics DistributedDiscreteContinuousConvS2 (torch fallback)"
 SUMMARY = "DISCO convolution on a 128 x 256 sphere grid over polar x azimuth ranks (the original's)."
 DTYPE = "float32"
