@@ -62,7 +62,7 @@ SIZES = {
     "pkb": {"batch": 32, "channels": 8, "kernel": 3, "lat": 32, "lon": 128, "entries": 4, "cpu_batch": 4},
     # estimate, not yet measured: at W = 4 (2 x 2) the reference reduce-scatters a 400 MB y (0.5 ms at
     # 395 GB/s) and gathers 0.8M expanded psi entries against 512 columns (about 1 ms of HBM-bound
-    # gathers), and a perfect solution still moves 20-60 MB per GPU
+    # gathers); a perfect solution still moves 97 MB per GPU there (11 MB at W = 2, 270 MB at W = 8)
     "large": {"batch": 32, "channels": 32, "kernel": 3, "lat": 64, "lon": 256, "entries": 4, "cpu_batch": 2},
 }
 # Measured (CPU, pkb size with the CPU batch, W = 2 and 4, 3 trials each, every rank): a float64
