@@ -53,10 +53,10 @@ def test_names_that_agree_with_their_id_pair_without_a_remark(name, problem, bac
 
 
 def test_an_unknown_name_with_a_known_id_pairs_by_the_id_with_a_warning():
-    paired = pairing.pair("26_importance_sampling_loss_cuda.py")
+    paired = pairing.pair("26_expert_shuffle_cuda.py")
     assert paired.problem is not None and paired.problem.id == 26
     assert paired.note is None and paired.warning is not None
-    assert "'importance_sampling_loss' is no problem's name" in paired.warning
+    assert "'expert_shuffle' is no problem's name" in paired.warning
     assert "problem 26 (moe_token_preprocess) by its id" in paired.warning
 
 
@@ -109,7 +109,7 @@ class _Scheduler:
 def test_eval_runs_a_file_against_the_problem_its_name_names_and_says_so(tmp_path):
     published = tmp_path / PUBLISHED
     published.write_text("def solution(x):\n    return x\n")
-    unknown = tmp_path / "26_importance_sampling_loss_cuda.py"
+    unknown = tmp_path / "26_expert_shuffle_cuda.py"
     unknown.write_text("def solution(x):\n    return x\n")
     scheduler = _Scheduler()
     batch = _Batch(
@@ -143,5 +143,5 @@ def test_a_problem_given_by_name_or_a_file_named_otherwise_is_taken_as_given():
     asked = "ulysses_all_gather_variable_primitive"
     assert pairing.for_request(asked, PUBLISHED) == (asked, None)
     assert pairing.for_request(35, "solution.py") == (35, None)
-    assert pairing.for_request(35, "26_importance_sampling_loss_cuda.py") == (35, None)
+    assert pairing.for_request(35, "26_expert_shuffle_cuda.py") == (35, None)
     assert pairing.for_request("35", "999_nothing_torch.py") == ("35", None)

@@ -322,6 +322,15 @@ class Tools:
             fields["result"] = compact(_parse(record.kind, raw))
         return cls(**fields)
 
+    def result_of(self, record: JobRecord) -> CallToolResult:
+        """What a tool returns for its finished job: the result, or for a failed job the tool's error."""
+        if record.state == "failed":
+            text = record.error or "the job failed"
+            content = [TextContent(type="text", text=text)]
+            return CallToolResult(content=content, structured_content={"error": text}, is_error=True)
+        out = self.output(record)
+        return reply(out, self.text(out))
+
     async def finish(self, job_id: str, wait: bool, ctx: Context | None) -> CallToolResult:
         """Await the job (forwarding progress) or hand back its id; cancel it if the call is cancelled."""
         if wait:

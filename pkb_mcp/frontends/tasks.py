@@ -10,18 +10,18 @@ a poll interval and a time to live; `tasks/cancel` cancels the job. A client tha
 the extension keeps the tools' `wait` argument and the job tools.
 
 This layer only translates: the tools' own code submits the job (the interceptor asks it for
-`wait=false`) and renders the result (`Tools.finish`).
+`wait=false`) and renders the result (`Tools.result_of`).
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, CancelTaskRequestParams, GetTaskRequestParams, TextContent
+from mcp_types import CallToolResult, CancelTaskRequestParams, GetTaskRequestParams
 
 from pkb_mcp.errors import UserError
 
@@ -29,8 +29,17 @@ if TYPE_CHECKING:
     from mcp.server.context import CallNext, ServerRequestContext
     from mcp_types import CallToolRequestParams
 
-    from pkb_mcp.frontends.server import Tools
+    from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobRecord
+
+
+class Jobs(Protocol):
+    """What the extension needs of the server's tools (pkb_mcp/frontends/server.py `Tools`)."""
+
+    scheduler: Scheduler
+
+    def result_of(self, record: JobRecord) -> CallToolResult: ...
+
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 TASK_TOOLS = frozenset({"compile_kernel", "run_correctness", "benchmark", "profile"})
@@ -56,7 +65,7 @@ def declared(ctx: ServerRequestContext[Any, Any]) -> bool:
 class TasksExtension(Extension):
     identifier = EXTENSION_ID
 
-    def __init__(self, state: Tools) -> None:
+    def __init__(self, state: Jobs) -> None:
         self.state = state  # the server's Tools (not `tools`: the Extension method of that name)
 
     def methods(self) -> list[MethodBinding]:
@@ -92,22 +101,12 @@ class TasksExtension(Extension):
             "pollIntervalMs": POLL_INTERVAL_MS,
         }
         if status == "completed":
-            result = self._result(record)
+            result = self.state.result_of(record)
             task["result"] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             finished = (result.structured_content or {}).get("result") or {}
             if isinstance(finished, dict) and isinstance(finished.get("message"), str):
                 task["statusMessage"] = finished["message"]  # the verdict's headline
         return task
-
-    def _result(self, record: JobRecord) -> CallToolResult:
-        """What the tool returns for the finished job (a failed job is the tool's error result)."""
-        if record.state == "failed":
-            text = record.error or "the job failed"
-            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-        from pkb_mcp.frontends.server import reply
-
-        out = self.state.output(record)
-        return reply(out, self.state.text(out))
 
     def _record(self, task_id: str) -> JobRecord:
         try:
