@@ -19,7 +19,6 @@ import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, CancelTaskRequestParams, GetTaskRequestParams
 
@@ -120,9 +119,5 @@ class TasksExtension(Extension):
     async def _cancel(
         self, ctx: ServerRequestContext[Any, Any], params: CancelTaskRequestParams
     ) -> dict[str, Any]:
-        record = self._record(params.task_id)
-        try:
-            record = self.state.scheduler.cancel(record.id, "cancelled by the client (tasks/cancel)")
-        except UserError as exc:
-            raise ToolError(str(exc)) from exc
-        return self.task(record)
+        record = self._record(params.task_id)  # an unknown task is refused there
+        return self.task(self.state.scheduler.cancel(record.id, "cancelled by the client (tasks/cancel)"))
