@@ -198,10 +198,10 @@ class _Entry:
 
 
 class _Batch:
-    """One batch's files through their stages. A file whose solution builds extensions is built first,
-    in a pool of `config.build_slots()` beside the scheduler's GPU queue (on a cluster the nodes build),
-    and checked once its build is done; a file that passes is benchmarked ahead of the checks still
-    queued."""
+    """One batch's files through their stages. On GPUs a file whose solution builds extensions is built
+    first, in a pool of `config.build_slots()` beside the scheduler's GPU queue (on a cluster the nodes
+    build; on a CPU device the check builds), and checked once its build is done; a file that passes
+    is benchmarked ahead of the checks still queued."""
 
     def __init__(
         self, settings: EvalSettings, scheduler: Any, store: EvalStore, rerun: bool, progress: Progress
@@ -211,8 +211,10 @@ class _Batch:
         self.store = store
         self.rerun = rerun
         self.progress = progress
+        # on GPUs builds take CPU cores the checks leave idle; on a CPU device they would take the
+        # checks' own cores (and slow them past their deadlines), so there a build stays in its check
         self.builds: concurrent.futures.ThreadPoolExecutor | None = None
-        if scheduler.cluster is None:
+        if scheduler.cluster is None and settings.device == "cuda":
             self.builds = concurrent.futures.ThreadPoolExecutor(config.build_slots(), "pkb-build")
 
     def request(self, path: Path, pid: int, kind: str) -> RunRequest:
