@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mcp.server.extension import Extension, MethodBinding
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, CancelTaskRequestParams, GetTaskRequestParams
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from pkb_mcp.errors import UserError
 
@@ -55,7 +56,10 @@ def _iso(seconds: float | None) -> str | None:
 
 
 def declared(ctx: ServerRequestContext[Any, Any]) -> bool:
-    """Whether the client making this request declared the tasks extension."""
+    """Whether the client making this request declared the tasks extension, on a protocol version
+    that can carry a task in lieu of a result (a legacy connection cannot: the result shape is core)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
     capabilities = ctx.session.client_capabilities
     extensions = getattr(capabilities, "extensions", None) if capabilities is not None else None
     return isinstance(extensions, dict) and EXTENSION_ID in extensions
