@@ -353,10 +353,9 @@ class Tools:
                     self.scheduler.cancel(job_id, "the client cancelled the request")
                 raise
         record = self.scheduler.get(job_id)
-        out = self.output(record)
         if record.state == "failed":
             raise ToolError(record.error or "the job failed")
-        return reply(out, self.text(out))
+        return self.result_of(record)
 
     def text(self, out: JobOutput) -> str:
         result = getattr(out, "result", None)
