@@ -334,9 +334,10 @@ def _collect(
     timing_path = launch_dir / "timing.json"
     if timing_path.is_file() and timing_path.stat().st_size < (64 << 20):
         try:
-            outcome.timing = json.loads(timing_path.read_text())
-        except ValueError:
-            outcome.timing = None
+            record = json.loads(timing_path.read_text())
+        except ValueError:  # UnicodeDecodeError included
+            record = None
+        outcome.timing = record if isinstance(record, dict) else None
     return outcome
 
 

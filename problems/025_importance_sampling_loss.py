@@ -76,14 +76,18 @@ SIZES = {
 # at most 2.4e-3. The reference rounds its logits to bf16, as the GEMM returns them: a label's logit
 # near 6 moves by up to 0.016, and its ratio by 1.6%, so the ratios' outputs (the per-token losses,
 # tensor 2, and the metrics' least and largest ratio, tensor 3) get rtol 3e-2. Their norm bound, and
-# the loss's bounds, stay tight: errors of rounding average out in the means, and a rank that skips the
-# exchange has a loss and a mean negative log-probability more than 3% off on some rank (the tests
-# check it over seeds), often far more.
+# the loss's elementwise bounds, stay tight: errors of rounding average out in the means, and a rank
+# that skips the exchange has a loss and a mean negative log-probability more than 3% off on some rank
+# (the tests check it over seeds), often far more. The loss is one value, near 0 when the ranks'
+# advantages cancel: its relative norm is then its bare relative error, which has no floor (the twin's
+# measured 1.6-11% there, every time within atol + rtol), so its atol + rtol bound judges it and
+# its rel_norm, 1, refuses only a loss off by its own size.
 TOLERANCE = {
     "atol": 1e-3,
     "rtol": 1e-2,
     "rel_norm": 1e-2,
     "outputs": {
+        0: {"atol": 1e-3, "rtol": 1e-2, "rel_norm": 1.0},
         2: {"atol": 1e-3, "rtol": 3e-2, "rel_norm": 1e-2},
         3: {"atol": 1e-3, "rtol": 3e-2, "rel_norm": 1e-2},
     },

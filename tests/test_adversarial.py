@@ -306,8 +306,9 @@ def test_a_timing_record_rewritten_after_the_harness_wrote_it_is_never_used(tmp_
     source = (ADV / "forges_after_return.py").read_text()
     timing_only.write_text(source.replace("RETURN_INPUT = True", "RETURN_INPUT = False"))
     r = bench(timing_only)
-    if r.verdict == "fail":
-        assert "timing record was altered" in r.message and r.speedup is None
+    if r.verdict == "fail":  # caught by its keyed digest, or cut off mid-write
+        caught = ("timing record was altered", "no readable timing record")
+        assert any(why in r.message for why in caught) and r.speedup is None, r.message
     else:  # the worker ended the forger's threads and processes before its last write
         assert r.verdict == "pass" and r.candidate.median_ms != FORGED_MS, r.message
     assert_clean(isolated_dirs)

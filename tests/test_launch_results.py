@@ -152,6 +152,9 @@ def test_timing_and_convention_records_are_taken_only_when_well_formed():
     ok = ranks_record({"rank": 0, "state": "ok"}, {"rank": 1, "state": "ok"})
     broken = run_launch(cpu_launch(), ScriptedBackend({"launch.json": ok, "timing.json": "{not json"}))
     assert broken.timing is None and broken.convention is None
+    for not_a_record in ("[1, 2]", "\xff\xfe", '"text"'):
+        odd = run_launch(cpu_launch(), ScriptedBackend({"launch.json": ok, "timing.json": not_a_record}))
+        assert odd.timing is None, not_a_record
     timing = {"device_ms": [1.0, 2.0], "warmup_calls": 3}
     convention = {"requested": "auto", "used": "original", "why": "w" * 1000, "extra": "dropped", "x": 1}
     outcome = run_launch(

@@ -190,6 +190,9 @@ def test_timed_outputs_and_inputs_changed_while_timed_are_named_refusals():
     cand, key = _timed({"timed_output_mismatches": [1]})
     refused = refused_timing(passed, cand, tensorfile.result_key([8]))  # a forged record: not named
     assert refused is not None and refused[2] is None
+    unreadable = launch({})  # no timing record, or one that did not parse: a refusal, never a pass
+    refused = refused_timing(passed, unreadable, key)
+    assert refused is not None and refused[0] == "fail" and "no readable timing record" in refused[1]
 
 
 def test_wrong_outputs_on_fresh_input_sets_name_fresh_inputs_and_a_crash_does_not():

@@ -117,9 +117,16 @@ def refused_timing(
     None. `protection` names the one of pkb's (runs/protections.py) that refused outputs judged right
     (timed outputs that changed, inputs changed while timed); None for any other refusal."""
     verdict, why = decide(ranks)
-    if verdict != "pass" or cand.timing is None:
-        return verdict, why or "the candidate recorded no timing", None
+    if verdict != "pass":
+        return verdict, why, None
     record = cand.timing
+    if record is None:  # no file, or one that is not a JSON object: something other than the harness wrote it
+        return (
+            "fail",
+            "the candidate's launch left no readable timing record (missing, or rewritten after the "
+            "harness wrote it); no time of this run is used",
+            None,
+        )
     if not tensorfile.verify_record(mac_key, record):
         return (
             "fail",
