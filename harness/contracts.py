@@ -7,6 +7,7 @@ Into the sandbox (the host writes, the harness reads with `read_*` below):
   RankSetup      a worker's first stdin line: harness/launch.py -> harness/worker.py
   RankConfig     a worker's second stdin line: the launch, and the rank's number
   TimingConfig   how a benchmark or profile samples (pkb_mcp/runs/benchmark.py), inside LaunchConfig
+  CounterPlan    a profile's counter launch: each rank under its own Nsight Compute (harness/counters.py)
 
 Out of the sandbox (the harness writes, the host reads as untrusted, with size limits):
   RankRecord        rank{rank}.status.json (the worker's part) and each rank's entry of launch.json
@@ -58,6 +59,17 @@ class TimingConfig(TypedDict, total=False):
     calls: int  # a profile: calls profiled after the warm-up
 
 
+class CounterPlan(TypedDict):
+    """A profile's counter launch (docs/nvlink-counters.md): every rank's worker starts under its own
+    Nsight Compute, which counts `metrics` for the kernels of one call (pkb_mcp/profiling/nvlink.py
+    plans it, harness/counters.py runs it)."""
+
+    tool: str  # "ncu"
+    ncu: str  # the ncu executable as the sandbox sees it
+    metrics: list[str]
+    max_kernels: int  # kernels profiled per rank at most (ncu --launch-count)
+
+
 class LaunchSettings(TypedDict):
     """What a run decides of one start of a problem's ranks (pkb_mcp/runs/run.py, `Run.launch`); where
     the launch is started, its directory, its copies of the files and its CPUs complete it."""
@@ -73,6 +85,7 @@ class LaunchSettings(TypedDict):
     timing: TimingConfig | None
     threads_per_rank: int
     convention: str  # how the candidate is called: auto, ours, original
+    counters: NotRequired[CounterPlan]  # a profile's counter launch: cold, every rank under ncu
 
 
 class LaunchConfig(LaunchSettings):
@@ -199,15 +212,30 @@ class ConventionRecord(TypedDict):
     why: str
 
 
+class NvlinkCounts(TypedDict):
+    """NVML's NVLink payload bytes of a rank's GPU over its counted calls (harness/counters.py)."""
+
+    calls: int  # calls counted
+    tx_bytes: int  # sent over NVLink during them, alignment baseline subtracted
+    rx_bytes: int  # received
+    per_call_tx: list[int]  # each call's own reading (the counters' granularity shows here)
+    per_call_rx: list[int]
+    baseline_tx: int  # what one aligned empty call sends (subtracted)
+    baseline_rx: int
+
+
 class ProfileInfo(TypedDict):
-    """profile/r{rank}.info.json: a rank's profiled calls (harness/profile.py)."""
+    """profile/r{rank}.info.json: a rank's profiled calls (harness/profile.py). A counter launch
+    writes one too, with `counted` and no trace."""
 
     rank: int
     calls: int
     warmup_calls: int
     event_ms: list[float]  # each profiled call's device-event time
     alignment_sleep_us: float
-    counters: NotRequired[str]  # rank 0: why hardware counters are unavailable
+    nvlink: NotRequired[NvlinkCounts]  # NVML's counts of the calls after the profiled ones
+    nvlink_why: NotRequired[str]  # why there are none
+    counted: NotRequired[int]  # a counter launch: calls run between cudaProfilerStart and Stop
 
 
 class CommandResult(TypedDict):

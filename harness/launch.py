@@ -12,6 +12,8 @@ Warm start: `--warm SETUP --config-file PATH` starts the workers at once from SE
 size, device, nothing secret), lets them import torch and create the process group, and only then waits
 for PATH to appear (the launch, written by the host when one is dispatched to this sandbox). A warm
 sandbox serves exactly one launch; if none arrives within SETUP's `idle_s` it exits and writes nothing.
+A profile's counter launch (its configuration carries a CounterPlan) never runs warm: each rank
+starts as a new interpreter under its own Nsight Compute (harness/counters.py).
 
 The launcher watches the workers: when one fails, the others get a short grace period to finish
 (they are usually stuck in a collective) and are then killed; at the deadline everything left is
@@ -32,9 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from harness import forking
+from harness import counters, forking
 from harness.contracts import (
     ContractError,
+    CounterPlan,
     LaunchConfig,
     LaunchRecord,
     RankConfig,
@@ -112,36 +115,42 @@ def _run_worker() -> None:
     worker.main()
 
 
-def spawn(setup: WorkerSetup, fork: bool = False) -> list[Worker]:
+def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = None) -> list[Worker]:
     """One worker per rank, each sent its set-up line; their stdin stays open for the launch.
     Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py). With `fork`
     (a launcher forked from the fork server, torch already imported) each rank is a fork of this
-    process instead of a new interpreter."""
+    process instead of a new interpreter. With a counter `plan` each rank is a new interpreter started
+    under its own Nsight Compute (harness/counters.py), whatever `fork` says."""
     launch_dir = Path(setup["launch_dir"])
     rank_cpus = setup["rank_cpus"]
     procs: list[Worker] = []
     for rank in range(setup["world_size"]):
         log = open(launch_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
         proc: Worker
-        if fork:
+        env = _worker_env(rank, setup)
+        wrapper: list[str] = []
+        if plan is not None:
+            wrapper, extra = counters.ncu_wrapper(plan, rank, launch_dir)
+            env.update(extra)
+        if fork and plan is None:
             read_end, write_end = os.pipe()
             pid = forking.fork_child(
                 _run_worker,
                 stdin=read_end,
                 log=log.fileno(),
                 cwd=str(launch_dir),
-                env=_worker_env(rank, setup),
+                env=env,
                 cpus=rank_cpus[rank] if rank_cpus else None,
             )
             os.close(read_end)
             proc = ForkedWorker(pid, os.fdopen(write_end, "wb"))
         else:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "harness.worker"],
+                [*wrapper, sys.executable, "-m", "harness.worker"],
                 stdin=subprocess.PIPE,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_worker_env(rank, setup),
+                env=env,
                 cwd=launch_dir,
                 preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
             )
@@ -184,7 +193,7 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
     deadline = time.monotonic() + cfg["timeout_s"]
     t0 = time.monotonic()
     if procs is None:
-        procs = spawn(setup_of(cfg), fork)
+        procs = spawn(setup_of(cfg), fork, cfg.get("counters"))
     for rank, proc in enumerate(procs):
         rank_cfg: RankConfig = {**cfg, "rank": rank}
         _send(proc, rank_cfg, close=True)
@@ -352,7 +361,8 @@ def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRe
                 except subprocess.TimeoutExpired:
                     proc.kill()
             return None, None
-        if warm_cfg["world_size"] != len(procs) or warm_cfg["device"] != setup["device"]:
+        mismatch = warm_cfg["world_size"] != len(procs) or warm_cfg["device"] != setup["device"]
+        if mismatch or "counters" in warm_cfg:  # a counter launch's ranks start under ncu: never warm
             sys.exit("harness.launch: the launch does not fit this warm sandbox")
         return warm_cfg["launch_dir"], launch(warm_cfg, procs)
     if "--config-file" in args:

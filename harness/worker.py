@@ -9,7 +9,8 @@ the launch directory:
   out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
   timing.json                 samples, written by rank 0 (mode "benchmark")
-  profile/r{rank}.*.json      the rank's profiler trace and call times (mode "profile", harness/profile.py)
+  profile/r{rank}.*           the rank's profiler trace, call times and NVLink counts (mode "profile",
+                              harness/profile.py)
   rank{rank}.status.json      its part of the rank's RankRecord: "ok", or the failure with a trimmed
                               traceback; the launcher completes it for launch.json
 """
@@ -415,6 +416,7 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
             launch_dir,
             calls.rank,
             after_call=lambda: watch.check("while being profiled"),
+            plan=cfg.get("counters"),  # a counter launch: this rank runs under ncu (harness/counters.py)
         )
         return None
     from harness import benchmark

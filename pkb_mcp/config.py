@@ -8,6 +8,9 @@ PKB_STATE_DIR      the server's job database and submitted sources (default: $XD
                    ~/.local/state/pkb)
 PKB_PIN_CPUS       1: each rank runs on CPU cores of its own (sandbox/cpus.py), 0: wherever the
                    kernel puts it (default: 1 for GPU launches, 0 for CPU launches)
+PKB_NCU            the Nsight Compute executable a profile's counter launch runs (default: found on PATH
+                   or in NVIDIA's install folders, harness/counters.py); PKB_NCU_METRICS, comma-separated,
+                   replaces its metric set (docs/nvlink-counters.md)
 """
 
 from __future__ import annotations
@@ -81,3 +84,15 @@ def build_slots() -> int:
     except (ValueError, OSError):
         memory_gib = 8.0
     return max(1, min(cores // 4, int(memory_gib // 8)))
+
+
+def ncu_metrics(default: list[str]) -> list[str]:
+    """The metrics a counter launch asks Nsight Compute for: PKB_NCU_METRICS, else `default`."""
+    env = os.environ.get("PKB_NCU_METRICS", "").strip()
+    if not env:
+        return list(default)
+    names = [n.strip() for n in env.split(",") if n.strip()]
+    bad = [n for n in names if not n.replace("_", "").replace(".", "").isalnum()]
+    if bad or not names:
+        raise ValueError(f"PKB_NCU_METRICS must name metrics separated by commas, not {env!r}")
+    return names

@@ -115,6 +115,7 @@ class LaunchRequest:
     solution_path: Path
     gpus: list[int]
     max_outputs: int = tensorfile.MAX_TENSORS  # tensors a result file may hold (the problem's MAX_OUTPUTS)
+    cold: bool = False  # never a warm sandbox: its ranks must start under a tool (a counter launch)
 
 
 def new_launch_dir(launch_id: str) -> Path:
@@ -182,7 +183,7 @@ def run_launch(
     _use_extension_cache(backend)
     pool = warm_pool(backend)
     key = _request_key(request)
-    slot = pool.take(key) if pool is not None else None
+    slot = pool.take(key) if pool is not None and not request.cold else None
     if slot is not None:
         launch_id, launch_dir = slot.launch_id, slot.launch_dir
     else:

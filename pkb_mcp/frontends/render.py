@@ -249,6 +249,28 @@ def calibration(c: Calibration) -> str:
     return "\n".join(lines)
 
 
+def nvlink_lines(r: ProfileResult) -> list[str]:
+    """The NVLink bytes of each side: per rank and call, and the kernels that moved them
+    (docs/nvlink-counters.md)."""
+    lines = []
+    for label, side in (("candidate", r.candidate), ("reference", r.reference)):
+        n = side.nvlink if side is not None else None
+        if n is None or not n.ranks:
+            continue
+        per_rank = ", ".join(
+            f"rank {k.rank} {k.tx_bytes / 2**20:.3g} out / {k.rx_bytes / 2**20:.3g} in" for k in n.ranks
+        )
+        floor = f"; floor {n.floor_bytes / 2**20:.3g} MiB each way" if n.floor_bytes else ""
+        lines.append(f"NVLink {label} ({n.method}), MiB per call: {per_rank}{floor}")
+        for k in n.kernels:
+            speed = f", {k.gbps:.4g} GB/s ({k.pct_of_ceiling:.0f}%)" if k.gbps is not None else ""
+            lines.append(
+                f"  rank {k.rank} {k.name[:70]} [{k.category}, {k.mechanism}]: "
+                f"{k.tx_bytes / 2**20:.3g} out / {k.rx_bytes / 2**20:.3g} in MiB{speed}"
+            )
+    return lines
+
+
 def profile(r: ProfileResult, trace: str | None = None, timeline: str | None = None) -> str:
     """The profile side by side (figures: docs/measurement.md, "Profile"); `trace` and `timeline`
     name the artifacts (resource URIs for MCP clients), else their paths."""
@@ -278,6 +300,7 @@ def profile(r: ProfileResult, trace: str | None = None, timeline: str | None = N
         if side is not None and side.top:
             top = "; ".join(f"{k.name} [{k.category}] {k.ms:.4g} ms x{k.count:g}" for k in side.top)
             lines.append(f"top {label}: {top}")
+    lines += nvlink_lines(r)
     if r.verdict != "ok":
         lines.append(rank_table(r.ranks))
     lines += [f"- {f}" for f in r.findings]

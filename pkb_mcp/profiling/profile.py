@@ -1,11 +1,14 @@
 """The `profile` verb: where each rank's time goes in one call, reference and candidate side by side.
 
 Runs the reference and the candidate on the same inputs, each in a sandbox launch of mode `profile`
-(harness/profile.py: torch.profiler over a few aligned calls after warm-up), reads every rank's trace
-as untrusted input (pkb_mcp/profiling/traces.py), and returns a compact result: per side and rank the split
+(harness/profile.py: torch.profiler over a few aligned calls after warm-up, then NVML's NVLink counts
+of as many more on GPUs), where it can a counter launch of each side too (every rank under Nsight
+Compute, one call counted: pkb_mcp/profiling/nvlink.py), reads every rank's files as untrusted input
+(pkb_mcp/profiling/traces.py, ncu_csv.py), and returns a compact result: per side and rank the split
 of a call into communication, compute, overlap and gaps, launches, waits, the slowest rank, the top
-kernels, a few findings; plus the merged Chrome trace and a PNG timeline in an artifact folder.
-Every figure is defined in docs/measurement.md ("Profile").
+kernels, the NVLink bytes and the kernels that moved them, a few findings; plus the merged Chrome
+trace and a PNG timeline in an artifact folder. Every figure is defined in docs/measurement.md
+("Profile") and docs/nvlink-counters.md.
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from harness.contracts import TimingConfig
-from pkb_mcp import config
+from harness.contracts import CounterPlan, TimingConfig
+from pkb_mcp import config, roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch
 from pkb_mcp.models import RankResult, Result, RunRequest, SandboxInfo, StaticReport
-from pkb_mcp.profiling import timeline, traces
+from pkb_mcp.profiling import nvlink, timeline, traces
+from pkb_mcp.profiling.nvlink import Method, NvlinkProfile
 from pkb_mcp.runs.benchmark import timing_config
 from pkb_mcp.runs.run import Progress, Run, no_progress, rank_result, reference_failed
 from pkb_mcp.runs.verdicts import decide
@@ -82,6 +88,7 @@ class SideProfile(Result):
     ranks: list[RankProfile]
     top: list[KernelTime]
     missing: list[str] = Field(default_factory=list)
+    nvlink: NvlinkProfile | None = None
 
 
 class Artifact(Result):
@@ -102,7 +109,8 @@ class ProfileResult(Result):
     reference: SideProfile | None = None
     candidate: SideProfile | None = None
     findings: list[str] = Field(default_factory=list)
-    counters: str = Field("", description="Nsight Compute hardware counters, or why unavailable")
+    method: Method = Field("names", description="NVLink bytes from ncu, nvml, or none (names)")
+    counters: str = Field("", description="what counted NVLink bytes and at what cost, or why nothing did")
     trace: Artifact | None = None
     timeline: Artifact | None = None
     ranks: list[RankResult] = Field([], description="candidate ranks that failed")
@@ -150,7 +158,7 @@ def rank_profiles(side: traces.SideFigures) -> list[RankProfile]:
     return out
 
 
-def side_profile(side: traces.SideFigures) -> SideProfile:
+def side_profile(side: traces.SideFigures, bytes_moved: NvlinkProfile | None = None) -> SideProfile:
     ranks = rank_profiles(side)
 
     def mean(attr: str) -> float:
@@ -177,6 +185,7 @@ def side_profile(side: traces.SideFigures) -> SideProfile:
             for name, cat, us, n in side.top
         ],
         missing=[f"rank {rank}: {why}" for rank, why in sorted(side.missing.items())],
+        nvlink=bytes_moved,
     )
 
 
@@ -247,9 +256,12 @@ def artifact_dir(out_dir: Path | None, profiles_dir: Path | None = None) -> Path
 
 
 def write_artifacts(
-    folder: Path, sides: dict[str, list[traces.RankTrace]], figures: dict[str, traces.SideFigures]
+    folder: Path,
+    sides: dict[str, list[traces.RankTrace]],
+    figures: dict[str, traces.SideFigures],
+    measured: Mapping[str, traces.Measured] | None = None,
 ) -> tuple[Artifact, Artifact | None, str | None]:
-    data, events, cut = traces.merged_trace(sides)
+    data, events, cut = traces.merged_trace(sides, measured=measured)
     trace_path = folder / TRACE_FILE
     trace_path.write_bytes(data)
     trace = Artifact(path=str(trace_path), bytes=len(data), events=events, cut_events=cut)
@@ -355,11 +367,73 @@ def profile_config(device: str, calls: int) -> TimingConfig:
     return cfg
 
 
+@dataclass
+class Counted:
+    """A side's counter launch: what its ranks left (None: none, or it failed), why not, its wall time."""
+
+    ranks: list[nvlink.RankCounters] | None
+    why: str
+    wall_s: float | None = None
+
+
+def count_side(
+    run: Run,
+    path: Path,
+    seeds: list[int],
+    cfg: TimingConfig,
+    plan: CounterPlan,
+    cancel: threading.Event | None,
+) -> Counted:
+    """One side's counter launch (docs/nvlink-counters.md): cold, every rank under its own ncu, one
+    call counted, within min(the request's timeout, COUNTER_TIMEOUT_S)."""
+    request = run.launch("profile", path, seeds, cfg)
+    request.settings["counters"] = plan
+    request.settings["timeout_s"] = min(run.timeout_s, nvlink.COUNTER_TIMEOUT_S)
+    request.cold = True
+    outcome = run_launch(
+        request,
+        run.backend,
+        cancel,
+        collect=lambda d: nvlink.read_counter_launch(d, run.world_size, plan["metrics"]),
+    )
+    wall = round(outcome.wall_s, 1)
+    if not outcome.ok:
+        bad = next(r for r in outcome.ranks if r.state != "ok")
+        said = [r.error for r in outcome.collected or [] if r.error and "ncu said" in r.error]
+        if bad.state == "timeout":
+            detail = f"it passed its deadline of {request.settings['timeout_s']:g} s"
+        elif said:
+            detail = said[0]
+        else:
+            first = bad.error.strip().splitlines()[0][:200] if bad.error.strip() else bad.state
+            detail = f"rank {bad.rank}: {first}"
+        return Counted(None, f"the counter launch failed: {detail}", wall)
+    return Counted(outcome.collected, "", wall)
+
+
+def _counters_text(sides: dict[str, nvlink.Measurement], counted: dict[str, Counted], plan_why: str) -> str:
+    """What counted the NVLink bytes of each side and what it cost, or why nothing did."""
+    parts = []
+    for side, m in sides.items():
+        p, c = m.profile, counted.get(side)
+        if p.method == "ncu" and c is not None:
+            passes = f", up to {p.passes} pass(es) a kernel" if p.passes else ""
+            parts.append(
+                f"{side}: ncu, in a counter launch of {c.wall_s:.3g} s (each rank's kernels of one call "
+                f"serialised and counted{passes})"
+            )
+        else:
+            parts.append(f"{side}: {p.method}" + (f" ({p.why})" if p.why else ""))
+    tail = "; timing figures are the unreplayed trace launch's"
+    prefix = "" if counted else f"no counter launch: {plan_why}; "
+    return f"NVLink bytes: {prefix}{'; '.join(parts)}{tail}"
+
+
 def profile(
     request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
 ) -> ProfileResult:
     """Profile the reference and the candidate on the same inputs on every rank (docs/measurement.md,
-    "Profile").
+    "Profile"; the NVLink bytes: docs/nvlink-counters.md).
 
     The merged trace and the timeline go into `request.out_dir`, or a new folder under
     `request.profiles_dir` (default: the state directory's profiles/)."""
@@ -378,6 +452,8 @@ def profile(
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62)]  # both sides profile the same inputs
     cfg = profile_config(run.device, calls)
+    plan, plan_why = nvlink.plan(run.device, run.backend.isolated)
+    steps = 5 if plan is not None else 3
 
     def launch(path: Path) -> LaunchOutcome:
         return run_launch(
@@ -387,39 +463,58 @@ def profile(
             collect=lambda launch_dir: traces.read_launch(launch_dir, world_size),
         )
 
-    progress(0, 3, f"profiling the reference: {calls} calls on {world_size} ranks ({run.device})")
+    progress(0, steps, f"profiling the reference: {calls} calls on {world_size} ranks ({run.device})")
     ref_outcome = launch(p.path)
     if not ref_outcome.ok:
         raise reference_failed(p, ref_outcome)
-    progress(1, 3, "profiling the candidate")
+    progress(1, steps, "profiling the candidate")
     cand_outcome = launch(run.solution)
     failed = [rank_result(f, run.sources) for f in cand_outcome.ranks if f.state != "ok"]
-    progress(2, 3, "analysing the traces")
     sides = {"candidate": cand_outcome.collected or [], "reference": ref_outcome.collected or []}
-    figures = {side: traces.analyze(t) for side, t in sides.items()}
     if failed:
         verdict, why = decide(failed)
-        return result(verdict, why, ranks=failed, reference=side_profile(figures["reference"]))
-    ref_side, cand_side = (side_profile(figures[s]) for s in ("reference", "candidate"))
+        ref_figures = traces.analyze(sides["reference"])
+        return result(verdict, why, ranks=failed, reference=side_profile(ref_figures))
+    counted: dict[str, Counted] = {}
+    if plan is not None:
+        for i, (side, path) in enumerate((("reference", p.path), ("candidate", run.solution))):
+            progress(2 + i, steps, f"counting the {side}'s NVLink bytes under Nsight Compute")
+            counted[side] = count_side(run, path, seeds, cfg, plan, cancel)
+    progress(steps - 1, steps, "analysing the traces")
+    floor_bytes = p.traffic(world_size, run.size).get("nvlink_bytes") if run.device == "cuda" else None
+    limits = roofline.ceilings()
+    figures: dict[str, traces.SideFigures] = {}
+    measured: dict[str, nvlink.Measurement] = {}
+    for side, side_traces in sides.items():
+        by_name = traces.analyze(side_traces)
+        c = counted.get(side, Counted(None, plan_why))
+        measured[side] = nvlink.measure(by_name, side_traces, c.ranks, c.why, floor_bytes, limits)
+        figures[side] = traces.analyze(side_traces, measured[side].measured)
+    ref_side, cand_side = (side_profile(figures[s], measured[s].profile) for s in ("reference", "candidate"))
     folder = artifact_dir(
         Path(request.out_dir) if request.out_dir else None,
         Path(request.profiles_dir) if request.profiles_dir else None,
     )
-    trace, png, no_png = write_artifacts(folder, sides, figures)
+    categories = {side: m.measured for side, m in measured.items()}
+    trace, png, no_png = write_artifacts(folder, sides, figures, categories)
     run.warnings.extend(_warnings(ref_side, cand_side, figures, trace, no_png, run.device))
-    counters = figures["candidate"].counters
     message = (
         f"candidate call {cand_side.call_ms:.4g} ms, reference {ref_side.call_ms:.4g} ms (median window of "
         f"the slowest rank over {calls} profiled calls; outputs not judged: use run_correctness)"
     )
-    progress(3, 3, "profiled")
+    extra = [
+        f for side in ("candidate", "reference") for f in nvlink.findings(side, measured[side], figures[side])
+    ]
+    method = min((m.profile.method for m in measured.values()), key=lambda k: nvlink.METHOD_RANK[k])
+    progress(steps, steps, "profiled")
     return result(
         "ok",
         message,
         reference=ref_side,
         candidate=cand_side,
-        findings=findings(ref_side, cand_side, run.device),
-        counters=f"hardware counters unavailable here: {counters}",
+        findings=findings(ref_side, cand_side, run.device) + extra,
+        method=method,
+        counters=_counters_text(measured, counted, plan_why),
         trace=trace,
         timeline=png,
     )

@@ -8,8 +8,13 @@ from pathlib import Path
 
 from pkb_mcp.profiling.traces import Bar
 
-COLOURS = {"comm": "#d62728", "compute": "#1f77b4", "other": "#7f7f7f"}
-LABELS = {"comm": "communication", "compute": "compute", "other": "other (memset, host copies)"}
+COLOURS = {"comm": "#d62728", "compute": "#1f77b4", "both": "#9467bd", "other": "#7f7f7f"}
+LABELS = {
+    "comm": "communication",
+    "compute": "compute",
+    "both": "both (a kernel counted communicating that computes)",
+    "other": "other (memset, host copies)",
+}
 MAX_ROWS = 48
 
 
@@ -55,7 +60,7 @@ def draw(sides: dict[str, tuple[list[Bar], str]], path: Path) -> str | None:
         handles=[Patch(color=c, label=LABELS[k]) for k, c in COLOURS.items()],
         loc="upper right",
         fontsize=8,
-        ncols=3,
+        ncols=4,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=100)

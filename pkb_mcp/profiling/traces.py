@@ -16,6 +16,7 @@ import re
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ COMM_KERNEL = re.compile(
 # communication on the host: gloo's and NCCL's record_function ranges, c10d ops
 HOST_COMM = re.compile(r"^(gloo:|nccl:|c10d::|_c10d_functional::|c10d_functional::|record_param_comms)")
 CATEGORIES = ("comm", "compute", "other")
+COMMUNICATING = frozenset({"comm", "both"})  # "both": a kernel measured communicating that computes too
 
 
 class TraceError(ValueError):
@@ -85,7 +87,7 @@ class RankTrace:
 # ---------------------------------------------------------------- reading
 
 
-def _read_capped(path: Path, cap: int) -> bytes:
+def read_capped(path: Path, cap: int) -> bytes:
     if not path.is_file() or path.is_symlink():
         raise TraceError(f"{path.name} is missing")
     size = path.stat().st_size
@@ -100,7 +102,7 @@ def _read_capped(path: Path, cap: int) -> bytes:
 
 def load_json(path: Path, cap: int, max_containers: int | None = None) -> Any:
     """A JSON file the sandbox wrote: size-capped, container-capped, never anything but JSON."""
-    data = _read_capped(path, cap)
+    data = read_capped(path, cap)
     max_containers = MAX_CONTAINERS if max_containers is None else max_containers
     if data.count(b"{") + data.count(b"[") > max_containers:
         raise TraceError(f"{path.name} holds more than {max_containers} JSON objects and arrays")
@@ -176,8 +178,30 @@ def parse_trace(data: Any, rank: int, max_events: int | None = None) -> RankTrac
     return out
 
 
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and 0 <= value < 1 << 62 else None
+
+
+def parse_nvlink(data: Any) -> dict[str, Any] | None:
+    """NVML's counts in an info file (harness/contracts.py NvlinkCounts), only when every field is
+    well-formed."""
+    if not isinstance(data, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key in ("calls", "tx_bytes", "rx_bytes", "baseline_tx", "baseline_rx"):
+        out[key] = _count(data.get(key))
+    for key in ("per_call_tx", "per_call_rx"):
+        values = data.get(key)
+        if isinstance(values, list) and len(values) <= 1000:
+            out[key] = [v for v in (_count(v) for v in values) if v is not None]
+    if any(v is None for v in out.values()) or not out["calls"]:
+        return None
+    return out
+
+
 def parse_info(data: Any) -> dict[str, Any]:
-    """The rank's info file: call times in ms and, from rank 0, why counters are unavailable."""
+    """The rank's info file: call times in ms, NVML's NVLink counts or why there are none, and the
+    calls a counter launch counted."""
     if not isinstance(data, dict):
         raise TraceError("the info file is not a JSON object")
     info: dict[str, Any] = {}
@@ -185,10 +209,13 @@ def parse_info(data: Any) -> dict[str, Any]:
     if isinstance(ms, list) and len(ms) <= 1000:
         values = [_number(v) for v in ms]
         info["event_ms"] = [v for v in values if v is not None and v >= 0]
-    counters = data.get("counters")
-    if isinstance(counters, str):
-        info["counters"] = counters[:300]
-    for key in ("warmup_calls", "calls"):
+    why = data.get("nvlink_why")
+    if isinstance(why, str):
+        info["nvlink_why"] = why[:300]
+    nvlink = parse_nvlink(data.get("nvlink"))
+    if nvlink is not None:
+        info["nvlink"] = nvlink
+    for key in ("warmup_calls", "calls", "counted"):
         if type(data.get(key)) is int and 0 <= data[key] < 1 << 31:
             info[key] = data[key]
     return info
@@ -248,8 +275,15 @@ def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
 # ---------------------------------------------------------------- one call on one rank
 
 
-def category(e: Event) -> str:
-    """comm, compute or other (docs/measurement.md, "Profile")."""
+Measured = Mapping[str, str]  # kernel name -> "comm" or "both", from counters (pkb_mcp/profiling/nvlink.py)
+
+
+def category(e: Event, measured: Measured | None = None) -> str:
+    """comm, compute or other by name (docs/measurement.md, "Profile"); a kernel found communicating
+    by counters takes its measured category instead: comm, or both (it communicates and its name says
+    compute), which counts as communication and as compute (docs/nvlink-counters.md)."""
+    if measured and e.cat == "kernel" and e.name in measured:
+        return measured[e.name]
     if e.on_device:
         if e.cat == "gpu_memset":
             return "other"
@@ -326,8 +360,11 @@ def _top_level(events: list[Event]) -> list[Event]:
     return out
 
 
-def call_figures(trace: RankTrace, call: Event, on_gpu: bool) -> CallFigures:
-    """The figures of one call on one rank (docs/measurement.md, "Profile")."""
+def call_figures(
+    trace: RankTrace, call: Event, on_gpu: bool, measured: Measured | None = None
+) -> CallFigures:
+    """The figures of one call on one rank (docs/measurement.md, "Profile"), with kernels categorised
+    by `measured` where it names them."""
     lo, hi = call.ts, call.end
     main = call.tid
     work: list[tuple[Event, str]] = []
@@ -340,10 +377,10 @@ def call_figures(trace: RankTrace, call: Event, on_gpu: bool) -> CallFigures:
         }
         device = [e for e in trace.events if e.on_device and e.corr in launched]
         for e in device:
-            work.append((e, category(e)))
+            work.append((e, category(e, measured)))
             clip.append((e, e.ts, e.end))
         window = (min(e.ts for e in device), max(e.end for e in device)) if device else (lo, hi)
-        transfers = [(e.ts, e.end) for e, c in work if c == "comm"]
+        transfers = [(e.ts, e.end) for e, c in work if c in COMMUNICATING]
         launches = len(device)
     else:
         window = (lo, hi)
@@ -368,7 +405,8 @@ def call_figures(trace: RankTrace, call: Event, on_gpu: bool) -> CallFigures:
     spans: dict[str, list[Interval]] = {c: [] for c in CATEGORIES}
     bars = []
     for (e, c), (_, a, b) in zip(work, clip, strict=True):
-        spans[c].append((a, b))
+        for part in ("comm", "compute") if c == "both" else (c,):
+            spans[part].append((a, b))
         bars.append(Bar(_row_of(trace, e, main), a, b, c))
     merged = {c: union(v) for c, v in spans.items()}
     return CallFigures(
@@ -415,17 +453,17 @@ class SideFigures:
     missing: dict[int, str]
     waits_matched: int  # calls whose communication matched across ranks
     event_ms: list[float]  # harness device-event times of the calls (the slowest rank's)
-    counters: str
     top: list[tuple[str, str, float, float]]  # (name, category, us per call and rank, count)
     median_call: int
     on_gpu: bool = False  # device activity was recorded (CUPTI)
 
 
-def analyze(traces: list[RankTrace]) -> SideFigures:
+def analyze(traces: list[RankTrace], measured: Measured | None = None) -> SideFigures:
+    """Every rank's figures for every call; kernels categorised by `measured` where it names them."""
     ok = [t for t in traces if t.error is None and call_ranges(t)]
     missing = {t.rank: t.error or "no profiled call in the trace" for t in traces if t not in ok}
     on_gpu = any(e.on_device for t in ok for e in t.events)
-    per_rank = {t.rank: [call_figures(t, c, on_gpu) for c in call_ranges(t)] for t in ok}
+    per_rank = {t.rank: [call_figures(t, c, on_gpu, measured) for c in call_ranges(t)] for t in ok}
     n_calls = min((len(v) for v in per_rank.values()), default=0)
     calls = [[per_rank[t.rank][i] for t in ok] for i in range(n_calls)]
     matched = sum(set_waits(c) for c in calls)
@@ -434,7 +472,6 @@ def analyze(traces: list[RankTrace]) -> SideFigures:
         times = [t.info["event_ms"][i] for t in ok if len(t.info.get("event_ms", [])) > i]
         if times:
             event_ms.append(max(times))
-    counters = next((t.info["counters"] for t in traces if "counters" in t.info), "not reported")
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     cats: dict[str, str] = {}
     for c in calls:
@@ -458,7 +495,6 @@ def analyze(traces: list[RankTrace]) -> SideFigures:
         missing=missing,
         waits_matched=matched,
         event_ms=event_ms,
-        counters=counters,
         top=top,
         median_call=median_call,
         on_gpu=on_gpu,
@@ -499,8 +535,11 @@ def slowest_rank(side: SideFigures) -> tuple[int | None, float | None, str]:
 # ---------------------------------------------------------------- the merged trace
 
 
-def merged_trace(sides: dict[str, list[RankTrace]], cap: int = MERGED_CAP) -> tuple[bytes, int, int]:
-    """One Chrome trace of every side and rank: (JSON bytes, events written, events cut).
+def merged_trace(
+    sides: dict[str, list[RankTrace]], cap: int = MERGED_CAP, measured: Mapping[str, Measured] | None = None
+) -> tuple[bytes, int, int]:
+    """One Chrome trace of every side and rank: (JSON bytes, events written, events cut); each event's
+    category as the side's figures have it (`measured`: per side).
 
     One process per side and rank ("candidate rank 0", ...), host threads and GPU streams as its
     threads, each side's time from 0. Rebuilt from the validated events only. Past `cap` bytes each
@@ -544,7 +583,9 @@ def merged_trace(sides: dict[str, list[RankTrace]], cap: int = MERGED_CAP) -> tu
                     "dur": round(e.dur, 3),
                     "pid": pid,
                     "tid": tid,
-                    "args": {"pkb category": category(e)} if not e.name.startswith(CALL_LABEL) else {},
+                    "args": {"pkb category": category(e, (measured or {}).get(side))}
+                    if not e.name.startswith(CALL_LABEL)
+                    else {},
                 }
             )
             if used + len(text) + 2 > share:
