@@ -269,7 +269,11 @@ def test_reference_all_reduce_is_communication(tmp_path):
         assert side is not None and side.calls == 3 and len(side.ranks) == 2
         assert side.comm_ms > 0 and all(k.comm_ms > 0 for k in side.ranks)
         assert ("gloo:all_reduce", "comm") in {(k.name, k.category) for k in side.top}
-    assert r.counters == "hardware counters unavailable here: the launch ran on CPU"
+    # no counters on CPU: the result says which method was used and why (docs/nvlink-counters.md)
+    assert r.method == "names"
+    assert r.counters == "NVLink bytes not measured, communication by kernel name: the launch ran on CPU"
+    for side in (r.reference, r.candidate):
+        assert side.nvlink is not None and side.nvlink.method == "names" and side.nvlink.ranks == []
     assert r.trace is not None and r.timeline is not None
     merged = json.loads((tmp_path / "trace.json").read_text())
     processes = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"] if e["name"] == "process_name"}
@@ -359,6 +363,7 @@ def test_cli_profile_json_and_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["candidate"]["calls"] == 2 and result["trace"]["path"] == str(tmp_path / "trace.json")
+    assert result["method"] == "names" and result["candidate"]["nvlink"]["why"] == "the launch ran on CPU"
     assert (tmp_path / "trace.json").is_file() and (tmp_path / "timeline.png").is_file()
 
 
@@ -384,7 +389,7 @@ def test_gpu_overlap_of_example_012_and_none_in_the_reference(tmp_path):
     assert r.reference.overlap_pct is not None and r.reference.overlap_pct < 5
     assert r.candidate.overlap_ms > 0
     assert r.reference.event_ms is not None and r.reference.call_ms > 0
-    assert r.counters.startswith("hardware counters unavailable here: ")
+    assert r.method in ("ncu", "nvml", "names") and r.counters.startswith("NVLink bytes ")
 
 
 @pytest.mark.gpu

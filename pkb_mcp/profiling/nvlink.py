@@ -391,7 +391,8 @@ def measure(
     if method == "names":
         whys = [info.get(r, {}).get("nvlink_why") for r in figures.ranks]
         nvml_why = next((w for w in whys if w), "")
-        why = "; ".join(w for w in (why, f"NVML: {nvml_why}" if nvml_why else "") if w)
+        if nvml_why and nvml_why != why:
+            why = "; ".join(w for w in (why, f"NVML: {nvml_why}") if w)
     out = Measurement(NvlinkProfile(method=method, why=why[:400], ceiling_gbps=limits.nvlink_gbps))
     out.profile.ceiling = limits.source
     out.profile.floor_bytes = floor_bytes
@@ -479,8 +480,10 @@ def findings(label: str, m: Measurement, figures: traces.SideFigures) -> list[st
         out.append(
             f"{label}: NVLink carried {_mib(tx)} out and {_mib(rx)} in per call and rank ({p.method}){floor}"
         )
-    if p.kernels:
-        k = p.kernels[0]
+    firsts: dict[str, KernelBytes] = {}  # the kernel that moved most, of each mechanism
+    for kernel in p.kernels:
+        firsts.setdefault(kernel.mechanism, kernel)
+    for k in firsts.values():
         speed = ""
         if k.gbps is not None and k.pct_of_ceiling is not None and p.ceiling_gbps:
             ceiling = f"{p.ceiling_gbps:.4g} GB/s"

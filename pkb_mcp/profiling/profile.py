@@ -411,22 +411,25 @@ def count_side(
     return Counted(outcome.collected, "", wall)
 
 
-def _counters_text(sides: dict[str, nvlink.Measurement], counted: dict[str, Counted], plan_why: str) -> str:
+def _counters_text(sides: dict[str, nvlink.Measurement], counted: dict[str, Counted]) -> str:
     """What counted the NVLink bytes of each side and what it cost, or why nothing did."""
-    parts = []
+    parts = {}
     for side, m in sides.items():
         p, c = m.profile, counted.get(side)
         if p.method == "ncu" and c is not None:
             passes = f", up to {p.passes} pass(es) a kernel" if p.passes else ""
-            parts.append(
-                f"{side}: ncu, in a counter launch of {c.wall_s:.3g} s (each rank's kernels of one call "
-                f"serialised and counted{passes})"
+            parts[side] = (
+                f"per kernel from ncu, in a counter launch of {c.wall_s:.3g} s (each rank's kernels of one "
+                f"call serialised and counted{passes})"
             )
+        elif p.method == "nvml":
+            parts[side] = "per call from NVML, kernels by name" + (f" (no ncu: {p.why})" if p.why else "")
         else:
-            parts.append(f"{side}: {p.method}" + (f" ({p.why})" if p.why else ""))
-    tail = "; timing figures are the unreplayed trace launch's"
-    prefix = "" if counted else f"no counter launch: {plan_why}; "
-    return f"NVLink bytes: {prefix}{'; '.join(parts)}{tail}"
+            parts[side] = "not measured, communication by kernel name" + (f": {p.why}" if p.why else "")
+    texts = set(parts.values())
+    body = texts.pop() if len(texts) == 1 else "; ".join(f"{side}: {t}" for side, t in parts.items())
+    tail = "; the timing figures are the unreplayed trace launch's" if counted else ""
+    return f"NVLink bytes {body}{tail}"
 
 
 def profile(
@@ -514,7 +517,7 @@ def profile(
         candidate=cand_side,
         findings=findings(ref_side, cand_side, run.device) + extra,
         method=method,
-        counters=_counters_text(measured, counted, plan_why),
+        counters=_counters_text(measured, counted),
         trace=trace,
         timeline=png,
     )
