@@ -18,6 +18,7 @@ import pytest
 
 from harness import counters
 from harness import profile as harness_profile
+from harness.contracts import CounterPlan
 from pkb_mcp.models import Ceilings
 from pkb_mcp.profiling import ncu_csv, nvlink, traces
 
@@ -126,7 +127,7 @@ def test_a_counter_plan_and_each_rank_s_ncu_command(monkeypatch, tmp_path):
     assert why == "" and plan is not None
     assert plan["metrics"] == ["nvlrx__bytes.sum", "dram__bytes.sum"]
     argv0, env0 = counters.ncu_wrapper(plan, 0, tmp_path)
-    argv1, env1 = counters.ncu_wrapper(plan, 1, tmp_path)
+    _, env1 = counters.ncu_wrapper(plan, 1, tmp_path)
     assert argv0[0] == plan["ncu"]
     pairs = dict(zip(argv0[1::2], argv0[2::2], strict=False))
     assert pairs["--clock-control"] == "none" and pairs["--profile-from-start"] == "off"
@@ -298,7 +299,7 @@ def test_ncu_finds_the_fused_kernel_the_names_call_compute():
     assert (fused.mechanism, fused.category, fused.source) == ("sm", "both", "ncu")
     assert fused.peer_bytes == 2 * MIB and fused.rx_bytes == 2 * MIB and fused.tx_bytes == 64 << 10
     assert fused.ms == 0.04 and fused.timed_by == "trace"  # the unreplayed call's duration
-    assert fused.gbps == pytest.approx(2 * MIB / 40e-6 / 1e9, abs=0.1)
+    assert fused.gbps is not None and fused.gbps == pytest.approx(2 * MIB / 40e-6 / 1e9, abs=0.1)
     assert fused.pct_of_ceiling == pytest.approx(100 * fused.gbps / 400, abs=0.1)
     copies = [k for k in p.kernels if k.mechanism == "copy_engine"]
     assert [(k.rank, k.name, k.source) for k in copies] == [(0, COPY, "ncu+nvml"), (1, COPY, "ncu+nvml")]
@@ -313,7 +314,8 @@ def test_ncu_finds_the_fused_kernel_the_names_call_compute():
     assert {b.category for b in call.bars if b.start == 10} == {"both"}
     said = nvlink.findings("candidate", m, figures)
     assert any("shown as both" in f for f in said)
-    assert any("by SM loads and stores to peer memory at" in f and "% of the NVLink ceiling" in f for f in said)
+    sm = [f for f in said if "by SM loads and stores to peer memory at" in f]
+    assert sm and "% of the NVLink ceiling" in sm[0]
     assert any(f.startswith("candidate: the bottleneck is void oneshot_sum_bf16") for f in said)
     assert any("not near a counted ceiling" in f for f in said)
 
@@ -399,10 +401,11 @@ def test_a_counter_launch_starts_every_rank_under_its_own_ncu(tmp_path):
     tool.chmod(0o755)
     root = Path(__file__).resolve().parents[1]
     problem = root / "problems" / "001_allreduce.py"
-    run = Run(RunRequest(problem=1, path=problem, world_size=2, device="cpu", sandbox="process", timeout_s=120))
+    asked = RunRequest(problem=1, path=problem, world_size=2, device="cpu", sandbox="process", timeout_s=120)
+    run = Run(asked)
     request = run.launch("outputs", problem, [7])
-    plan = {"tool": "ncu", "ncu": str(tool), "metrics": ["nvlrx__bytes.sum"], "max_kernels": 5}
-    request.settings["counters"] = plan  # type: ignore[typeddict-item]
+    plan: CounterPlan = {"tool": "ncu", "ncu": str(tool), "metrics": ["nvlrx__bytes.sum"], "max_kernels": 5}
+    request.settings["counters"] = plan
     request.cold = True
 
     def collect(launch_dir):
@@ -418,3 +421,21 @@ def test_a_counter_launch_starts_every_rank_under_its_own_ncu(tmp_path):
     assert len(tmpdirs) == 2 and all(os.path.basename(t).startswith("ncu-r") for t in tmpdirs)
     assert all("--clock-control" in v["options"] for v in seen.values())
     assert [(r.rank, [k.name for k in r.ncu.kernels]) for r in ranks if r.ncu] == [(0, ["k"]), (1, ["k"])]
+
+
+def test_the_result_says_what_counted_and_at_what_cost():
+    from pkb_mcp.profiling import profile
+
+    def side(method, why="", passes=None):
+        return nvlink.Measurement(nvlink.NvlinkProfile(method=method, why=why, passes=passes))
+
+    sides = {"candidate": side("ncu", passes=1), "reference": side("nvml", "the counter launch failed: x")}
+    counted = {"candidate": profile.Counted([], "", 41.0), "reference": profile.Counted(None, "x", 180.0)}
+    text = profile._counters_text(sides, counted)
+    assert text.startswith("NVLink bytes candidate: per kernel from ncu, in a counter launch of 41 s")
+    assert "up to 1 pass(es) a kernel" in text and "reference: per call from NVML, kernels by name" in text
+    assert text.endswith("the timing figures are the unreplayed trace launch's")
+    cpu = {s: side("names", "the launch ran on CPU") for s in ("candidate", "reference")}
+    assert profile._counters_text(cpu, {}) == (
+        "NVLink bytes not measured, communication by kernel name: the launch ran on CPU"
+    )

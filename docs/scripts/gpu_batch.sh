@@ -45,6 +45,16 @@
 #              $TRIALS (else 1) trials a side; world size $WS, else 2
 #   build-speed issue 32: docs/scripts/build_speed.py (first build, kernel-only edit, cached re-check,
 #              plain check, a batch of $FILES (else 10) extension files through pkb eval); world size $WS, else 2
+#   nvlink-probe issue 34 (docs/nvlink-counters.md), before the profiles: ncu's path, version and metric
+#              names of interest (nvl, peer, aperture, tma), the driver's profiling setting, NVML's NVLink
+#              counters around peer copies of known size (docs/scripts/nvlink_probe.py), and ncu's CSV of
+#              one local kernel with the profile's metric set; into $OUT/nvlink/
+#   nvlink-oneshot, nvlink-copy, nvlink-ref   issue 34: `pkb profile` of problem 1 in the process sandbox
+#              (its counter launches need it) with the candidate examples/001_allreduce_cuda_oneshot.py (SM
+#              loads over NVLink), examples/001_allreduce_copy_engine.py (copy engine) or the reference
+#              itself (NCCL), at size pkb then large, --timeout $NVTIMEOUT (else 120: the counter launches'
+#              deadline too); each: NAME.json (the result), NAME.txt (its text), NAME.err, NAME.tgz (trace,
+#              timeline); world size $WS, else 2. The result's `method` says what counted the bytes.
 # LIMIT (seconds) caps the refs and pytest parts. DEADLINE (epoch seconds) caps every part's limit at
 # the time left, and skips a part when less than a minute is left; PACK (a path outside $OUT) is rewritten as a tar of $OUT after each part, so a
 # device call stopped at its limit still returns what finished.
@@ -94,6 +104,44 @@ side_by_side() {  # side_by_side QUARTER (1-4): every fourth original-format fil
     --original "${ORIGINAL:-.gpu/pkb-original}" --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1
   tail -40 "$OUT/$name.log"
 }  # the GPU hacks whose verdict rests on timing: never run beside other work
+nvlink_profile() {  # nvlink_profile NAME CANDIDATE SIZE: problem 1's profile, counters wherever they run
+  local dir="$OUT/nvlink" rc
+  mkdir -p "$dir"
+  timeout "$(limit 290)" python3 -m pkb_mcp profile 1 "$2" --world-size "${WS:-2}" --size "$3" --device cuda \
+    --sandbox process --timeout "${NVTIMEOUT:-120}" --json --out "$dir/$1" > "$dir/$1.json" 2> "$dir/$1.err"
+  rc=$?
+  echo "pkb profile 1 $2 --size $3: exit $rc at $(date -u +%FT%TZ)" >> "$dir/$1.err"
+  python3 - "$dir/$1.json" > "$dir/$1.txt" 2>&1 <<'PY'
+import sys
+from pkb_mcp.frontends import render
+from pkb_mcp.profiling.profile import ProfileResult
+print(render.profile(ProfileResult.model_validate_json(open(sys.argv[1]).read())))
+PY
+  [ -d "$dir/$1" ] && tar czf "$dir/$1.tgz" -C "$dir" "$1" && rm -rf "${dir:?}/$1"
+  head -70 "$dir/$1.txt"
+}
+nvlink_probe() {
+  local dir="$OUT/nvlink" ncu metrics
+  mkdir -p "$dir"
+  ncu=$(python3 -c "from harness.counters import find_ncu; print(find_ncu() or '')")
+  metrics=$(python3 -c "from pkb_mcp.profiling.nvlink import NCU_METRICS; print(','.join(NCU_METRICS))")
+  {
+    echo "ncu: ${ncu:-not found}"; [ -n "$ncu" ] && "$ncu" --version
+    grep -i profiling /proc/driver/nvidia/params; grep CapEff /proc/self/status
+    nvidia-smi --query-gpu=name,driver_version --format=csv; nvidia-smi nvlink -s -i 0 | head -8
+  } > "$dir/env.txt" 2>&1
+  cat "$dir/env.txt"
+  timeout "$(limit 120)" python3 docs/scripts/nvlink_probe.py > "$dir/nvml_probe.jsonl" 2> "$dir/nvml_probe.err"
+  cat "$dir/nvml_probe.jsonl"; tail -5 "$dir/nvml_probe.err"
+  [ -n "$ncu" ] || return 0
+  timeout "$(limit 120)" "$ncu" --query-metrics > "$dir/query_metrics.txt" 2>&1
+  grep -iE 'nvl|peer|aperture|tma' "$dir/query_metrics.txt" | head -120 > "$dir/metrics_of_interest.txt"
+  wc -l "$dir/query_metrics.txt" "$dir/metrics_of_interest.txt"
+  timeout "$(limit 180)" "$ncu" --clock-control none --cache-control none --replay-mode kernel \
+    --csv --page raw --print-units base --metrics "$metrics" --log-file "$dir/ncu_local.csv" \
+    python3 docs/scripts/nvlink_probe.py --local > "$dir/ncu_local.out" 2>&1
+  echo "ncu on one local kernel: exit $?"; head -c 3000 "$dir/ncu_local.csv"
+}
 
 for part in "$@"; do
   if [ "$(limit 60)" -lt 60 ]; then
@@ -162,6 +210,10 @@ for part in "$@"; do
       timeout "$(limit 590)" python3 docs/scripts/build_speed.py --out "$OUT/$name.jsonl" --world-size "${WS:-2}" \
         --files "${FILES:-10}" > "$OUT/$name.log" 2>&1
       tail -10 "$OUT/$name.log" ;;
+    nvlink-probe) nvlink_probe ;;
+    nvlink-oneshot) for size in pkb large; do nvlink_profile "p1_oneshot_$size" examples/001_allreduce_cuda_oneshot.py "$size"; done ;;
+    nvlink-copy) for size in pkb large; do nvlink_profile "p1_copy_engine_$size" examples/001_allreduce_copy_engine.py "$size"; done ;;
+    nvlink-ref) for size in pkb large; do nvlink_profile "p1_reference_$size" problems/001_allreduce.py "$size"; done ;;
     side-by-side-a) side_by_side 1 ;;
     side-by-side-b) side_by_side 2 ;;
     side-by-side-c) side_by_side 3 ;;
