@@ -59,17 +59,21 @@ def _bus_id(device: Any) -> str:
 
 
 def nvlink_counts(
-    one: Callable[[], Any], empty: Callable[[], Any], device: Any, calls: int
+    one: Callable[[], Any], empty: Callable[[], Any], settle: Callable[[], Any], device: Any, calls: int
 ) -> dict[str, Any]:
     """NVML's NVLink bytes over `calls` calls of `one` (each aligned and finished on the device), less
-    what `empty` (the alignment alone) sends: {"nvlink": NvlinkCounts}, or {"nvlink_why": reason}."""
+    what `empty` (the alignment alone) sends: {"nvlink": NvlinkCounts}, or {"nvlink_why": reason}.
+    `settle()` runs after each call, before the counters are read: every rank done, so that the
+    peers' traffic of a call (their reads of this GPU's memory) lands in its own reading."""
     try:
         reader = counters.NvlinkCounters(_bus_id(device))
 
         def readings(fn: Callable[[], Any], n: int) -> list[tuple[int, int]]:
+            settle()
             out = [reader.read()]
             for _ in range(n):
                 fn()
+                settle()
                 out.append(reader.read())
             return out
 
@@ -128,6 +132,8 @@ def count_one_call(solution: Callable[..., Any], inputs: tuple, device: Any) -> 
     out = solution(*inputs)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
+    dist.barrier()  # every rank done: the peers' traffic of the call counts here (a barrier's few bytes too)
+    torch.cuda.synchronize()
     after = reader.read() if reader is not None else (0, 0)
     del out
     if reader is None:
@@ -215,7 +221,13 @@ def run(
             prof.step()
     prof.export_chrome_trace(str(out_dir / f"r{rank}.trace.json"))
     if device.type == "cuda":
-        counts = nvlink_counts(one, lambda: timer.time(lambda: None), device, calls)
+        import torch
+
+        def settle() -> None:
+            timing.max_over_ranks([0.0], device)
+            torch.cuda.synchronize()
+
+        counts = nvlink_counts(one, lambda: timer.time(lambda: None), settle, device, calls)
         info.update(counts)  # type: ignore[typeddict-item]
     else:
         info["nvlink_why"] = "the launch ran on CPU"

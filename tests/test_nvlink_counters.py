@@ -209,7 +209,10 @@ def test_nvml_counts_subtract_what_the_alignment_sends(monkeypatch):
 
     monkeypatch.setattr(counters, "NvlinkCounters", Reader)
     monkeypatch.setattr(harness_profile, "_bus_id", lambda device: "0:1:0")
-    got = harness_profile.nvlink_counts(lambda: None, lambda: None, "cuda:0", calls=2)
+    settled: list[int] = []
+    settle = lambda: settled.append(1)  # noqa: E731
+    got = harness_profile.nvlink_counts(lambda: None, lambda: None, settle, "cuda:0", calls=2)
+    assert len(settled) == 1 + 3 + 1 + 2  # before each reading
     assert got == {
         "nvlink": {
             "calls": 2,
@@ -226,7 +229,7 @@ def test_nvml_counts_subtract_what_the_alignment_sends(monkeypatch):
         raise counters.NvmlError("NVML could not be loaded (here)")
 
     monkeypatch.setattr(counters, "NvlinkCounters", refuse)
-    assert harness_profile.nvlink_counts(lambda: None, lambda: None, "cuda:0", 2) == {
+    assert harness_profile.nvlink_counts(lambda: None, lambda: None, lambda: None, "cuda:0", 2) == {
         "nvlink_why": "NVML could not be loaded (here)"
     }
 
@@ -439,3 +442,15 @@ def test_the_result_says_what_counted_and_at_what_cost():
     assert profile._counters_text(cpu, {}) == (
         "NVLink bytes not measured, communication by kernel name: the launch ran on CPU"
     )
+
+
+def test_kernels_match_by_full_name_else_by_function_name_in_order():
+    assert nvlink.function_name(FILL) == "vectorized_elementwise_kernel"
+    assert nvlink.function_name(ONESHOT) == nvlink.function_name("oneshot_sum_bf16") == "oneshot_sum_bf16"
+    csv = (FIXTURES / "raw_page.csv").read_text().replace(f'"{ONESHOT}"', '"oneshot_sum_bf16"')
+    counted = [nvlink.RankCounters(r, ncu=ncu_csv.parse(csv, nvlink.NCU_METRICS)) for r in range(2)]
+    side = [one_call(ONESHOT_CALL, nvml=(3 * MIB, 3 * MIB), rank=r) for r in range(2)]
+    m = nvlink.measure(traces.analyze(side), side, counted, "", None, LIMITS)
+    fused = [k for k in m.profile.kernels if k.mechanism == "sm"]
+    assert [(k.name, k.timed_by, k.ms) for k in fused] == [(ONESHOT, "trace", 0.04)] * 2
+    assert m.measured == {ONESHOT: "both"}

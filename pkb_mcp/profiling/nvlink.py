@@ -147,8 +147,10 @@ def kernel_key(name: str) -> str:
     return name[: traces.NAME_CHARS].removeprefix("void ").strip()
 
 
-def _base(name: str) -> str:
-    return re.split(r"[<(]", kernel_key(name), maxsplit=1)[0].strip()
+def function_name(name: str) -> str:
+    """A kernel's function name without namespaces, template arguments or parameters: what ncu prints
+    where it names kernels by function only."""
+    return re.split(r"[<(]", kernel_key(name), maxsplit=1)[0].strip().rsplit("::", 1)[-1]
 
 
 @dataclass
@@ -185,11 +187,12 @@ def _median_work(figures: traces.SideFigures, j: int) -> list[tuple[traces.Event
 
 
 def _durations(work: list[tuple[traces.Event, str]]) -> dict[str, list[traces.Event]]:
-    """The call's kernels by matching key, in order of start."""
+    """The call's kernels by full name and by function name, each in order of start."""
     out: dict[str, list[traces.Event]] = defaultdict(list)
     for e, _ in sorted(work, key=lambda w: w[0].ts):
         if e.cat == "kernel":
             out[kernel_key(e.name)].append(e)
+            out["fn:" + function_name(e.name)].append(e)
     return out
 
 
@@ -229,7 +232,9 @@ def _rank_ncu(
         sums[0] += tx
         sums[1] += rx
         key = kernel_key(row.name)
-        events = timed.get(key) or timed.get(_base(row.name)) or []
+        if key not in timed:  # ncu named it by function only, or differently: match the function name
+            key = "fn:" + function_name(row.name)
+        events = timed.get(key, [])
         k = seen[key]
         seen[key] += 1
         event = events[k] if k < len(events) else None

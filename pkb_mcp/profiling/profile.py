@@ -38,6 +38,11 @@ from pkb_mcp.runs.run import Progress, Run, no_progress, rank_result, reference_
 from pkb_mcp.runs.verdicts import decide
 
 MAX_CALLS = 20
+# All of a profile's launches end within this many times the request's timeout, under the scheduler's
+# backstop for a job (pkb_mcp/jobs/scheduler.py: 2.5 times plus a minute): counter launches get what
+# the trace launches left, or do not run.
+BUDGET_FACTOR = 2.0
+MIN_COUNTER_S = 30.0
 KEEP_PROFILES = 20  # artifact folders kept in the state directory, newest first
 TRACE_FILE = "trace.json"
 TIMELINE_FILE = "timeline.png"
@@ -385,10 +390,13 @@ def count_side(
     cancel: threading.Event | None,
 ) -> Counted:
     """One side's counter launch (docs/nvlink-counters.md): cold, every rank under its own ncu, one
-    call counted, within min(the request's timeout, COUNTER_TIMEOUT_S)."""
+    call counted, within min(the request's timeout, COUNTER_TIMEOUT_S, what the budget has left)."""
+    left = BUDGET_FACTOR * run.timeout_s - run.elapsed()
+    if left < MIN_COUNTER_S:
+        return Counted(None, f"no time left for a counter launch ({left:.0f} s of the profile's budget)")
     request = run.launch("profile", path, seeds, cfg)
     request.settings["counters"] = plan
-    request.settings["timeout_s"] = min(run.timeout_s, nvlink.COUNTER_TIMEOUT_S)
+    request.settings["timeout_s"] = min(run.timeout_s, nvlink.COUNTER_TIMEOUT_S, left)
     request.cold = True
     outcome = run_launch(
         request,
