@@ -55,6 +55,8 @@
 #              itself (NCCL), at size pkb then large, --timeout $NVTIMEOUT (else 120: the counter launches'
 #              deadline too); each: NAME.json (the result), NAME.txt (its text), NAME.err, NAME.tgz (trace,
 #              timeline); world size $WS, else 2. The result's `method` says what counted the bytes.
+#   nvlink-pytest issue 34's acceptance tests (tests/test_profile.py -k nvlink: bytes within 10% of the
+#              traffic model, the mechanism where ncu counted) on 2 GPUs
 # LIMIT (seconds) caps the refs and pytest parts. DEADLINE (epoch seconds) caps every part's limit at
 # the time left, and skips a part when less than a minute is left; PACK (a path outside $OUT) is rewritten as a tar of $OUT after each part, so a
 # device call stopped at its limit still returns what finished.
@@ -214,6 +216,10 @@ for part in "$@"; do
     nvlink-oneshot) for size in pkb large; do nvlink_profile "p1_oneshot_$size" examples/001_allreduce_cuda_oneshot.py "$size"; done ;;
     nvlink-copy) for size in pkb large; do nvlink_profile "p1_copy_engine_$size" examples/001_allreduce_copy_engine.py "$size"; done ;;
     nvlink-ref) for size in pkb large; do nvlink_profile "p1_reference_$size" problems/001_allreduce.py "$size"; done ;;
+    nvlink-pytest)
+      timeout "$(limit 590)" python3 -m pytest -m gpu -q -rfEs tests/test_profile.py -k nvlink \
+        > "$OUT/nvlink_pytest.log" 2>&1
+      tail -30 "$OUT/nvlink_pytest.log" ;;
     side-by-side-a) side_by_side 1 ;;
     side-by-side-b) side_by_side 2 ;;
     side-by-side-c) side_by_side 3 ;;
