@@ -113,6 +113,7 @@ nvlink_profile() {  # nvlink_profile NAME CANDIDATE SIZE: problem 1's profile, c
     --sandbox process --timeout "${NVTIMEOUT:-120}" --json --out "$dir/$1" > "$dir/$1.json" 2> "$dir/$1.err"
   rc=$?
   echo "pkb profile 1 $2 --size $3: exit $rc at $(date -u +%FT%TZ)" >> "$dir/$1.err"
+  [ -s "$dir/$1.json" ] || { tail -3 "$dir/$1.err"; return 0; }
   python3 - "$dir/$1.json" > "$dir/$1.txt" 2>&1 <<'PY'
 import sys
 from pkb_mcp.frontends import render
