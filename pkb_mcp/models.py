@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pkb_mcp import config
+
 
 def lean_property(prop: dict[str, Any]) -> None:
     """One property's schema without a title, a default of null, or `anyOf [T, null]` (written
@@ -62,6 +64,8 @@ class RunRequest(BaseModel):
     sandbox: str = "auto"
     convention: str = "auto"  # how solution() is called: auto, ours, original
     trials: int = 5  # check
+    # check: after a pass, one trial at a size it was never shown (runs/unseen.py; PKB_UNSEEN_SIZES)
+    unseen: bool = Field(default_factory=config.unseen_sizes)
     launches: int = 1  # bench: launches a side
     calls: int = 3  # profile: calls profiled a side after the warm-up
     out_dir: str | None = None  # profile: the folder for its trace and timeline, as given
@@ -177,6 +181,20 @@ class StaticReport(Result):
     suspicious: list[str]  # patterns worth review (docs/adversarial.md)
 
 
+class UnseenResult(Result):
+    world_size: int
+    size: dict[str, Any] = Field(description="the size's values: a preset's, with the drawn ones over them")
+    message: str
+    ranks: list[RankResult] = Field(description="each rank's outcome in the unseen trial")
+
+
+GENERALIZES_NOTE = (
+    "yes / no: whether the candidate, after passing, also matched the reference in one trial at a size "
+    "it was never shown (and a smaller world size where the run holds more than 2 GPUs); apart from the "
+    "verdict; null when not judged"
+)
+
+
 class CheckResult(Result):
     problem_id: int
     problem: str
@@ -188,6 +206,8 @@ class CheckResult(Result):
     message: str
     ranks: list[RankResult] = Field(description="each rank's worst outcome")
     protections: list[str] = Field([], description=PROTECTIONS_NOTE)
+    generalizes: Literal["yes", "no"] | None = Field(None, description=GENERALIZES_NOTE)
+    unseen: UnseenResult | None = None
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []

@@ -152,6 +152,7 @@ def _from_check(base: FileResult, r: CheckResult, job: str) -> FileResult:
             "outcome": outcome,
             "correct": outcome == "pass",
             "message": r.message,
+            "generalizes": r.generalizes,
             "check_job": job,
             **_by_original_rules(base, outcome, r.protections),
         }
@@ -229,6 +230,7 @@ class _Batch:
             sandbox=self.s.sandbox,
             convention=self.s.convention,
             trials=self.s.trials,
+            unseen=self.s.unseen,
             timeout_s=self.s.timeout_s if check else self.s.bench_timeout_s,
         )
 
@@ -450,6 +452,7 @@ def evaluate(
     sandbox: str = "auto",
     convention: str = "auto",
     bench: bool = True,
+    unseen: bool | None = None,
     rerun: bool = False,
     attempts: bool = False,
     store: Path | None = None,
@@ -496,6 +499,7 @@ def evaluate(
         sandbox=sandbox,
         convention=conventions.requested(convention),
         bench=bench,
+        unseen=config.unseen_sizes() if unseen is None else unseen,
     )
     store_path = (store or config.state_dir() / "eval.sqlite").expanduser().resolve()
     results_store = EvalStore(store_path)

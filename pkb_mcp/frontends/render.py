@@ -76,11 +76,18 @@ def check(r: CheckResult) -> str:
             head,
             rank_table(r.ranks),
             f"{r.verdict.upper()}: {r.message}",
+            *unseen_lines(r),
             *static_lines(r.static_report),
             *warning_lines(r.warnings),
             *note_lines(r.notes),
         ]
     )
+
+
+def unseen_lines(r: CheckResult) -> list[str]:
+    """Whether a passing candidate generalizes, and where it was judged (the failing rank's outcome
+    where it does not)."""
+    return [] if r.unseen is None else [f"generalizes: {r.generalizes}: {r.unseen.message}"]
 
 
 def warning_lines(items: list[str]) -> list[str]:

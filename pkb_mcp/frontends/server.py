@@ -473,6 +473,10 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
         convention: Convention = "auto",
         variant: Variant = "pkb",
+        unseen: Annotated[
+            bool | None,
+            Arg(description="after a pass, one trial at a size never shown ('generalizes'); default on"),
+        ] = None,
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
@@ -487,6 +491,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             variant,
             trials=trials,
             convention=convention,
+            **({} if unseen is None else {"unseen": unseen}),
         )
         job_id = tools.scheduler.submit("check", request)
         return await tools.finish(job_id, wait, ctx)

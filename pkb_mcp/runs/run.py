@@ -8,6 +8,7 @@ import ast
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from harness.contracts import LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
-from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
+from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches, run_launch
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
 from pkb_mcp.runs import conventions, pairing, static_report
 from sandbox import SandboxUnavailable, select_backend
@@ -214,16 +215,27 @@ class Run:
             return ""
 
     def launch(
-        self, mode: str, solution: Path, seeds: list[int], timing: TimingConfig | None = None
+        self,
+        mode: str,
+        solution: Path,
+        seeds: list[int],
+        timing: TimingConfig | None = None,
+        *,
+        size: dict[str, Any] | None = None,
+        world_size: int | None = None,
     ) -> LaunchRequest:
+        """A launch of the run's problem: at the run's size preset and world size, unless `size` (the
+        values themselves) and `world_size` (at most the run's: the GPUs it holds) say otherwise."""
         import os
 
-        threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)
+        world_size = world_size or self.world_size
+        assert world_size <= self.world_size, "a run holds GPUs for its own world size only"
+        threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // world_size)
         settings: LaunchSettings = {
             "mode": mode,
-            "world_size": self.world_size,
+            "world_size": world_size,
             "device": self.device,
-            "size": self.problem.size(self.size),
+            "size": size if size is not None else self.problem.size(self.size),
             "dtype": self.problem.dtype,
             "seeds": seeds,
             "tolerance": self.problem.bounds,
@@ -232,7 +244,25 @@ class Run:
             "threads_per_rank": threads,
             "convention": self.convention,
         }
-        return LaunchRequest(settings, self.problem.path, solution, self.gpus, self.problem.max_outputs)
+        gpus = self.gpus[:world_size]
+        return LaunchRequest(settings, self.problem.path, solution, gpus, self.problem.max_outputs)
+
+    def launch_pair(
+        self, ref_request: LaunchRequest, cand_request: LaunchRequest, cancel: threading.Event | None
+    ) -> tuple[LaunchOutcome, LaunchOutcome | None]:
+        """The reference's launch and the candidate's, side by side where the sandbox isolates them.
+        Without isolation the candidate could read the reference's outputs from its launch directory
+        while both run: the reference's launch ends (and its directory is gone) before the candidate
+        starts, and a failed reference leaves the candidate unlaunched (None)."""
+        if self.backend.isolated:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                ref_future = pool.submit(run_launch, ref_request, self.backend, cancel)
+                cand_future = pool.submit(run_launch, cand_request, self.backend, cancel)
+                return ref_future.result(), cand_future.result()
+        ref_outcome = run_launch(ref_request, self.backend, cancel)
+        if not ref_outcome.ok:
+            return ref_outcome, None
+        return ref_outcome, run_launch(cand_request, self.backend, cancel)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)
