@@ -181,18 +181,13 @@ class StaticReport(Result):
     suspicious: list[str]  # patterns worth review (docs/adversarial.md)
 
 
-class UnseenResult(Result):
+class UnseenResult(Result):  # where the trial at a size never shown ran (runs/unseen.py), and what it found
     world_size: int
-    size: dict[str, Any] = Field(description="the size's values: a preset's, with the drawn ones over them")
-    message: str
-    ranks: list[RankResult] = Field(description="each rank's outcome in the unseen trial")
+    size: dict[str, Any]  # the size's values: a preset's, with the drawn ones over them
+    message: str  # the first failing rank's outcome, where one failed
 
 
-GENERALIZES_NOTE = (
-    "yes / no: whether the candidate, after passing, also matched the reference in one trial at a size "
-    "it was never shown (and a smaller world size where the run holds more than 2 GPUs); apart from the "
-    "verdict; null when not judged"
-)
+GENERALIZES_NOTE = "after a pass: whether it also matched at a size never shown; null: not judged"
 
 
 class CheckResult(Result):

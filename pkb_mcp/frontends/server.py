@@ -475,7 +475,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         variant: Variant = "pkb",
         unseen: Annotated[
             bool | None,
-            Arg(description="after a pass, one trial at a size never shown ('generalizes'); default on"),
+            Arg(description="after a pass, a trial at a size never shown (default: on)"),
         ] = None,
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:

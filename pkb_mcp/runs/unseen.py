@@ -128,7 +128,7 @@ def judge(run: Run, cancel: threading.Event | None = None) -> Verdict:
     verdict, why = decide(ranks)
     generalizes: Literal["yes", "no"] = "yes" if verdict == "pass" else "no"
     message = f"matches the reference at {where}" if verdict == "pass" else f"at {where}: {why}"
-    return Verdict(generalizes, UnseenResult(world_size=world_size, size=size, message=message, ranks=ranks))
+    return Verdict(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
 
 
 def shown_size(problem: problems.Problem, size: dict[str, Any]) -> str:
