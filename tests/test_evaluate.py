@@ -158,6 +158,21 @@ def test_scores_are_over_attempted_files_and_credited_speedups():
     assert s.outcomes == {"pass": 3, "wrong": 1, "timeout": 1, "env": 1, "skipped": 1}
     checked_only = eval_report.summarize([_result("pass"), _result("wrong")])
     assert list(checked_only.fast_p) == ["0"] and checked_only.geomean_speedup is None
+    assert (s.generalizes, s.generalization_judged) == (0, 0)
+
+
+def test_generalizing_files_are_counted_among_the_correct_ones_judged():
+    results = [
+        _result("pass", generalizes="yes"),
+        _result("pass", generalizes="no"),
+        _result("pass"),  # not judged (the trial was off)
+        _result("wrong"),
+    ]
+    s = eval_report.summarize(results)
+    assert (s.correct, s.generalizes, s.generalization_judged) == (3, 1, 2)
+    report = _report().model_copy(update={"results": results, "summary": s})
+    assert "| correct and generalizes (of those judged) | 1 of 2 |" in eval_report.to_markdown(report)
+    assert "generalizes" not in eval_report.to_markdown(_report())
 
 
 def _report() -> EvalReport:

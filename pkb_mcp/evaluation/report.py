@@ -27,6 +27,7 @@ CSV_COLUMNS = [
     "correct",
     "original_correct",
     "protections",
+    "generalizes",
     "speedup",
     "speedup_low",
     "speedup_high",
