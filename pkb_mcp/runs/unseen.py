@@ -4,8 +4,9 @@ An agent reads a problem's size presets (`pkb show`) and can write a kernel that
 shape test that skips the exchange elsewhere passes every judged trial. So each problem declares the
 sizes it also runs at, `unseen_size(draw, world_size)` (docs/problem-format.md), and a check that
 passed draws one of them per request, a value no preset uses for each key the hook draws, within the
-problem's rules (its `check_world_size`). Where the run holds more GPUs than two, it also moves to a
-smaller world size it allows (W = 4 runs the unseen trial at 3 or 2): a kernel written for one W fails.
+problem's rules (its `check_world_size`). Where the run has more than two ranks, the trial also moves
+to a smaller world size the problem allows (W = 4 runs it at 3, else 2: a kernel written for one W
+fails), within the GPUs the run holds.
 
 The reference and the candidate each run one trial there in launches of their own, after the judged
 trials: nothing at the unseen size changes the verdict. The result says apart whether the candidate
@@ -85,7 +86,7 @@ def placement(
 
 
 @dataclass
-class Verdict:
+class Generalization:
     """What the unseen trial found: `generalizes` ("yes", "no", or None when it could not judge) and
     the result's record of it."""
 
@@ -93,7 +94,7 @@ class Verdict:
     unseen: UnseenResult | None
 
 
-def judge(run: Run, cancel: threading.Event | None = None) -> Verdict:
+def judge(run: Run, cancel: threading.Event | None = None) -> Generalization:
     """One trial of the reference and the candidate at a size it was never shown."""
     p = run.problem
     if not declares(p):
@@ -103,12 +104,16 @@ def judge(run: Run, cancel: threading.Event | None = None) -> Verdict:
             else f"problem {p.id} declares no unseen sizes"
         )
         run.notes.append(f"no unseen-size trial: {why}")
-        return Verdict(None, None)
+        return Generalization(None, None)
     rng = random.Random(secrets.randbits(64))
-    placed = placement(p, run.world_size, run.size, rng)
+    try:
+        placed = placement(p, run.world_size, run.size, rng)
+    except ValueError as exc:  # the hook's ranges leave nothing to draw (tests/test_unseen.py rules it out)
+        run.warnings.append(f"problem {p.id}'s unseen sizes cannot be drawn ({exc}): not judged")
+        return Generalization(None, None)
     if placed is None:
         run.warnings.append(f"no unseen size of problem {p.id} suits world size {run.world_size}: not judged")
-        return Verdict(None, None)
+        return Generalization(None, None)
     world_size, size = placed
     seeds = [secrets.randbits(62)]
     ref, cand = run.launch_pair(
@@ -123,12 +128,12 @@ def judge(run: Run, cancel: threading.Event | None = None) -> Verdict:
             f"the reference failed at the unseen {where} (rank {bad.rank}: {bad.error or bad.state}): "
             "not judged; this is pkb's fault, please report it"
         )
-        return Verdict(None, None)
+        return Generalization(None, None)
     ranks = judge_ranks(p, world_size, [0], cand, ref, tensorfile.result_key(seeds), sources=run.sources)
     verdict, why = decide(ranks)
     generalizes: Literal["yes", "no"] = "yes" if verdict == "pass" else "no"
     message = f"matches the reference at {where}" if verdict == "pass" else f"at {where}: {why}"
-    return Verdict(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
+    return Generalization(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
 
 
 def shown_size(problem: problems.Problem, size: dict[str, Any]) -> str:
