@@ -224,47 +224,6 @@ class _Queue:
         return f"job{len(self.submitted)}"
 
 
-def test_a_file_that_builds_extensions_is_built_beside_the_queue_then_checked(tmp_path, monkeypatch):
-    """Its build runs in the batch's build pool (no GPU taken); its check is queued once the build is
-    done, while a plain file's check is queued at once."""
-    import threading
-
-    from pkb_mcp import problems, service
-    from pkb_mcp.evaluation.batch import _Batch
-    from pkb_mcp.evaluation.store import EvalStore
-
-    release, built = threading.Event(), []
-
-    def prebuild(request, cancel=None):
-        release.wait(10)
-        built.append(Path(request.path).name)
-        return []
-
-    monkeypatch.setattr(service, "prebuild", prebuild)
-    # a GPU node (this machine has none): the problem as preflight would find it there
-    monkeypatch.setattr(service, "preflight", lambda pid, *a, **k: (problems.suite()[int(pid)], "cuda"))
-    kernel = tmp_path / "001_kernel.py"
-    kernel.write_text("from torch.utils.cpp_extension import load_inline\ndef solution(x):\n    return x\n")
-    plain = tmp_path / "002_plain.py"
-    plain.write_text("def solution(x):\n    return x\n")
-    queue = _Queue()
-    batch = _Batch(
-        EvalSettings(world_size=2, device="cuda"), queue, EvalStore(tmp_path / "e.sqlite"), False, print
-    )
-    paired = pair_files([kernel, plain])
-    k, p = batch.start(kernel, paired[kernel]), batch.start(plain, paired[plain])
-    assert (k.stage, p.stage) == ("building", "checking")
-    assert queue.submitted == [("check", 2, False)] and not batch.advance(k)
-    release.set()
-    k.build.result(10)  # type: ignore[union-attr]
-    assert batch.advance(k) and k.stage == "checking" and built == ["001_kernel.py"]
-    assert queue.submitted == [("check", 2, False), ("check", 1, False)]
-    batch.builds.shutdown()  # type: ignore[union-attr]
-    cpu = EvalSettings(world_size=2, device="cpu")
-    on_cpu = _Batch(cpu, queue, EvalStore(tmp_path / "c.sqlite"), False, print)
-    assert on_cpu.builds is None, "on a CPU device a build would take the checks' own cores"
-
-
 def test_build_slots_follow_the_node_or_the_setting(monkeypatch):
     from pkb_mcp import config
 
