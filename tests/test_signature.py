@@ -14,7 +14,7 @@ import pytest
 from pkb_mcp import problems, service
 from pkb_mcp.frontends import cli
 from pkb_mcp.models import RunRequest
-from pkb_mcp.runs import pairing, signature
+from pkb_mcp.runs import pairing, run, signature
 
 from .conftest import CANDIDATES, ROOT
 
@@ -147,8 +147,15 @@ def _no_launch(*args, **kwargs):
     raise AssertionError("a launch was made for a solution refused by its signature")
 
 
-def test_the_refusal_comes_before_any_launch_through_the_cli(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(service, "run_launch", _no_launch)
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Every launch of check, bench and profile is made by Run.launch (its extensions' builds by
+    Run.prepare_extensions): either one called fails the test."""
+    monkeypatch.setattr(run.Run, "launch", _no_launch)
+    monkeypatch.setattr(run.Run, "prepare_extensions", _no_launch)
+
+
+def test_the_refusal_comes_before_any_launch_through_the_cli(tmp_path, capsys, no_launch):
     (tmp_path / "one.py").write_text(ONE_PARAMETER)
     argv = ["check", str(GEMV), str(tmp_path / "one.py"), "--device", "cpu", "--world-size", "2"]
     assert cli.main([*argv, "--sandbox", "process", "--json"]) == cli.EXIT_FAILED
@@ -162,14 +169,13 @@ def test_the_refusal_comes_before_any_launch_through_the_cli(tmp_path, monkeypat
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_the_refusal_is_the_same_sentence_through_mcp(tmp_path, monkeypatch, anyio_backend):
+async def test_the_refusal_is_the_same_sentence_through_mcp(tmp_path, no_launch, anyio_backend):
     from mcp import Client
 
     from pkb_mcp.frontends.server import build_server
     from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobStore
 
-    monkeypatch.setattr(service, "run_launch", _no_launch)
     scheduler = Scheduler(JobStore(tmp_path / "jobs.sqlite"), gpus=0)
     try:
         async with Client(build_server(scheduler, tmp_path / "sources")) as client:
