@@ -105,6 +105,25 @@ class ProblemSummary(Result):
     summary: str
 
 
+class ProblemRow(Result):
+    # A row of list_problems: what a problem is picked by; with `detail`, also its source, dtype and
+    # world-size rule (absent, not null, without it).
+    id: int
+    name: str
+    category: str
+    summary: str
+    source: str | None = None
+    dtype: str | None = None
+    world_sizes: str | None = None
+
+
+class ProblemPage(Result):
+    problems: list[ProblemRow]
+    total: int  # problems that match the filters
+    offset: int
+    next_offset: int | None = None  # where the next page starts; absent on the last
+
+
 class InputSpec(Result):
     name: str
     shape: list[int] | None = None

@@ -31,6 +31,8 @@ from pkb_mcp.models import (
     CheckResult,
     InputSpec,
     ProblemDetail,
+    ProblemPage,
+    ProblemRow,
     ProblemSummary,
     RankResult,
     RooflineResult,
@@ -64,6 +66,7 @@ __all__ = [
     "list_problems",
     "prebuild",
     "preflight",
+    "problem_page",
     "profile",
     "roofline_of",
     "show_problem",
@@ -71,6 +74,7 @@ __all__ = [
 ]
 
 MAX_TRIALS = 100
+PAGE_LIMIT = 100  # problems a page of list_problems holds at most (the whole suite, in short rows)
 
 
 # ---------------------------------------------------------------- problems
@@ -99,6 +103,28 @@ def list_problems(category: str | None = None, text: str | None = None) -> list[
             continue
         found.append(_summary(p))
     return found
+
+
+def problem_page(
+    category: str | None = None,
+    text: str | None = None,
+    offset: int = 0,
+    limit: int = PAGE_LIMIT,
+    detail: bool = False,
+) -> ProblemPage:
+    """A page of `list_problems`, in short rows (id, name, category, summary) unless `detail` adds
+    the source, dtype and world-size rule: what a tool result holds without growing with the suite."""
+    if offset < 0:
+        raise UserError(f"offset {offset} is negative; the first problem is at offset 0")
+    if not 1 <= limit <= PAGE_LIMIT:
+        raise UserError(f"limit must be between 1 and {PAGE_LIMIT}, not {limit}")
+    found = list_problems(category, text)
+    shown = ("id", "name", "category", "summary", *(("source", "dtype", "world_sizes") if detail else ()))
+    rows = [ProblemRow(**s.model_dump(include=set(shown))) for s in found[offset : offset + limit]]
+    end = offset + len(rows)
+    return ProblemPage(
+        problems=rows, total=len(found), offset=offset, next_offset=end if end < len(found) else None
+    )
 
 
 def show_problem(

@@ -13,6 +13,7 @@ from pkb_mcp.models import (
     Calibration,
     CheckResult,
     ProblemDetail,
+    ProblemPage,
     ProblemSummary,
     RankResult,
     RooflineResult,
@@ -233,6 +234,24 @@ def original_lines(d: ProblemDetail) -> list[str]:
 def problems(found: list[ProblemSummary]) -> str:
     rows = [[str(p.id), p.name, p.category, p.world_sizes, p.summary] for p in found]
     return table(rows, ["id", "name", "category", "world sizes", "summary"])
+
+
+def problem_page(page: ProblemPage) -> str:
+    """A page of list_problems: its rows, and where the next page starts when there is one."""
+    if not page.problems:
+        return f"none from offset {page.offset}: {page.total} match" if page.total else "no problem matches"
+    detail = page.problems[0].world_sizes is not None
+    header = ["id", "name", "category", *(["source", "dtype", "world sizes"] if detail else []), "summary"]
+    rows = []
+    for p in page.problems:
+        more = [p.source or "", p.dtype or "", p.world_sizes or ""] if detail else []
+        rows.append([str(p.id), p.name, p.category, *more, p.summary])
+    lines = [table(rows, header)]
+    if page.next_offset is not None or page.offset:
+        shown = f"problems {page.offset + 1}-{page.offset + len(rows)} of {page.total}"
+        nxt = page.next_offset
+        lines.append(shown + (f"; the next page starts at offset {nxt}" if nxt is not None else ""))
+    return "\n".join(lines)
 
 
 def calibration(c: Calibration) -> str:

@@ -1,6 +1,7 @@
 """A run: the set-up that check, bench and profile share (the problem, the device and GPUs, the
-solution read as text, its static report, the sandbox backend, its extensions built), and what a
-failed rank or a failed reference says to the user."""
+solution read as text and whether its parameters can take the problem's call (runs/signature.py), its
+static report, the sandbox backend, its extensions built), and what a failed rank or a failed
+reference says to the user."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches, run_launch
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
-from pkb_mcp.runs import conventions, pairing, static_report
+from pkb_mcp.runs import conventions, pairing, signature, static_report
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
 
@@ -166,7 +167,7 @@ class Run:
         self.size = request.size
         self.timeout_s = request.timeout_s
         self.solution = Path(request.path).resolve()
-        self.unrunnable = read_solution(self.solution)
+        self.unrunnable = read_solution(self.solution) or self._unbindable()
         # what the source still calls, read without running it; multicast refuses it outright
         self.static_report: StaticReport | None = None
         self.refusal: str | None = None
@@ -194,6 +195,14 @@ class Run:
                 f"the {self.problem.variant} variant: the original benchmark's workload, its inputs and "
                 "tolerance (docs/variants.md)"
             )
+
+    def _unbindable(self) -> str | None:
+        """Why no call the problem makes can bind the solution's parameters (read as text), or None."""
+        try:
+            tree = ast.parse(self.solution.read_bytes(), filename=self.solution.name)
+        except (SyntaxError, ValueError):
+            return None
+        return signature.mismatch(self.problem, tree, self.world_size, self.size, self.convention)
 
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
         """Build the solution's load_inline extensions into the node's cache before its launches run
