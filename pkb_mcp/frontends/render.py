@@ -40,7 +40,9 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.4g}"
 
 
-def rank_table(results: list[RankResult]) -> str:
+def rank_table(results: list[RankResult], headline: str = "") -> str:
+    """The ranks' table, then what each failed rank said (once for ranks that said the same; not at all
+    where it is the `headline`, printed under the table)."""
     rows = []
     for r in results:
         err = "" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"
@@ -51,12 +53,14 @@ def rank_table(results: list[RankResult]) -> str:
     told: dict[tuple[str, str], int] = {}  # what a rank failed with, and the first rank told it
     for r in results:
         said = (r.message or "", r.traceback or r.log_tail or "")
+        if said == (headline, ""):
+            continue  # it says only what the headline says
         if r.state != "pass" and said in told:
             text += f"\nrank {r.rank}: as rank {told[said]}"
             continue
         if r.state != "pass":
             told.setdefault(said, r.rank)
-        if r.state != "pass" and r.message:
+        if r.state != "pass" and r.message and r.message != headline:
             text += f"\nrank {r.rank}: {r.message}"
         if r.traceback:
             text += "\n" + "\n".join("    " + line for line in r.traceback.rstrip().splitlines()[-12:])
@@ -75,7 +79,7 @@ def check(r: CheckResult) -> str:
     return "\n".join(
         [
             head,
-            rank_table(r.ranks),
+            rank_table(r.ranks, r.message),
             f"{r.verdict.upper()}: {r.message}",
             *unseen_lines(r),
             *static_lines(r.static_report),
@@ -162,7 +166,7 @@ def bench(r: BenchResult) -> str:
             table(rows, ["", "median ms", "IQR ms", "min ms", "samples", "input sets", "stopped on"])
         )
     if r.verdict in ("fail", "timeout"):
-        lines.append(rank_table(r.ranks))
+        lines.append(rank_table(r.ranks, r.message))
     if r.speedup is not None:
         noise = "; within noise: no evidence of a difference, not credited" if r.within_noise else ""
         lines.append(
