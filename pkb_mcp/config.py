@@ -70,6 +70,16 @@ def pin_cpus(device: str) -> bool:
     return env == "1" if env else device == "cuda"
 
 
+def unseen_sizes() -> bool:
+    """Whether a check that passed also runs one trial at a size never shown (pkb_mcp/runs/unseen.py)
+    where its request does not say (PKB_UNSEEN_SIZES=0 turns it off: a node that runs many checks of
+    code that is not iterated on, the test suite's own integration tests)."""
+    env = os.environ.get("PKB_UNSEEN_SIZES", "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"PKB_UNSEEN_SIZES must be 0 or 1, not {env!r}")
+    return env != "0"
+
+
 def build_slots() -> int:
     """How many solutions' extensions a batch builds at once (PKB_BUILD_SLOTS, else from the node): a
     build launch runs up to four compilers side by side (harness/build.py), each wanting about 2 GiB."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from harness import structure as output_structure
 from harness import tensorfile
@@ -338,7 +338,7 @@ def _collect(
             record = json.loads(timing_path.read_text())
         except ValueError:  # UnicodeDecodeError included
             record = None
-        outcome.timing = record if isinstance(record, dict) else None
+        outcome.timing = cast(TimingRecord, record) if isinstance(record, dict) else None
     return outcome
 
 

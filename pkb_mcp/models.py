@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pkb_mcp import config
+
 
 def lean_property(prop: dict[str, Any]) -> None:
     """One property's schema without a title, a default of null, or `anyOf [T, null]` (written
@@ -62,6 +64,8 @@ class RunRequest(BaseModel):
     sandbox: str = "auto"
     convention: str = "auto"  # how solution() is called: auto, ours, original
     trials: int = 5  # check
+    # check: after a pass, one trial at a size it was never shown (runs/unseen.py; PKB_UNSEEN_SIZES)
+    unseen: bool = Field(default_factory=config.unseen_sizes)
     launches: int = 1  # bench: launches a side
     calls: int = 3  # profile: calls profiled a side after the warm-up
     out_dir: str | None = None  # profile: the folder for its trace and timeline, as given
@@ -99,6 +103,25 @@ class ProblemSummary(Result):
     dtype: str
     world_sizes: str = Field(description="the world-size rule in words")
     summary: str
+
+
+class ProblemRow(Result):
+    # A row of list_problems: what a problem is picked by; with `detail`, also its source, dtype and
+    # world-size rule (absent, not null, without it).
+    id: int
+    name: str
+    category: str
+    summary: str
+    source: str | None = None
+    dtype: str | None = None
+    world_sizes: str | None = None
+
+
+class ProblemPage(Result):
+    problems: list[ProblemRow]
+    total: int  # problems that match the filters
+    offset: int
+    next_offset: int | None = None  # where the next page starts; absent on the last
 
 
 class InputSpec(Result):
@@ -177,6 +200,15 @@ class StaticReport(Result):
     suspicious: list[str]  # patterns worth review (docs/adversarial.md)
 
 
+class UnseenResult(Result):  # where the trial at a size never shown ran (runs/unseen.py), and what it found
+    world_size: int
+    size: dict[str, Any]  # the size's values: a preset's, with the drawn ones over them
+    message: str  # the first failing rank's outcome, where one failed
+
+
+GENERALIZES_NOTE = "after a pass: whether it also matched at a size never shown; null: not judged"
+
+
 class CheckResult(Result):
     problem_id: int
     problem: str
@@ -188,6 +220,8 @@ class CheckResult(Result):
     message: str
     ranks: list[RankResult] = Field(description="each rank's worst outcome")
     protections: list[str] = Field([], description=PROTECTIONS_NOTE)
+    generalizes: Literal["yes", "no"] | None = Field(None, description=GENERALIZES_NOTE)
+    unseen: UnseenResult | None = None
     wall_s: float
     sandbox: SandboxInfo
     warnings: list[str] = []

@@ -14,7 +14,6 @@ import json
 import secrets
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +24,15 @@ from pkb_mcp import compile as nvcc
 from pkb_mcp import config, problems, roofline
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
-from pkb_mcp.launches import ToolLaunches, run_launch
+from pkb_mcp.launches import ToolLaunches
 from pkb_mcp.models import (
     BenchResult,
     Calibration,
     CheckResult,
     InputSpec,
     ProblemDetail,
+    ProblemPage,
+    ProblemRow,
     ProblemSummary,
     RankResult,
     RooflineResult,
@@ -39,7 +40,7 @@ from pkb_mcp.models import (
     Traffic,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profile
-from pkb_mcp.runs import conventions, protections, static_report
+from pkb_mcp.runs import conventions, protections, static_report, unseen
 from pkb_mcp.runs.benchmark import bench, timing_config
 from pkb_mcp.runs.run import (
     Progress,
@@ -65,6 +66,7 @@ __all__ = [
     "list_problems",
     "prebuild",
     "preflight",
+    "problem_page",
     "profile",
     "roofline_of",
     "show_problem",
@@ -72,6 +74,7 @@ __all__ = [
 ]
 
 MAX_TRIALS = 100
+PAGE_LIMIT = 100  # problems a page of list_problems holds at most (the whole suite, in short rows)
 
 
 # ---------------------------------------------------------------- problems
@@ -100,6 +103,28 @@ def list_problems(category: str | None = None, text: str | None = None) -> list[
             continue
         found.append(_summary(p))
     return found
+
+
+def problem_page(
+    category: str | None = None,
+    text: str | None = None,
+    offset: int = 0,
+    limit: int = PAGE_LIMIT,
+    detail: bool = False,
+) -> ProblemPage:
+    """A page of `list_problems`, in short rows (id, name, category, summary) unless `detail` adds
+    the source, dtype and world-size rule: what a tool result holds without growing with the suite."""
+    if offset < 0:
+        raise UserError(f"offset {offset} is negative; the first problem is at offset 0")
+    if not 1 <= limit <= PAGE_LIMIT:
+        raise UserError(f"limit must be between 1 and {PAGE_LIMIT}, not {limit}")
+    found = list_problems(category, text)
+    shown = ("id", "name", "category", "summary", *(("source", "dtype", "world_sizes") if detail else ()))
+    rows = [ProblemRow(**s.model_dump(include=set(shown))) for s in found[offset : offset + limit]]
+    end = offset + len(rows)
+    return ProblemPage(
+        problems=rows, total=len(found), offset=offset, next_offset=end if end < len(found) else None
+    )
 
 
 def show_problem(
@@ -245,25 +270,17 @@ def check(
         return result("fail", *cannot)
     run.prepare_extensions(progress, cancel)
     seeds = [secrets.randbits(62) for _ in range(trials)]
-    progress(0, 3, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})")
-    ref_request = run.launch("outputs", p.path, seeds)
-    cand_request = run.launch("outputs", run.solution, seeds)
-    if run.backend.isolated:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            ref_future = pool.submit(run_launch, ref_request, run.backend, cancel)
-            cand_future = pool.submit(run_launch, cand_request, run.backend, cancel)
-            ref_outcome, cand_outcome = ref_future.result(), cand_future.result()
-    else:
-        # Without isolation the candidate could read the reference's outputs from its launch directory
-        # while both run: the reference's launch ends (and its directory is gone) before the candidate starts.
-        ref_outcome = run_launch(ref_request, run.backend, cancel)
-        if not ref_outcome.ok:
-            raise reference_failed(p, ref_outcome)
-        cand_outcome = run_launch(cand_request, run.backend, cancel)
-    if not ref_outcome.ok:
+    steps = 4 if request.unseen else 3
+    progress(
+        0, steps, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})"
+    )
+    ref_outcome, cand_outcome = run.launch_pair(
+        run.launch("outputs", p.path, seeds), run.launch("outputs", run.solution, seeds), cancel
+    )
+    if not ref_outcome.ok or cand_outcome is None:
         raise reference_failed(p, ref_outcome)
     run.notes += conventions.notes(cand_outcome)
-    progress(2, 3, "judging outputs")
+    progress(2, steps, "judging outputs")
     mac_key = tensorfile.result_key(seeds)
     ranks = judge_ranks(
         p, world_size, list(range(trials)), cand_outcome, ref_outcome, mac_key, sources=run.sources
@@ -278,8 +295,16 @@ def check(
     found = protections.judged_outputs(p, list(range(trials)), cand_outcome, ref_outcome, ranks, mac_key)
     if found:
         message = protections.message(found)
-    progress(3, 3, f"judged: {verdict}")  # the message itself is the result's headline, said once
-    return result(verdict, message, ranks, protections.names(found) if found else [])
+    checked = result(verdict, message, ranks, protections.names(found) if found else [])
+    if verdict == "pass" and request.unseen:
+        progress(3, steps, "judged: pass; running one trial at a size it was never shown")
+        found_unseen = unseen.judge(run, cancel)
+        checked.generalizes, checked.unseen = found_unseen.generalizes, found_unseen.unseen
+        checked.wall_s, checked.warnings, checked.notes = run.elapsed(), run.warnings, run.notes
+        progress(steps, steps, f"judged: pass; generalizes: {checked.generalizes or 'not judged'}")
+    else:  # the message itself is the result's headline, said once
+        progress(steps, steps, f"judged: {verdict}")
+    return checked
 
 
 # ---------------------------------------------------------------- the verbs that run as jobs

@@ -158,6 +158,21 @@ def test_scores_are_over_attempted_files_and_credited_speedups():
     assert s.outcomes == {"pass": 3, "wrong": 1, "timeout": 1, "env": 1, "skipped": 1}
     checked_only = eval_report.summarize([_result("pass"), _result("wrong")])
     assert list(checked_only.fast_p) == ["0"] and checked_only.geomean_speedup is None
+    assert (s.generalizes, s.generalization_judged) == (0, 0)
+
+
+def test_generalizing_files_are_counted_among_the_correct_ones_judged():
+    results = [
+        _result("pass", generalizes="yes"),
+        _result("pass", generalizes="no"),
+        _result("pass"),  # not judged (the trial was off)
+        _result("wrong"),
+    ]
+    s = eval_report.summarize(results)
+    assert (s.correct, s.generalizes, s.generalization_judged) == (3, 1, 2)
+    report = _report().model_copy(update={"results": results, "summary": s})
+    assert "| correct and generalizes (of those judged) | 1 of 2 |" in eval_report.to_markdown(report)
+    assert "generalizes" not in eval_report.to_markdown(_report())
 
 
 def _report() -> EvalReport:
@@ -207,47 +222,6 @@ class _Queue:
     def submit(self, kind: str, request, first: bool = False) -> str:
         self.submitted.append((kind, request.problem, first))
         return f"job{len(self.submitted)}"
-
-
-def test_a_file_that_builds_extensions_is_built_beside_the_queue_then_checked(tmp_path, monkeypatch):
-    """Its build runs in the batch's build pool (no GPU taken); its check is queued once the build is
-    done, while a plain file's check is queued at once."""
-    import threading
-
-    from pkb_mcp import problems, service
-    from pkb_mcp.evaluation.batch import _Batch
-    from pkb_mcp.evaluation.store import EvalStore
-
-    release, built = threading.Event(), []
-
-    def prebuild(request, cancel=None):
-        release.wait(10)
-        built.append(Path(request.path).name)
-        return []
-
-    monkeypatch.setattr(service, "prebuild", prebuild)
-    # a GPU node (this machine has none): the problem as preflight would find it there
-    monkeypatch.setattr(service, "preflight", lambda pid, *a, **k: (problems.suite()[int(pid)], "cuda"))
-    kernel = tmp_path / "001_kernel.py"
-    kernel.write_text("from torch.utils.cpp_extension import load_inline\ndef solution(x):\n    return x\n")
-    plain = tmp_path / "002_plain.py"
-    plain.write_text("def solution(x):\n    return x\n")
-    queue = _Queue()
-    batch = _Batch(
-        EvalSettings(world_size=2, device="cuda"), queue, EvalStore(tmp_path / "e.sqlite"), False, print
-    )
-    paired = pair_files([kernel, plain])
-    k, p = batch.start(kernel, paired[kernel]), batch.start(plain, paired[plain])
-    assert (k.stage, p.stage) == ("building", "checking")
-    assert queue.submitted == [("check", 2, False)] and not batch.advance(k)
-    release.set()
-    k.build.result(10)  # type: ignore[union-attr]
-    assert batch.advance(k) and k.stage == "checking" and built == ["001_kernel.py"]
-    assert queue.submitted == [("check", 2, False), ("check", 1, False)]
-    batch.builds.shutdown()  # type: ignore[union-attr]
-    cpu = EvalSettings(world_size=2, device="cpu")
-    on_cpu = _Batch(cpu, queue, EvalStore(tmp_path / "c.sqlite"), False, print)
-    assert on_cpu.builds is None, "on a CPU device a build would take the checks' own cores"
 
 
 def test_build_slots_follow_the_node_or_the_setting(monkeypatch):

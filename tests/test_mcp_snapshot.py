@@ -23,20 +23,24 @@ from pkb_mcp.jobs.store import JobStore
 pytestmark = [pytest.mark.contract, pytest.mark.anyio]
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 # bytes of tools/list on the wire: every agent carries them in its context (24,554 with the variant
-# argument on five tools, 2026-11-26; 24,868 with `protections` on check and bench results)
-TOOLS_LIST_LIMIT = 25_000
-TOOLS = {
+# argument on five tools, 2026-11-26; 24,868 with `protections` on check and bench results; 25,515
+# with the check's unseen-size trial: its argument, `generalizes` and where it ran; 25,852 with
+# list_problems' paging and `detail`, which took its result from 27.9 KB to 15.0 KB)
+TOOLS_LIST_LIMIT = 26_000
+# the order tools/list publishes, an agent's order of work (pkb_mcp/frontends/surface.py)
+TOOLS = [
     "list_problems",
     "get_reference",
     "compile_kernel",
     "run_correctness",
     "benchmark",
-    "roofline",
     "profile",
+    "roofline",
     "job_status",
     "job_result",
     "cancel_job",
-}
+]
+HOUR_MS = 3_600_000
 
 
 @pytest.fixture
@@ -76,7 +80,8 @@ async def test_tools(client):
         for t in sorted(listed.tools, key=lambda t: t.name)
     }
     matches_snapshot("tools", published)
-    assert set(published) >= TOOLS
+    assert [t.name for t in listed.tools] == TOOLS  # in this order, whatever the order of registration
+    assert (listed.ttl_ms, listed.cache_scope) == (HOUR_MS, "public")
     for name, tool in published.items():
         for param, schema in tool["input"].get("properties", {}).items():
             assert schema.get("description"), f"{name}.{param} has no description"
@@ -100,4 +105,8 @@ async def test_resources_prompts_and_instructions(client):
         "attempt_problem_1_w2": [m.content.text for m in rendered.messages],
     }
     matches_snapshot("surface", published)
+    for listing in (resources, templates, prompts):
+        assert (listing.ttl_ms, listing.cache_scope) == (HOUR_MS, "public")
+    read = await client.read_resource("problem://1/reference")
+    assert (read.ttl_ms, read.cache_scope) == (HOUR_MS, "private")  # job results are their submitter's
     assert client.instructions and "wait=false" in client.instructions

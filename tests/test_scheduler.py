@@ -278,3 +278,38 @@ def test_the_reaper_kills_only_sessions_still_alive(monkeypatch):
     monkeypatch.setattr(docker_backend, "sweep", lambda client: None)  # no real engine touched here
     cluster.reap(owner=1, poll_s=0)
     assert killed == [(200, "PKB_LAUNCH=b")]
+
+
+def test_a_gpu_job_that_builds_extensions_is_built_before_it_takes_gpus(node, tmp_path, monkeypatch):
+    """Its build runs in the build pool, holding no GPU and no place in the queue: a later job takes
+    the GPUs meanwhile; it runs once built. A CPU job builds as it runs (its build would take the CPU
+    jobs' cores)."""
+    release, built = threading.Event(), []
+
+    def prebuild(request, cancel=None):
+        release.wait(10)
+        built.append((request.problem, time.monotonic()))
+        return []
+
+    monkeypatch.setattr(service, "prebuild", prebuild)
+    s = node(gpus=2)
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text("from torch.utils.cpp_extension import load_inline\ndef solution(x):\n    return x\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("def solution(x):\n    return x\n")
+    SECONDS.update(k=0.1, p=0.3, c=0.1)
+
+    def job(path, name, device="cuda"):
+        return s.submit(
+            "check", RunRequest(path=str(path), problem=name, world_size=2, device=device, timeout_s=30)
+        )
+
+    k, p = job(kernel, "k"), job(plain, "p")
+    wait_all(s, [p])
+    assert s.get(k).state == "queued" and not [e for e in LOG if e[1] == "k"]
+    assert "building the solution's extensions" in (s.get(k).message or "")
+    release.set()
+    wait_all(s, [k])
+    assert [name for name, _ in built] == ["k"] and span("k")[0] >= built[0][1]
+    wait_all(s, [job(kernel, "c", device="cpu")])
+    assert [name for name, _ in built] == ["k"], "a CPU job builds as it runs"

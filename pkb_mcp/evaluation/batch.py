@@ -20,7 +20,6 @@ the report formats; pkb_mcp/evaluation/records.py holds the records they share.
 
 from __future__ import annotations
 
-import concurrent.futures
 import glob
 import hashlib
 import json
@@ -152,6 +151,7 @@ def _from_check(base: FileResult, r: CheckResult, job: str) -> FileResult:
             "outcome": outcome,
             "correct": outcome == "pass",
             "message": r.message,
+            "generalizes": r.generalizes,
             "check_job": job,
             **_by_original_rules(base, outcome, r.protections),
         }
@@ -189,19 +189,17 @@ class _Entry:
     path: Path
     key: str
     base: FileResult
-    stage: str = "done"  # building, checking, benchmarking, done
+    stage: str = "done"  # checking, benchmarking, done
     job: str | None = None
-    build: concurrent.futures.Future[list[str]] | None = None  # the extensions' build, before the check
     result: FileResult | None = None
     checked: FileResult | None = None  # the check's result while its benchmark runs
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Batch:
-    """One batch's files through their stages. On GPUs a file whose solution builds extensions is built
-    first, in a pool of `config.build_slots()` beside the scheduler's GPU queue (on a cluster the nodes
-    build; on a CPU device the check builds), and checked once its build is done; a file that passes
-    is benchmarked ahead of the checks still queued."""
+    """One batch's files through their stages: checked, and a file that passes benchmarked ahead of the
+    checks still queued. (On GPUs the scheduler builds a file's extensions before its check takes GPUs:
+    pkb_mcp/jobs/scheduler.py.)"""
 
     def __init__(
         self, settings: EvalSettings, scheduler: Any, store: EvalStore, rerun: bool, progress: Progress
@@ -211,11 +209,6 @@ class _Batch:
         self.store = store
         self.rerun = rerun
         self.progress = progress
-        # on GPUs builds take CPU cores the checks leave idle; on a CPU device they would take the
-        # checks' own cores (and slow them past their deadlines), so there a build stays in its check
-        self.builds: concurrent.futures.ThreadPoolExecutor | None = None
-        if scheduler.cluster is None and settings.device == "cuda":
-            self.builds = concurrent.futures.ThreadPoolExecutor(config.build_slots(), "pkb-build")
 
     def request(self, path: Path, pid: int, kind: str) -> RunRequest:
         check = kind == "check"
@@ -229,6 +222,7 @@ class _Batch:
             sandbox=self.s.sandbox,
             convention=self.s.convention,
             trials=self.s.trials,
+            unseen=self.s.unseen,
             timeout_s=self.s.timeout_s if check else self.s.bench_timeout_s,
         )
 
@@ -285,10 +279,6 @@ class _Batch:
         if row is not None and self._adoptable(row["check_job"]):
             entry.stage, entry.job = "checking", row["check_job"]
             return entry
-        if self.builds is not None and service.builds_extensions(data.decode("utf-8", errors="replace")):
-            entry.stage = "building"
-            entry.build = self.builds.submit(service.prebuild, self.request(path, pid, "check"))
-            return entry
         self._submit_check(entry, pid)
         return entry
 
@@ -305,15 +295,7 @@ class _Batch:
         return record is not None and record.state in ("queued", "running", "done")
 
     def advance(self, entry: _Entry) -> bool:
-        """Move an entry on when its build or its job has ended; True when it changed."""
-        if entry.stage == "building":
-            assert entry.build is not None
-            if not entry.build.done():
-                return False
-            # whatever the build did (a failure included) the check reports: it finds it in the cache
-            entry.build = None
-            self._submit_check(entry, entry.base.problem_id or 0)
-            return True
+        """Move an entry on when its job has ended; True when it changed."""
         assert entry.job is not None
         record = self.scheduler.get(entry.job)
         if not record.terminal:
@@ -450,6 +432,7 @@ def evaluate(
     sandbox: str = "auto",
     convention: str = "auto",
     bench: bool = True,
+    unseen: bool | None = None,
     rerun: bool = False,
     attempts: bool = False,
     store: Path | None = None,
@@ -496,6 +479,7 @@ def evaluate(
         sandbox=sandbox,
         convention=conventions.requested(convention),
         bench=bench,
+        unseen=config.unseen_sizes() if unseen is None else unseen,
     )
     store_path = (store or config.state_dir() / "eval.sqlite").expanduser().resolve()
     results_store = EvalStore(store_path)
@@ -508,12 +492,7 @@ def evaluate(
 
             gpus = torch.cuda.device_count()
         scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
-        batch = _Batch(settings, scheduler, results_store, rerun, progress)
-        try:
-            results = batch.run(files, attempt_of)
-        finally:
-            if batch.builds is not None:
-                batch.builds.shutdown(wait=True, cancel_futures=True)
+        results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
     finally:
         if scheduler is not None:
             scheduler.stop()

@@ -28,6 +28,7 @@ class EvalSettings(BaseModel):
     sandbox: str = "auto"
     convention: str = "auto"
     bench: bool = True
+    unseen: bool = Field(True, description="each check also runs one trial at a size it was never shown")
 
 
 class FileResult(BaseModel):
@@ -57,6 +58,9 @@ class FileResult(BaseModel):
         description="the protections of pkb's that failed a file correct by the original's rules",
     )
     message: str = ""
+    generalizes: Literal["yes", "no"] | None = Field(
+        None, description="a correct file also matched the reference at a size it was never shown"
+    )
     speedup: float | None = None
     speedup_low: float | None = None
     speedup_high: float | None = None
@@ -84,6 +88,8 @@ class EvalSummary(BaseModel):
     attempted: int = Field(description="files run to a verdict: not skipped, no environment error")
     correct: int
     correct_pct: float | None
+    generalizes: int = Field(0, description="correct files that also matched at a size never shown")
+    generalization_judged: int = Field(0, description="correct files judged at a size never shown")
     fast_p: dict[str, float | None] = Field(description="threshold p -> fraction of attempted files")
     geomean_speedup: float | None = Field(description="over correct files with a credited speedup")
     outcomes: dict[str, int]

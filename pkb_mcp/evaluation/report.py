@@ -27,6 +27,7 @@ CSV_COLUMNS = [
     "correct",
     "original_correct",
     "protections",
+    "generalizes",
     "speedup",
     "speedup_low",
     "speedup_high",
@@ -73,6 +74,8 @@ def summarize(results: list[FileResult]) -> EvalSummary:
         attempted=len(tried),
         correct=correct,
         correct_pct=100.0 * correct / len(tried) if tried else None,
+        generalizes=sum(r.correct and r.generalizes == "yes" for r in tried),
+        generalization_judged=sum(r.correct and r.generalizes is not None for r in tried),
         fast_p={f"{p:g}": fast_p(results, p) for p in FAST_P if p == 0 or benched},
         geomean_speedup=math.exp(sum(math.log(s) for s in speeds) / len(speeds)) if speeds else None,
         outcomes=outcomes,
@@ -129,6 +132,10 @@ def to_markdown(report: EvalReport) -> str:
     lines += ["", "| score | value |", "| --- | --- |"]
     lines.append(f"| attempted | {s.attempted} of {s.files} |")
     lines.append(f"| correct | {s.correct} ({_num(s.correct_pct, '.1f')}%) |")
+    if s.generalization_judged:
+        lines.append(
+            f"| correct and generalizes (of those judged) | {s.generalizes} of {s.generalization_judged} |"
+        )
     for p, value in s.fast_p.items():
         lines.append(f"| fast_{p} | {_num(value, '.3f')} |")
     lines.append(f"| geometric mean speedup (correct) | {_num(s.geomean_speedup)} |")

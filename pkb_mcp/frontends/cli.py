@@ -71,6 +71,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 # options whose names differ from the RunRequest fields they set
+NO_UNSEEN_HELP = (
+    "skip the trial at a size the candidate was never shown (it runs after a passing check and reports "
+    "'generalizes' apart from the verdict)"
+)
 _FIELD_OF_OPTION = {"file": "path", "timeout": "timeout_s", "out": "out_dir"}
 
 
@@ -141,6 +145,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         sandbox=args.sandbox,
         convention=args.convention,
         bench=not args.no_bench,
+        unseen=args.unseen,
         rerun=args.rerun,
         attempts=args.attempts,
         store=Path(args.store) if args.store else None,
@@ -310,6 +315,7 @@ def _add_runs(sub: Any) -> None:
     p.add_argument("problem", help="id or name")
     p.add_argument("file", help="solution .py defining solution() with the reference's signature")
     p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--no-unseen", dest="unseen", action="store_const", const=False, help=NO_UNSEEN_HELP)
     _common(p, run=True)
     p.set_defaults(func=cmd_check, default_timeout=120.0)
 
@@ -360,6 +366,7 @@ def _add_eval(sub: Any) -> None:
         help="wall-clock limit of each benchmark launch, seconds",
     )
     p.add_argument("--no-bench", action="store_true", help="check only: no speedups, only fast_0")
+    p.add_argument("--no-unseen", dest="unseen", action="store_const", const=False, help=NO_UNSEEN_HELP)
     p.add_argument("--rerun", action="store_true", help="run every file again, even those already done")
     p.add_argument(
         "--attempts",

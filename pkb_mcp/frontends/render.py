@@ -13,6 +13,7 @@ from pkb_mcp.models import (
     Calibration,
     CheckResult,
     ProblemDetail,
+    ProblemPage,
     ProblemSummary,
     RankResult,
     RooflineResult,
@@ -39,7 +40,9 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.4g}"
 
 
-def rank_table(results: list[RankResult]) -> str:
+def rank_table(results: list[RankResult], headline: str = "") -> str:
+    """The ranks' table, then what each failed rank said (once for ranks that said the same; not at all
+    where it is the `headline`, printed under the table)."""
     rows = []
     for r in results:
         err = "" if r.max_abs_error is None else f"{r.max_abs_error:.3g}"
@@ -50,12 +53,14 @@ def rank_table(results: list[RankResult]) -> str:
     told: dict[tuple[str, str], int] = {}  # what a rank failed with, and the first rank told it
     for r in results:
         said = (r.message or "", r.traceback or r.log_tail or "")
+        if said == (headline, ""):
+            continue  # it says only what the headline says
         if r.state != "pass" and said in told:
             text += f"\nrank {r.rank}: as rank {told[said]}"
             continue
         if r.state != "pass":
             told.setdefault(said, r.rank)
-        if r.state != "pass" and r.message:
+        if r.state != "pass" and r.message and r.message != headline:
             text += f"\nrank {r.rank}: {r.message}"
         if r.traceback:
             text += "\n" + "\n".join("    " + line for line in r.traceback.rstrip().splitlines()[-12:])
@@ -74,13 +79,20 @@ def check(r: CheckResult) -> str:
     return "\n".join(
         [
             head,
-            rank_table(r.ranks),
+            rank_table(r.ranks, r.message),
             f"{r.verdict.upper()}: {r.message}",
+            *unseen_lines(r),
             *static_lines(r.static_report),
             *warning_lines(r.warnings),
             *note_lines(r.notes),
         ]
     )
+
+
+def unseen_lines(r: CheckResult) -> list[str]:
+    """Whether a passing candidate generalizes, and where it was judged (the failing rank's outcome
+    where it does not)."""
+    return [] if r.unseen is None else [f"generalizes: {r.generalizes}: {r.unseen.message}"]
 
 
 def warning_lines(items: list[str]) -> list[str]:
@@ -154,7 +166,7 @@ def bench(r: BenchResult) -> str:
             table(rows, ["", "median ms", "IQR ms", "min ms", "samples", "input sets", "stopped on"])
         )
     if r.verdict in ("fail", "timeout"):
-        lines.append(rank_table(r.ranks))
+        lines.append(rank_table(r.ranks, r.message))
     if r.speedup is not None:
         noise = "; within noise: no evidence of a difference, not credited" if r.within_noise else ""
         lines.append(
@@ -226,6 +238,24 @@ def original_lines(d: ProblemDetail) -> list[str]:
 def problems(found: list[ProblemSummary]) -> str:
     rows = [[str(p.id), p.name, p.category, p.world_sizes, p.summary] for p in found]
     return table(rows, ["id", "name", "category", "world sizes", "summary"])
+
+
+def problem_page(page: ProblemPage) -> str:
+    """A page of list_problems: its rows, and where the next page starts when there is one."""
+    if not page.problems:
+        return f"none from offset {page.offset}: {page.total} match" if page.total else "no problem matches"
+    detail = page.problems[0].world_sizes is not None
+    header = ["id", "name", "category", *(["source", "dtype", "world sizes"] if detail else []), "summary"]
+    rows = []
+    for p in page.problems:
+        more = [p.source or "", p.dtype or "", p.world_sizes or ""] if detail else []
+        rows.append([str(p.id), p.name, p.category, *more, p.summary])
+    lines = [table(rows, header)]
+    if page.next_offset is not None or page.offset:
+        shown = f"problems {page.offset + 1}-{page.offset + len(rows)} of {page.total}"
+        nxt = page.next_offset
+        lines.append(shown + (f"; the next page starts at offset {nxt}" if nxt is not None else ""))
+    return "\n".join(lines)
 
 
 def calibration(c: Calibration) -> str:

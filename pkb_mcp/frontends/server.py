@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
-from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, InputRequiredResult, TextContent
 from mcp_types import Tool as PublishedTool
 from pydantic import BaseModel, Field, ValidationError
 
@@ -26,13 +26,14 @@ from pkb_mcp import service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import render
+from pkb_mcp.frontends.surface import CACHE_HINTS, CANCELS, READ_ONLY, RUNS_CODE, ordered
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobRecord
 from pkb_mcp.models import (
     BenchResult,
     CheckResult,
     ProblemDetail,
-    ProblemSummary,
+    ProblemPage,
     Result,
     RooflineResult,
     RunRequest,
@@ -54,11 +55,6 @@ Start with list_problems, read a problem with get_reference (or the attempt_prob
 Python file defining solution(...) with the reference's signature, then run_correctness, benchmark,
 profile and roofline. Long calls accept wait=false and return a job id (job_status, job_result, cancel_job).
 NVLink multicast (multimem / NVLS) is unavailable and must not be used."""
-
-# Hints at their MCP defaults are left out (readOnlyHint and idempotentHint default to false, and
-# destructiveHint and idempotentHint mean nothing for a read-only tool): tools/list stays short.
-READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-RUNS_CODE = ToolAnnotations(destructive_hint=False, open_world_hint=False)
 
 
 def lean_input(schema: dict[str, Any]) -> dict[str, Any]:
@@ -90,8 +86,9 @@ def lean_input(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Server(MCPServer):
-    """Publishes lean input schemas, and descriptions without the docstrings' indentation; answers a
-    refused call in one sentence, with the sentence as structured content too."""
+    """Publishes its tools in our order (frontends/surface.py), with lean input schemas and
+    descriptions without the docstrings' indentation; answers a refused call in one sentence, with the
+    sentence as structured content too."""
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context | None = None
@@ -113,7 +110,7 @@ class _Server(MCPServer):
                     "description": " ".join(t.description.split()) if t.description else t.description,
                 }
             )
-            for t in await super().list_tools()
+            for t in ordered(await super().list_tools())
         ]
 
 
@@ -152,10 +149,6 @@ Convention = Annotated[
     Literal["auto", "ours", "original"],
     Arg(description="solution()'s calling convention (auto: by its signature)"),
 ]
-
-
-class ProblemList(Result):
-    problems: list[ProblemSummary]
 
 
 class JobOutput(Result):
@@ -393,6 +386,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
         instructions=INSTRUCTIONS,
         version=__import__("pkb_mcp").__version__,
         extensions=[TasksExtension(tools)],
+        cache_hints=CACHE_HINTS,
     )
     _add_problem_tools(mcp)
     _add_run_tools(mcp, tools)
@@ -409,10 +403,19 @@ def _add_problem_tools(mcp: MCPServer) -> None:
     def list_problems(
         category: Annotated[str | None, Arg(description="exact category, e.g. 'primitive', 'TP'")] = None,
         text: Annotated[str | None, Arg(description="text to find in name, summary, source")] = None,
-    ) -> Annotated[CallToolResult, ProblemList]:
-        """List the problems: id, name, category, world-size rule, one-line summary."""
-        found = service.list_problems(category, text)
-        return reply(ProblemList(problems=found), render.problems(found))
+        offset: Annotated[int, Arg(ge=0, description="skip this many")] = 0,
+        limit: Annotated[int, Arg(ge=1, le=service.PAGE_LIMIT, description="at most this many")] = (
+            service.PAGE_LIMIT
+        ),
+        detail: Annotated[bool, Arg(description="add source, dtype, world-size rule")] = False,
+    ) -> Annotated[CallToolResult, ProblemPage]:
+        """The problems (all on one page): id, name, category, one-line summary."""
+        with tool_errors():
+            page = service.problem_page(category, text, offset, limit, detail)
+        return CallToolResult(
+            content=[TextContent(type="text", text=render.problem_page(page))],
+            structured_content=page.model_dump(mode="json", exclude_none=True),
+        )
 
     @mcp.tool(annotations=READ_ONLY)
     def get_reference(
@@ -473,6 +476,10 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
         convention: Convention = "auto",
         variant: Variant = "pkb",
+        unseen: Annotated[
+            bool | None,
+            Arg(description="after a pass, a trial at a size never shown (default: on)"),
+        ] = None,
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
         """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
@@ -487,6 +494,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             variant,
             trials=trials,
             convention=convention,
+            **({} if unseen is None else {"unseen": unseen}),
         )
         job_id = tools.scheduler.submit("check", request)
         return await tools.finish(job_id, wait, ctx)
@@ -555,11 +563,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         )
         return reply(full, tools.text(out))
 
-    @mcp.tool(
-        annotations=ToolAnnotations(
-            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
-        )
-    )
+    @mcp.tool(annotations=CANCELS)
     def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
         """Cancel a queued or running job (its processes are killed)."""
         with tool_errors():

@@ -6,19 +6,27 @@ jobs), or the one CPU slot (CPU jobs use every core), or a compile slot. Jobs st
 order as their resources allow (one submitted `first` goes ahead of the queued ones). Everything about
 a job is written to the store, so a restarted scheduler re-queues jobs that were queued or running and
 still answers for finished ones.
+
+A GPU job whose solution builds load_inline extensions is built first, while it waits, in a pool of
+`config.build_slots()` builds beside the GPU queue (no GPU held: builds use the CPU cores the GPU jobs
+leave idle), and takes its GPUs once its build has ended, finding its extensions in the node's cache;
+a job waiting for its build holds no place in the GPU queue. On a CPU device a build would take the
+CPU jobs' own cores, so there the job builds as it runs; on a Ray cluster the nodes build.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from pkb_mcp import service
+from pkb_mcp import config, service
 from pkb_mcp.errors import Cancelled, UserError
 from pkb_mcp.jobs.store import JobRecord, JobStore
 from pkb_mcp.log import get
@@ -68,6 +76,8 @@ class Scheduler:
         self.free_gpus = list(range(gpus))
         self.cpu_free = True
         self.compile_free = compile_slots
+        self._builds: concurrent.futures.ThreadPoolExecutor | None = None  # started with the first build
+        self._building: dict[str, concurrent.futures.Future[None]] = {}  # job -> its extensions' build
         self._live: dict[str, _Live] = {}
         self._queue: list[str] = []
         self._cond = threading.Condition()
@@ -113,6 +123,7 @@ class Scheduler:
             live.cancel.set()
             if job_id in self._queue:
                 self._queue.remove(job_id)
+                self._building.pop(job_id, None)  # its build ends on the cancel event
                 self.store.finish(job_id, "cancelled", error=reason)
             self._cond.notify_all()
         return self.get(job_id)
@@ -124,17 +135,49 @@ class Scheduler:
             for live in self._live.values():
                 live.cancel.set()
             self._cond.notify_all()
+        if self._builds is not None:
+            self._builds.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ internals
 
     def _enqueue(self, job_id: str, first: bool = False) -> None:
         with self._cond:
-            self._live.setdefault(job_id, _Live())
+            live = self._live.setdefault(job_id, _Live())
             if first:
                 self._queue.insert(0, job_id)
             else:
                 self._queue.append(job_id)
+            self._start_build(job_id, live)
             self._cond.notify_all()
+
+    def _start_build(self, job_id: str, live: _Live) -> None:
+        """Build a queued GPU job's extensions in the build pool, where it has any (under the lock)."""
+        record = self.store.get(job_id)
+        if record is None or self.cluster is not None or job_id in self._building:
+            return
+        verb = VERBS.get(record.kind)
+        try:
+            request = job_request(record)
+            text = request.path and Path(request.path).read_text(encoding="utf-8", errors="replace")
+        except (UserError, OSError):
+            return  # the job fails as it runs, saying why
+        if verb is None or not verb.gpus or (request.device or service.default_device()) != "cuda":
+            return
+        if not text or not service.builds_extensions(text):
+            return
+        if self._builds is None:
+            self._builds = concurrent.futures.ThreadPoolExecutor(config.build_slots(), "pkb-build")
+        self._building[job_id] = self._builds.submit(self._build, job_id, request, live.cancel)
+
+    def _build(self, job_id: str, request: RunRequest, cancel: threading.Event) -> None:
+        self.store.progress(job_id, 0, None, "building the solution's extensions (no GPU held yet)")
+        try:
+            service.prebuild(request, cancel)
+        except Exception as exc:  # whatever failed, the job's own run meets it again and reports it
+            log.info("job.prebuild_failed", job=job_id, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with self._cond:
+                self._cond.notify_all()
 
     def _needs(self, record: JobRecord) -> tuple[str, int]:
         """(resource class, units). A benchmark or a profile takes every GPU of the node, so that
@@ -191,6 +234,10 @@ class Scheduler:
                     if record is None:
                         self._queue.remove(job_id)
                         continue
+                    build = self._building.get(job_id)
+                    if build is not None and not build.done():
+                        continue  # no place held in its class while it builds
+                    self._building.pop(job_id, None)
                     need = self._needs(record)
                     if need[0] == "gpu" and need[1] > self.gpu_count:
                         self._queue.remove(job_id)

@@ -1,6 +1,7 @@
 """A run: the set-up that check, bench and profile share (the problem, the device and GPUs, the
-solution read as text, its static report, the sandbox backend, its extensions built), and what a
-failed rank or a failed reference says to the user."""
+solution read as text and whether its parameters can take the problem's call (runs/signature.py), its
+static report, the sandbox backend, its extensions built), and what a failed rank or a failed
+reference says to the user."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ast
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,9 @@ from harness.contracts import LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
-from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches
+from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches, run_launch
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
-from pkb_mcp.runs import conventions, pairing, static_report
+from pkb_mcp.runs import conventions, pairing, signature, static_report
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.base import Backend
 
@@ -165,7 +167,7 @@ class Run:
         self.size = request.size
         self.timeout_s = request.timeout_s
         self.solution = Path(request.path).resolve()
-        self.unrunnable = read_solution(self.solution)
+        self.unrunnable = read_solution(self.solution) or self._unbindable()
         # what the source still calls, read without running it; multicast refuses it outright
         self.static_report: StaticReport | None = None
         self.refusal: str | None = None
@@ -194,6 +196,14 @@ class Run:
                 "tolerance (docs/variants.md)"
             )
 
+    def _unbindable(self) -> str | None:
+        """Why no call the problem makes can bind the solution's parameters (read as text), or None."""
+        try:
+            tree = ast.parse(self.solution.read_bytes(), filename=self.solution.name)
+        except (SyntaxError, ValueError):
+            return None
+        return signature.mismatch(self.problem, tree, self.world_size, self.size, self.convention)
+
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
         """Build the solution's load_inline extensions into the node's cache before its launches run
         (pkb_mcp/compile/extensions.py); a solution without any costs nothing here."""
@@ -214,16 +224,27 @@ class Run:
             return ""
 
     def launch(
-        self, mode: str, solution: Path, seeds: list[int], timing: TimingConfig | None = None
+        self,
+        mode: str,
+        solution: Path,
+        seeds: list[int],
+        timing: TimingConfig | None = None,
+        *,
+        size: dict[str, Any] | None = None,
+        world_size: int | None = None,
     ) -> LaunchRequest:
+        """A launch of the run's problem: at the run's size preset and world size, unless `size` (the
+        values themselves) and `world_size` (at most the run's: the GPUs it holds) say otherwise."""
         import os
 
-        threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // self.world_size)
+        world_size = world_size or self.world_size
+        assert world_size <= self.world_size, "a run holds GPUs for its own world size only"
+        threads = 1 if self.device == "cuda" else max(1, (os.cpu_count() or 1) // world_size)
         settings: LaunchSettings = {
             "mode": mode,
-            "world_size": self.world_size,
+            "world_size": world_size,
             "device": self.device,
-            "size": self.problem.size(self.size),
+            "size": size if size is not None else self.problem.size(self.size),
             "dtype": self.problem.dtype,
             "seeds": seeds,
             "tolerance": self.problem.bounds,
@@ -232,7 +253,25 @@ class Run:
             "threads_per_rank": threads,
             "convention": self.convention,
         }
-        return LaunchRequest(settings, self.problem.path, solution, self.gpus, self.problem.max_outputs)
+        gpus = self.gpus[:world_size]
+        return LaunchRequest(settings, self.problem.path, solution, gpus, self.problem.max_outputs)
+
+    def launch_pair(
+        self, ref_request: LaunchRequest, cand_request: LaunchRequest, cancel: threading.Event | None
+    ) -> tuple[LaunchOutcome, LaunchOutcome | None]:
+        """The reference's launch and the candidate's, side by side where the sandbox isolates them.
+        Without isolation the candidate could read the reference's outputs from its launch directory
+        while both run: the reference's launch ends (and its directory is gone) before the candidate
+        starts, and a failed reference leaves the candidate unlaunched (None)."""
+        if self.backend.isolated:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                ref_future = pool.submit(run_launch, ref_request, self.backend, cancel)
+                cand_future = pool.submit(run_launch, cand_request, self.backend, cancel)
+                return ref_future.result(), cand_future.result()
+        ref_outcome = run_launch(ref_request, self.backend, cancel)
+        if not ref_outcome.ok:
+            return ref_outcome, None
+        return ref_outcome, run_launch(cand_request, self.backend, cancel)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)

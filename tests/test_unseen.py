@@ -1,0 +1,182 @@
+"""The unseen-size trial (pkb_mcp/runs/unseen.py): after a passing check, one trial at a size the
+candidate was never shown, reported as `generalizes` apart from the verdict.
+
+Fast: the draw's rules, and every problem's declared sizes drawn many times at world sizes 2 to 8 and
+built on `meta`. Integration: every reference run at a drawn size in one process group per world size
+(cheaper than a launch per problem), and the check itself through the harness: a solution tuned to
+the shown shapes passes and does not generalize; the reference does."""
+
+from __future__ import annotations
+
+import datetime
+import random
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.context import ProblemContext
+from pkb_mcp import problems, service
+from pkb_mcp.models import RunRequest
+from pkb_mcp.runs import unseen
+from pkb_mcp.runs.unseen import Draw
+
+from .conftest import CANDIDATES
+
+SUITE = problems.suite()
+DECLARED = sorted(pid for pid, p in SUITE.items() if unseen.declares(p))
+WORLD_SIZES = [2, 3, 4, 8]
+
+
+# ---------------------------------------------------------------- the draw
+
+
+def test_a_draw_is_in_range_a_multiple_and_never_a_preset_s_value():
+    draw = Draw([{"rows": 1024}, {"rows": 64}], random.Random(1))
+    values = {draw("rows", 64, 1024, 64) for _ in range(400)}
+    assert values == set(range(128, 1024, 64))  # 64 and 1024 are the presets'
+    assert all(draw("cols", 5, 7) in (5, 6, 7) for _ in range(50))  # a key no preset has
+    assert draw("cols", 60, 70, 8) == 64  # the one multiple of 8 in range
+
+
+def test_a_draw_with_no_value_left_says_which_key():
+    draw = Draw([{"heads": 8}], random.Random(2))
+    with pytest.raises(ValueError, match="every value of 'heads'"):
+        draw("heads", 8, 8)
+    with pytest.raises(ValueError, match="no range for 'heads'"):
+        draw("heads", 9, 8)
+
+
+# ---------------------------------------------------------------- every problem's declared sizes
+
+
+def test_every_problem_of_the_pkb_variant_declares_unseen_sizes():
+    missing = sorted(pid for pid in SUITE if pid not in DECLARED)
+    assert missing == [], f"problems without unseen_size(draw, world_size): {missing}"
+
+
+def test_the_original_variant_has_none():
+    assert not any(unseen.declares(p) for p in problems.suite("original").values())
+
+
+@pytest.mark.parametrize("pid", DECLARED)
+def test_drawn_sizes_suit_the_problem_and_build_its_inputs(pid):
+    """At every world size the problem allows, 8 draws: a size no preset is, accepted by the problem's
+    rules, whose inputs build on `meta` with a shape that differs from the presets' somewhere."""
+    p = SUITE[pid]
+    rng = random.Random(pid)
+    for w in WORLD_SIZES:
+        if p.world_size_error(w, "pkb"):
+            continue
+        for _ in range(8):
+            size = unseen.draw_size(p, w, "pkb", rng)
+            assert size is not None, f"problem {pid}: no drawn size suits world size {w}"
+            assert unseen.shown_size(p, size) != "a new combination of the presets' values"
+            shapes = _shapes(p, w, size)
+            assert shapes, f"problem {pid}: no inputs at {size}"
+            assert shapes != _shapes(p, w, p.size("pkb")), f"problem {pid}: {size} gives the preset's inputs"
+
+
+def _shapes(p: problems.Problem, world_size: int, size: dict) -> list:
+    ctx = ProblemContext(0, world_size, size, p.torch_dtype, torch.device("meta"))
+    inputs = p.module.make_inputs(ctx)
+    inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+    return [tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in inputs]
+
+
+def test_the_trial_moves_to_a_smaller_world_size_the_problem_allows():
+    p = SUITE[1]
+    placed = unseen.placement(p, 4, "pkb", random.Random(3))
+    assert placed is not None and placed[0] == 3
+    assert unseen.placement(p, 2, "pkb", random.Random(3))[0] == 2  # type: ignore[index]
+
+
+# ---------------------------------------------------------------- every reference at a drawn size
+
+
+def _run_every_reference(rank: int, world_size: int, store: str, seed: int, report: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    failed: list[str] = []
+    for pid in DECLARED:
+        p = SUITE[pid]
+        if p.world_size_error(world_size, "pkb"):
+            continue
+        size = unseen.draw_size(p, world_size, "pkb", random.Random(seed + pid))  # the same on every rank
+        try:
+            assert size is not None, "no size drawn"
+            ctx = ProblemContext(rank, world_size, size, p.torch_dtype, torch.device("cpu"), seed=seed + pid)
+            inputs = p.module.make_inputs(ctx)
+            p.module.solution(*(inputs if isinstance(inputs, (tuple, list)) else (inputs,)))
+        except Exception:
+            failed.append(f"problem {pid} at {size}:\n{traceback.format_exc(limit=4)}")
+            break  # a rank that raised leaves the others in a collective: the group is spent
+        dist.barrier()
+    if failed:
+        Path(f"{report}.{rank}").write_text("\n".join(failed))
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_reference_runs_at_a_drawn_size(world_size, tmp_path):
+    report = tmp_path / "failed"
+    torch.multiprocessing.spawn(
+        _run_every_reference,
+        args=(world_size, str(tmp_path / "store"), random.randrange(1 << 30), str(report)),
+        nprocs=world_size,
+    )
+    failures = [f.read_text() for f in sorted(tmp_path.glob("failed.*"))]
+    assert failures == [], "\n".join(failures)
+
+
+# ---------------------------------------------------------------- the check
+
+
+def check(path: Path, world_size: int = 2, **more) -> object:
+    return service.check(
+        RunRequest(
+            problem=1,
+            path=path,
+            world_size=world_size,
+            device="cpu",
+            trials=1,
+            sandbox="process",
+            **more,
+        )
+    )
+
+
+@pytest.mark.integration
+def test_a_solution_tuned_to_the_shown_shapes_passes_and_does_not_generalize(isolated_dirs):
+    r = check(CANDIDATES / "shape_tuned.py", world_size=4, unseen=True)
+    assert r.verdict == "pass", r.message
+    assert r.generalizes == "no" and r.unseen is not None, r
+    assert r.unseen.world_size == 3 and r.unseen.size != SUITE[1].size("pkb")
+    assert r.unseen.message.startswith("at world size 3, size rows=") and "differ" in r.unseen.message
+    assert ": rank 0, trial 0: " in r.unseen.message  # rank 0 is wrong first (they all are)
+    assert list(isolated_dirs.iterdir()) == []
+
+
+@pytest.mark.integration
+def test_the_reference_generalizes_and_the_trial_can_be_turned_off(isolated_dirs):
+    r = check(SUITE[1].path, unseen=True)
+    assert r.verdict == "pass" and r.generalizes == "yes", r
+    assert r.unseen is not None and r.unseen.message.startswith("matches the reference at world size 2")
+    off = check(SUITE[1].path, unseen=False)
+    assert off.verdict == "pass" and off.generalizes is None and off.unseen is None
+
+
+@pytest.mark.integration
+def test_a_failed_check_runs_no_unseen_trial(isolated_dirs):
+    r = check(CANDIDATES / "wrong_scale.py", unseen=True)
+    assert r.verdict == "fail" and r.generalizes is None and r.unseen is None
