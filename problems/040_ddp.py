@@ -84,6 +84,14 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a batch of 16s and MLP
+    widths of 32s (hidden of 64s), as layers keep them, with GEMM work within 1.5x pkb's."""
+    d_in, hidden, d_out = draw("d_in", 64, 384, 32), draw("hidden", 128, 640, 64), draw("d_out", 64, 384, 32)
+    batch = draw("batch", 16, max(16, min(192, 3 * 2**24 // (hidden * (d_in + d_out)))), 16)
+    return {"batch": batch, "d_in": d_in, "hidden": hidden, "d_out": d_out}
+
+
 def _split(flat, d_in, hidden, d_out):
     """W1, b1, W2, b2 as views of a vector in the flat parameter layout."""
     n1 = hidden * d_in
