@@ -48,6 +48,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch and sequence
+    shard, heads a multiple of W (they are scattered over the ranks) and head_dim a multiple of 16."""
+    return {
+        "batch": draw("batch", 1, 16),
+        "seq_local": draw("seq_local", 1, 24),
+        "heads": draw("heads", world_size, max(16, 4 * world_size), world_size),
+        "head_dim": draw("head_dim", 16, 128, 16),
+    }
+
+
 def make_inputs(ctx):
     """x [batch, seq_local, heads, head_dim], standard normal; the original's (x, 1, 2, None, 0)."""
     s = ctx.size

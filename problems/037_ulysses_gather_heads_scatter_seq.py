@@ -49,6 +49,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch and count
+    of local heads, seq a multiple of W (it is scattered over the ranks), head_dim a multiple of 16."""
+    return {
+        "batch": draw("batch", 1, 16),
+        "seq": draw("seq", world_size, max(32, 4 * world_size), world_size),
+        "heads_local": draw("heads_local", 1, 12),
+        "head_dim": draw("head_dim", 16, 128, 16),
+    }
+
+
 def make_inputs(ctx):
     """x [batch, seq, heads_local, head_dim], standard normal; the original's (x, 1, 2, None)."""
     s = ctx.size

@@ -70,6 +70,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch and sequence
+    shard, heads a multiple of W (they are scattered over the ranks), head_dim 16 to 128 in 16s."""
+    heads = draw("heads", world_size, max(16, 4 * world_size), world_size)
+    return {
+        "batch": draw("batch", 1, 24),
+        "seq_local": draw("seq_local", 1, 8),
+        "hidden": draw("hidden", 16 * heads, min(max(768, 32 * heads), 128 * heads), 16 * heads),
+        "heads": heads,
+    }
+
+
 def make_inputs(ctx):
     """Random activations per rank; shared weights scaled so that q, k, v are O(1) and outputs O(0.3).
 

@@ -84,6 +84,15 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): MLP widths of 32s
+    (hidden of 64s) within 1.5x pkb's GEMM work; batch 96-192, as the moments' bounds (measured
+    at 128) fail a correct float32 pipeline at small batches."""
+    batch, d_in, d_out = draw("batch", 96, 192, 16), draw("d_in", 64, 384, 32), draw("d_out", 64, 320, 32)
+    hidden = draw("hidden", 128, max(128, min(640, 3 * 2**24 // (batch * (d_in + d_out)))), 64)
+    return {"batch": batch, "d_in": d_in, "hidden": hidden, "d_out": d_out}
+
+
 def _split(flat, d_in, hidden, d_out):
     """W1, b1, W2, b2 as views of a vector in the flat parameter layout."""
     n1 = hidden * d_in

@@ -69,6 +69,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a shard of any
+    multiple of 8 elements (16-byte rows of bf16, the alignment a vectorised kernel may assume)."""
+    return {"shard": draw("shard", 1024, 6144, 8)}
+
+
 def make_inputs(ctx):
     """This rank's bf16 gradient shard and float32 master weights and moments, [S] each."""
     s = ctx.size["shard"]

@@ -59,6 +59,12 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): n a multiple of
+    128 * W, so that every rank sums an equal run of whole blocks."""
+    return {"n": draw("n", 65536, 1572864, 128 * world_size)}
+
+
 def make_inputs(ctx):
     """g [n], standard normal as in the original (the mean over ranks is O(1/sqrt(W)))."""
     return (ctx.randn(ctx.size["n"]),)

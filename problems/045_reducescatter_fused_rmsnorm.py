@@ -53,6 +53,15 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): tokens a multiple of
+    8 W (every rank owns a whole number of 8-row tiles), hidden a multiple of 16."""
+    return {
+        "tokens": draw("tokens", 16 * world_size, 1536, 8 * world_size),
+        "hidden": draw("hidden", 64, 256, 16),
+    }
+
+
 def make_inputs(ctx):
     """partial [T, H] ~ N(0, 1), different per rank; gamma [H] uniform in [0.5, 1.5), shared."""
     tokens, hidden = ctx.size["tokens"], ctx.size["hidden"]

@@ -47,6 +47,16 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a few sequences, hidden
+    a multiple of 64 and vocab of 64 W (padded vocabularies split into 64-row shards)."""
+    return {
+        "batch": draw("batch", 1, 8),
+        "hidden": draw("hidden", 256, 1280, 64),
+        "vocab": draw("vocab", 2048, 10240, 64 * world_size),
+    }
+
+
 def make_inputs(ctx):
     """hidden [B, H], the same on every rank; weight_local [V/W, H] scaled by 1/sqrt(H) and
     bias_local [V/W] ~ N(0, 0.5^2), different per rank: logits are O(1)."""

@@ -70,6 +70,15 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any tokens of 8s, dim
+    a multiple of 32 n_fsdp and ffn of 32 W (whole 32-row FSDP blocks), GEMM work at most 1.5x pkb's."""
+    n_fsdp = max(1, world_size // N_TP)
+    dim = draw("dim", 128, 384, 32 * n_fsdp)
+    ffn = draw("ffn", 512, 1536, 32 * world_size)
+    return {"tokens": draw("tokens", 64, max(64, 3 * 2**27 // (dim * ffn)), 8), "dim": dim, "ffn": ffn}
+
+
 def make_inputs(ctx):
     """x shared within a TP pair (drawn for all FSDP groups from the shared stream), shards per rank.
 

@@ -90,6 +90,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): top_k of 1 to 4 (at most
+    W: a token's experts are on distinct ranks), hidden and inter of 64s, up to 2048 tokens of 8s,
+    expert work within pkb's."""
+    top_k = draw("top_k", 1, max(1, min(world_size, 4)))
+    hidden = draw("hidden", 256, 1536, 64)
+    inter = draw("inter", 64, 256, 64)
+    tokens = draw("tokens", 64, max(64, min(2048, 2**28 // (top_k * hidden * inter))), 8)
+    return {"tokens": tokens, "hidden": hidden, "inter": inter, "top_k": top_k}
+
+
 def _linear(ctx, fan_in, fan_out):
     """An nn.Linear with N(0, 1/fan_in) weights and N(0, 0.1^2) biases of this rank's own."""
     lin = torch.nn.utils.skip_init(torch.nn.Linear, fan_in, fan_out, device=ctx.device, dtype=ctx.dtype)

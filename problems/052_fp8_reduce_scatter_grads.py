@@ -56,6 +56,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): n a multiple of 16
+    (16-byte rows of FP8 codes, the alignment a vectorised kernel may assume)."""
+    return {"n": draw("n", 512, 6144, 16)}
+
+
 def make_inputs(ctx):
     """g normal with standard deviation 1/sqrt(W) (the sums are O(1)); a shared history and its factors.
 

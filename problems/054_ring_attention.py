@@ -74,6 +74,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch and heads,
+    seq a multiple of W (split over the ranks), head_dim a multiple of 16; sequences kept short."""
+    return {
+        "batch": draw("batch", 1, 16),
+        "seq": draw("seq", world_size, max(48, 4 * world_size), world_size),
+        "heads": draw("heads", 1, 16),
+        "head_dim": draw("head_dim", 16, 128, 16),
+    }
+
+
 def make_inputs(ctx):
     """The original's call: this rank's q, k, v [B, S/W, H, D], then softmax_scale None, causal True,
     group None."""

@@ -95,6 +95,19 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): seq a multiple of the
+    CP size W/2, head_dim 16 to 128 in 16s; sequences short, where the tolerance was measured."""
+    n_cp = max(1, world_size // N_PP)
+    heads = draw("heads", 2, 16)
+    return {
+        "batch": draw("batch", 1, 16),
+        "seq": draw("seq", 2 * n_cp, max(32, 4 * n_cp), n_cp),
+        "hidden": draw("hidden", 16 * heads, min(max(768, 32 * heads), 128 * heads), 16 * heads),
+        "heads": heads,
+    }
+
+
 def _groups():
     """This rank's (CP group, PP group), created on the first call and cached."""
     w = dist.get_world_size()

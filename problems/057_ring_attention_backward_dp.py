@@ -91,6 +91,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch and heads,
+    seq a multiple of the CP size W/2, head_dim a multiple of 16; sequences kept short."""
+    n_cp = max(1, world_size // N_DP)
+    return {
+        "batch": draw("batch", 1, 16),
+        "seq": draw("seq", 2 * n_cp, max(32, 4 * n_cp), n_cp),
+        "heads": draw("heads", 1, 16),
+        "head_dim": draw("head_dim", 16, 128, 16),
+    }
+
+
 def _groups():
     """This rank's (CP group, DP group), created on the first call and cached."""
     w = dist.get_world_size()

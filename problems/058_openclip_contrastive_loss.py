@@ -74,6 +74,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): pairs per rank a
+    multiple of 8, embedding widths of 64s."""
+    return {"n": draw("n", 32, 256, 8), "dim": draw("dim", 256, 1536, 64)}
+
+
 def make_inputs(ctx):
     """The original's call: this rank's image and text embeddings, logit_scale, logit_bias, None.
 

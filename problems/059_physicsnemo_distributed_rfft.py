@@ -59,6 +59,19 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): rows a multiple of
+    64 W and columns of 16, so both transforms keep lengths of small primes (the tolerance assumes
+    them); the batch keeps the work within 1.5x pkb's."""
+    rows = draw("rows", 256, max(1536, 128 * world_size), 64 * world_size)
+    cols = draw("cols_local", 16, 192, 16)
+    return {
+        "batch": draw("batch", 1, max(1, min(24, 3 * 2**20 // (rows * cols)))),
+        "rows": rows,
+        "cols_local": cols,
+    }
+
+
 def make_inputs(ctx):
     """This rank's columns of a standard normal field: float32 [B, H, cols_local]."""
     s = ctx.size

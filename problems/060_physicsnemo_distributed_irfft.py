@@ -69,6 +69,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): cols a multiple of
+    64 W and rows_local of 8, so both transforms keep lengths of small primes (the tolerance assumes
+    them); channels keep the work within 1.5x pkb's."""
+    cols = draw("cols", 512, max(2048, 128 * world_size), 64 * world_size)
+    rows = draw("rows_local", 8, 96, 8)
+    batch = draw("batch", 1, 4)
+    channels = draw("channels", 1, max(1, min(16, 3888000 // (batch * rows * cols))))
+    return {"batch": batch, "channels": channels, "rows_local": rows, "cols": cols}
+
+
 def make_inputs(ctx):
     """Random complex rows, columns 0 and L / 2 Hermitian-consistent across the whole spectrum."""
     s = ctx.size

@@ -86,6 +86,18 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): several cameras per
+    rank, any count of Gaussians (within 1.5x pkb's projections) and image sides of 32s."""
+    cameras = draw("cameras", 1, 4)
+    return {
+        "gaussians": draw("gaussians", 128, 1536 // cameras),
+        "cameras": cameras,
+        "width": draw("width", 256, 768, 32),
+        "height": draw("height", 256, 768, 32),
+    }
+
+
 def _rotations(q):
     """Rotation matrices [..., 3, 3] of quaternions (w, x, y, z), normalized first."""
     w, x, y, z = F.normalize(q, dim=-1).unbind(-1)

@@ -86,6 +86,22 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): channels a multiple of the
+    azimuth size (traded for longitudes), lat of 8s, lon of 16s, any kernel size and psi entries per
+    slab; batch up to 1.5x pkb's (cpu_batch on a CPU)."""
+    az, _ = _grid(world_size)
+    return {
+        "batch": draw("batch", 8, 48, 8),
+        "cpu_batch": draw("cpu_batch", 1, 6),
+        "channels": draw("channels", 2, 12, az),
+        "kernel": draw("kernel", 1, 5),
+        "lat": draw("lat", 8, 48, 8),
+        "lon": draw("lon", 32, 192, 16),
+        "entries": draw("entries", 2, 6),
+    }
+
+
 def _psi_pattern(k, nlat, nlon, lat, polar, entries):
     """Each rank's psi entries: (basis function, output latitude, slab row, input longitude), each
     [K, nlat, E], the same in every polar slab (the original's pattern)."""
