@@ -46,6 +46,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any token count in
+    multiples of 8 and a hidden size in multiples of 64, as models have them."""
+    return {"tokens_local": draw("tokens_local", 64, 1536, 8), "hidden": draw("hidden", 256, 1536, 64)}
+
+
 def make_inputs(ctx):
     """x_hat ~ N(0, 1) like a normalized activation; dy ~ N(0, 1/(W * tokens_local)), per rank."""
     tokens_local, hidden = ctx.size["tokens_local"], ctx.size["hidden"]

@@ -41,6 +41,16 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any number of ids and
+    of table rows per rank (batches and vocabularies have any size), a width in multiples of 16."""
+    return {
+        "n_ids": draw("n_ids", 128, 1536),
+        "rows_local": draw("rows_local", 128, 1536),
+        "dim": draw("dim", 64, 1536, 16),
+    }
+
+
 def make_inputs(ctx):
     """This rank's ids, uniform over all W * rows_local rows, and its random table shard."""
     n_ids, rows_local, dim = ctx.size["n_ids"], ctx.size["rows_local"], ctx.size["dim"]

@@ -50,6 +50,15 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): M, N in 64s (hidden
+    sizes), K (tokens) in 8 W so shards are 8-aligned, held to the pkb GEMM's work (seconds on a CPU)."""
+    m, n = draw("m", 256, 1536, 64), draw("n", 256, 1536, 64)
+    pkb = SIZES["pkb"]
+    k_most = min(768, pkb["m"] * pkb["k"] * pkb["n"] // (m * n))
+    return {"m": m, "n": n, "k": draw("k", 128, k_most, 8 * world_size)}
+
+
 def make_inputs(ctx):
     """a_t_local [K/W, M] and B_local [K, N], both different per rank; B scaled so outputs are O(1)."""
     m, k, n = ctx.size["m"], ctx.size["k"], ctx.size["n"]

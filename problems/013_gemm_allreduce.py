@@ -34,6 +34,15 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): M (tokens) in 8s,
+    k_local and N in 16s and 64s (hidden shards), k_local held to the pkb GEMM's work (seconds on a CPU)."""
+    m, n = draw("m", 256, 1536, 8), draw("n", 256, 1536, 64)
+    pkb = SIZES["pkb"]
+    k_most = min(768, pkb["m"] * pkb["k_local"] * pkb["n"] // (m * n))
+    return {"m": m, "n": n, "k_local": draw("k_local", 64, k_most, 16)}
+
+
 def make_inputs(ctx):
     """A_local [M, k_local] and B_local [k_local, N] per rank; B scaled by 1/sqrt(K) so outputs are O(1)."""
     m, k_local, n = ctx.size["m"], ctx.size["k_local"], ctx.size["n"]

@@ -45,6 +45,15 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): M (tokens) in 8s, K
+    in 64s, N in 16 W so each rank's columns are 16-aligned, K held to the pkb GEMM's work (CPU seconds)."""
+    m, n = draw("m", 256, 1536, 8), draw("n", 256, 1536, 16 * world_size)
+    pkb = SIZES["pkb"]
+    k_most = min(768, pkb["m"] * pkb["k"] * pkb["n"] // (m * n))
+    return {"m": m, "n": n, "k": draw("k", 64, k_most, 64)}
+
+
 def make_inputs(ctx):
     """A [M, K], the same on every rank, and B_local [K, N/W] per rank, scaled so outputs are O(1)."""
     m, k, n = ctx.size["m"], ctx.size["k"], ctx.size["n"]

@@ -58,6 +58,15 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): M (tokens) in 8 W, F
+    in 16 W so shards are aligned, H in 64s, held to the pkb MLP's work (seconds on a CPU)."""
+    m, ffn = draw("m", 256, 1536, 8 * world_size), draw("ffn", 128, 768, 16 * world_size)
+    pkb = SIZES["pkb"]
+    hidden_most = min(384, pkb["m"] * pkb["hidden"] * pkb["ffn"] // (m * ffn))
+    return {"m": m, "ffn": ffn, "hidden": draw("hidden", 64, hidden_most, 64)}
+
+
 def make_inputs(ctx):
     """x_local [M/W, H], w1_local [H, F/W], w2_local [F/W, H], all different per rank.
 

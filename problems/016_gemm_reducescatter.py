@@ -44,6 +44,15 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): M (tokens) in 8 W, K
+    in 16 W so shards are aligned, N in 64s, K held to the pkb GEMM's work (seconds on a CPU)."""
+    m, n = draw("m", 256, 1536, 8 * world_size), draw("n", 256, 1536, 64)
+    pkb = SIZES["pkb"]
+    k_most = min(768, pkb["m"] * pkb["k"] * pkb["n"] // (m * n))
+    return {"m": m, "n": n, "k": draw("k", 128, k_most, 16 * world_size)}
+
+
 def make_inputs(ctx):
     """A_local [M, K/W] and B_local [K/W, N] per rank; B scaled by 1/sqrt(K) so outputs are O(1)."""
     m, k, n = ctx.size["m"], ctx.size["k"], ctx.size["n"]

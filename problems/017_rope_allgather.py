@@ -55,6 +55,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch and head
+    count, a sequence in multiples of W (the rule), a head_dim in multiples of 16 (80, 96, ...)."""
+    return {
+        "batch": draw("batch", 1, 24),
+        "seq": draw("seq", world_size, 32, world_size),
+        "heads": draw("heads", 1, 12),
+        "head_dim": draw("head_dim", 32, 128, 16),
+    }
+
+
 def make_inputs(ctx):
     """q_local, k_local ~ N(0, 1), different per rank; cos/sin of random angles for these positions."""
     batch, seq, heads, head_dim = (ctx.size[k] for k in ("batch", "seq", "heads", "head_dim"))

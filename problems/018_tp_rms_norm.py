@@ -38,6 +38,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any token count in
+    multiples of 8, a hidden shard in multiples of 64 (hidden sizes over TP ranks)."""
+    return {"tokens": draw("tokens", 64, 1536, 8), "hidden_local": draw("hidden_local", 128, 1536, 64)}
+
+
 def make_inputs(ctx):
     """h_local with a random scale per token and rank, and a weight shard uniform in [0.5, 1.5)."""
     tokens, hidden_local = ctx.size["tokens"], ctx.size["hidden_local"]

@@ -68,6 +68,12 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any token count in
+    multiples of 8, columns in whole 128-wide blocks (the rule)."""
+    return {"rows": draw("rows", 64, 1536, 8), "cols": draw("cols", 128, 1536, BLOCK)}
+
+
 def make_inputs(ctx):
     """x [rows, cols]: normal values times a per-row magnitude uniform in [64, 1024).
 

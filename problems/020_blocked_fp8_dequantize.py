@@ -48,6 +48,12 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any token count in
+    multiples of 8, columns in whole 128-wide blocks (the rule)."""
+    return {"rows": draw("rows", 64, 1536, 8), "cols": draw("cols", 128, 1536, BLOCK)}
+
+
 def make_inputs(ctx):
     """Codes: normal values with standard deviation 128, clipped to the FP8 range and rounded to FP8.
 

@@ -61,6 +61,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): shards of any rows in
+    multiples of 8 and columns in multiples of 64, as parameter shapes are."""
+    return {"rows": draw("rows", 64, 1536, 8), "cols": draw("cols", 64, 1536, 64)}
+
+
 def make_inputs(ctx):
     """Three Gaussian gradient shards, each with a random RMS in [1.5, 3) per rank, and max_norm.
 

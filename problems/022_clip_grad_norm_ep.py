@@ -78,6 +78,12 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): shards of any rows in
+    multiples of 8 and columns in multiples of 64, as parameter shapes are."""
+    return {"rows": draw("rows", 64, 1536, 8), "cols": draw("cols", 64, 1536, 64)}
+
+
 def make_inputs(ctx):
     """Two Gaussian gradient shards with random RMS in [1.5, 3) per rank and kind, and max_norm.
 

@@ -58,6 +58,16 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any number of
+    micro-batches, full micro-batches of a multiple of 256 tokens, a gradient in multiples of 8."""
+    return {
+        "n_micro": draw("n_micro", 1, 16),
+        "max_tokens": draw("max_tokens", 1024, 6144, 256),
+        "n_grad": draw("n_grad", 128, 1536, 8),
+    }
+
+
 def make_inputs(ctx):
     """Counts uniform in [max_tokens/8, max_tokens]; mean token loss in [1, 4) per micro-batch.
 

@@ -55,6 +55,17 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): tokens in 8s near
+    the pkb size the tolerance was measured at (a top-k tie weighs 1/tokens), experts in 4s, top_k below."""
+    experts = draw("experts", 4, 16, 4)
+    return {
+        "tokens": draw("tokens", 512, 1536, 8),
+        "experts": experts,
+        "top_k": draw("top_k", 1, min(4, experts - 1)),
+    }
+
+
 def make_inputs(ctx):
     """Standard normal logits plus a random bias per expert whose scale grows with the rank.
 

@@ -101,6 +101,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): tokens in multiples
+    of 8, hidden in 64s, a vocabulary in 128s (padded, as LM heads are), the CPU's pair small too."""
+    return {
+        "tokens": draw("tokens", 512, 1536, 8),
+        "hidden": draw("hidden", 512, 1536, 64),
+        "vocab": draw("vocab", 16384, 48000, 128),
+        "cpu_tokens": draw("cpu_tokens", 16, 64, 8),
+        "cpu_vocab": draw("cpu_vocab", 2048, 6144, 128),
+    }
+
+
 def _tokens_and_vocab(ctx):
     """T and V: reduced on a CPU device (see the docstring)."""
     if ctx.device.type == "cpu":

@@ -61,6 +61,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): experts in multiples
+    of W (the rule), top_k below experts, tokens in multiples of 8."""
+    experts = draw("experts", world_size, 32, world_size)
+    return {
+        "experts": experts,
+        "top_k": draw("top_k", 1, min(6, experts - 1)),
+        "tokens": draw("tokens", 128, 1536, 8),
+    }
+
+
 def make_inputs(ctx):
     """Each token's top_k experts by random scores plus a per-rank random preference per expert.
 

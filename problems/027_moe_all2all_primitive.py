@@ -55,6 +55,12 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): tokens in multiples
+    of 8 (the splits stay random), hidden in multiples of 64."""
+    return {"tokens": draw("tokens", 128, 1536, 8), "hidden": draw("hidden", 256, 1536, 64)}
+
+
 def split_matrix(ctx):
     """S[p][q], rows rank p sends rank q: T // W kept (q = p), the rest over the peers by random
     log-normal weights, each peer at least one row; the same on every rank (even on `meta`)."""

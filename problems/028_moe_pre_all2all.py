@@ -82,6 +82,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): experts in multiples
+    of W (the rule), top_k below experts, tokens in multiples of 8, hidden in 64s."""
+    experts = draw("experts", world_size, 32, world_size)
+    return {
+        "experts": experts,
+        "top_k": draw("top_k", 1, min(4, experts - 1)),
+        "tokens": draw("tokens", 128, 1536, 8),
+        "hidden": draw("hidden", 256, 1536, 64),
+    }
+
+
 def routing(ctx):
     """Every rank's chosen experts [W, T, k] and counts [W, E] (int64), the same on every rank."""
     w, s = ctx.world_size, ctx.size

@@ -55,6 +55,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): an adapter rank in
+    multiples of 4 up to 32, a hidden size in multiples of 64."""
+    return {"lora_rank": draw("lora_rank", 4, 32, 4), "hidden": draw("hidden", 256, 1536, 64)}
+
+
 def make_inputs(ctx):
     """The three gradients, Gaussian with standard deviation 1/sqrt(W), different on every rank."""
     rank_, hidden = ctx.size["lora_rank"], ctx.size["hidden"]

@@ -94,6 +94,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): experts in W's, top_k
+    1-3, hidden in 64s, inter 96-256 (narrower nears the tolerance), tokens held to the pkb MLP's work."""
+    experts = draw("experts", world_size, 16, world_size)
+    top_k = draw("top_k", 1, min(3, experts - 1))
+    hidden, inter = draw("hidden", 512, 1536, 64), draw("inter", 96, 256, 32)
+    pkb = SIZES["pkb"]
+    work = pkb["tokens"] * pkb["top_k"] * pkb["hidden"] * pkb["inter"]
+    tokens = draw("tokens", 128, min(1536, work // (top_k * hidden * inter)), 8)
+    return {"experts": experts, "top_k": top_k, "tokens": tokens, "hidden": hidden, "inter": inter}
+
+
 def _linear(weight, bias):
     """An nn.Linear holding these tensors as its (gradient-free) parameters."""
     layer = torch.nn.Linear(weight.shape[1], weight.shape[0], device="meta")

@@ -47,6 +47,12 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): rows in multiples of
+    8 W (the rule, with 8-aligned chunks), columns in multiples of 16."""
+    return {"rows": draw("rows", 256, 1536, 8 * world_size), "cols": draw("cols", 64, 1536, 16)}
+
+
 def make_inputs(ctx):
     """x [rows, cols], standard normal, different on every rank; the original's (x, 0, 1, None)."""
     return ctx.randn(ctx.size["rows"], ctx.size["cols"]), 0, 1, None

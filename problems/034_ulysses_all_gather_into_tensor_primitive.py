@@ -39,6 +39,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any matrix whose rows
+    are a multiple of 8 and columns a multiple of 16 (the alignment a vectorised kernel may assume)."""
+    return {"rows": draw("rows", 64, 1536, 8), "cols": draw("cols", 64, 1536, 16)}
+
+
 def make_inputs(ctx):
     """x [rows, cols], standard normal, different on every rank; the original's (x, None)."""
     return ctx.randn(ctx.size["rows"], ctx.size["cols"]), None

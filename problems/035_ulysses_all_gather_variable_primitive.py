@@ -52,6 +52,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): the most rows a rank
+    holds in multiples of 8 (each still draws its own count below), columns in multiples of 16."""
+    return {"rows": draw("rows", 64, 1536, 8), "cols": draw("cols", 64, 1536, 16)}
+
+
 def make_inputs(ctx):
     """x [n_r, cols] standard normal, n_r uniform in [7/8 rows, rows] per rank and trial.
 
