@@ -82,6 +82,12 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any number of
+    weight blocks, each a multiple of 64 long (the blocks a model's layers are cut into)."""
+    return {"blocks": draw("blocks", 2, 12), "block": draw("block", 256, 1216, 64)}
+
+
 def make_inputs(ctx):
     """H_i N(0, 1/B); w_i N(0, 1); P_i = diag(U[0.5, 1.5]) + U U^T / 4 with U [B, 4] N(0, 1/B)
     (symmetric positive definite); the rank's error N(0, 1); the original's lambda and nue."""

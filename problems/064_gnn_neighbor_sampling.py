@@ -69,6 +69,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any node count, mean
+    degree and seed count, and one to three hops of fanouts 2 to 15 (a sampler's configuration)."""
+    hops = draw("hops", 1, 3)
+    return {
+        "nodes": draw("nodes", 4000, 16000),
+        "mean_degree": draw("mean_degree", 4, 24),
+        "seeds": draw("seeds", 128, 768),
+        "fanouts": [draw(f"fanout{i}", 2, 15) for i in range(hops)],
+    }
+
+
 def make_inputs(ctx):
     """The graph, the partition (shared draws), this rank's share of the edges and its seeds."""
     s, w = ctx.size, ctx.world_size

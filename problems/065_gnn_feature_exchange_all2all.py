@@ -63,6 +63,14 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any row and id counts
+    with seed_size <= ids <= 2 seed_size (make_inputs' rule), features in multiples of 16 (bf16 rows of
+    32-byte multiples)."""
+    rows = draw("seed_size", 256, 1024)
+    return {"seed_size": rows, "ids": draw("ids", rows, 2 * rows), "features": draw("features", 32, 256, 16)}
+
+
 def request_counts(ctx, ids, cap):
     """Rows a rank sends to the rank i places on: c[i], the same list c on every rank (shared draws).
 

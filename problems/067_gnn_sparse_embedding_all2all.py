@@ -47,6 +47,16 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any node and pair
+    counts, rows in multiples of 16 (bf16 rows of 32-byte multiples)."""
+    return {
+        "base_nodes": draw("base_nodes", 10000, 200000),
+        "nnz": draw("nnz", 256, 2048),
+        "hidden": draw("hidden", 32, 256, 16),
+    }
+
+
 def num_nodes(size, world_size):
     """The original's: base_nodes rounded up to a multiple of W."""
     return -(-size["base_nodes"] // world_size) * world_size

@@ -77,6 +77,18 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any shard and query
+    counts (a GPU's shard at most the preset's 7.1 GB, the CPU's small), embeddings in multiples of 64."""
+    return {
+        "shard_rows": draw("shard_rows", 4_000_000, 11_000_000),
+        "embed_dim": draw("embed_dim", 128, 320, 64),
+        "queries": draw("queries", 8000, 30000),
+        "cpu_shard_rows": draw("cpu_shard_rows", 16384, 65535),
+        "cpu_queries": draw("cpu_queries", 1024, 6000),
+    }
+
+
 def _sizes(ctx):
     """(shard rows, ids) a rank: the CPU device's reduced ones on a CPU device."""
     s = ctx.size

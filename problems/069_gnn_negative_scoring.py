@@ -60,6 +60,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any positive and
+    negative counts (an evaluation's batch and sample sizes have no alignment)."""
+    return {"pos_base": draw("pos_base", 16, 256), "negatives": draw("negatives", 100, 2000)}
+
+
 def positives(rank, size):
     return size["pos_base"] + rank % 3
 

@@ -55,6 +55,16 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): 2 or 3 times the
+    original's features a rank, batches in multiples of 8 and any longest bag."""
+    return {
+        "key_scale": draw("key_scale", 1, 3),
+        "batch_size": draw("batch_size", 64, 1024, 8),
+        "max_length": draw("max_length", 4, 40),
+    }
+
+
 def key_splits(size, world_size):
     """Features owned by each rank: key_scale (1 + d % 3), the original's rule at key_scale 1."""
     return [size["key_scale"] * (1 + d % 3) for d in range(world_size)]

@@ -65,6 +65,17 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a batch of 2, channels
+    in multiples of 64, chunks in multiples of 8 positions (seq_local of 16), filters of 2 to 8 taps."""
+    return {
+        "batch": draw("batch", 1, 2),
+        "channels": draw("channels", 256, 1024, 64),
+        "seq_local": draw("seq_local", 512, 1536, 16),
+        "kernel": draw("kernel", 2, 8),
+    }
+
+
 def make_inputs(ctx):
     """The original's call: this rank's x [B, D, L_local] (two zigzag chunks), the weight, None."""
     b, d, seq_local, k = ctx.size["batch"], ctx.size["channels"], ctx.size["seq_local"], ctx.size["kernel"]

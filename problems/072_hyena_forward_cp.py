@@ -77,6 +77,22 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a batch of 2, groups
+    in multiples of 8 W (split over the ranks) of 1 to 4 channels, at most 768 channels, zigzag chunks
+    in multiples of 32 positions (seq_local of 64), filters in multiples of 64 taps up to the sequence."""
+    group_dim = draw("group_dim", 1, 4)
+    seq_local = draw("seq_local", 512, 2048, 64)
+    step = 8 * world_size
+    return {
+        "batch": draw("batch", 1, 2),
+        "num_groups": draw("num_groups", step, max(step, 768 // group_dim), step),
+        "group_dim": group_dim,
+        "seq_local": seq_local,
+        "filter_len": draw("filter_len", 256, world_size * seq_local, 64),
+    }
+
+
 def make_inputs(ctx):
     """x1, x2, v N(0, 1) per rank; shared filters with unit energy decaying exp(-s / tau), tau
     log-uniform in [16, filter_len] per group; shared bias N(0, 0.25)."""

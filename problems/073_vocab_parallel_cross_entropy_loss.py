@@ -52,6 +52,16 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch, sequences
+    in multiples of 64, vocabularies in multiples of 64 W (padded for the ranks, as Megatron-LM does)."""
+    return {
+        "batch": draw("batch", 1, 12),
+        "seq": draw("seq", 128, 1536, 64),
+        "vocab": draw("vocab", 256, 1536, 64 * world_size),
+    }
+
+
 def make_inputs(ctx):
     """Logits normal with standard deviation 2; shared targets; the target's logit raised on its owner.
 

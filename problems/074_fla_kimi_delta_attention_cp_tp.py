@@ -94,6 +94,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a batch of 2, blocks
+    in multiples of the 64-token chunk, heads in multiples of 4, head dims in multiples of 32."""
+    return {
+        "batch": draw("batch", 1, 2),
+        "seq_local": draw("seq_local", 64, 192, 64),
+        "heads": draw("heads", 4, 12, 4),
+        "key_dim": draw("key_dim", 64, 128, 32),
+        "value_dim": draw("value_dim", 64, 192, 32),
+    }
+
+
 def make_inputs(ctx):
     """This rank's q, k, v, g, beta [B, L, H, ...] and the shared a_log [H], dt_bias [H * K]."""
     s = ctx.size

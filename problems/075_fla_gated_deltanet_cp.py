@@ -85,6 +85,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a batch of 2, blocks
+    in multiples of the 64-token chunk, heads in multiples of W (split over the ranks), head dims in 64s."""
+    return {
+        "batch": draw("batch", 1, 2),
+        "seq_local": draw("seq_local", 64, 192, 64),
+        "heads": draw("heads", world_size, 3 * world_size, world_size),
+        "key_dim": draw("key_dim", 64, 192, 64),
+        "value_dim": draw("value_dim", 128, 448, 64),
+    }
+
+
 def make_inputs(ctx):
     """The original's call: q, k, v, gate, beta [B, L, H, ...], this rank's a_log and dt_bias [H/W],
     group None."""

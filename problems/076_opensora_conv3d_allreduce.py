@@ -78,6 +78,34 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): input channels in
+    multiples of 16 W (split over the ranks), output channels in 64s, any volume; drawn until the
+    convolution costs at most 1.5x the preset's on a GPU and no more than it on a CPU (slow at bf16)."""
+    pkb = SIZES["pkb"]
+    while True:
+        size = {
+            "channels_in": draw("channels_in", 128, 640, 16 * world_size),
+            "channels_out": draw("channels_out", 128, 640, 64),
+            "frames": draw("frames", 5, 23),
+            "height": draw("height", 18, 82),
+            "width": draw("width", 18, 82),
+            "cpu_frames": draw("cpu_frames", 3, 7),
+            "cpu_height": draw("cpu_height", 4, 12),
+            "cpu_width": draw("cpu_width", 4, 12),
+        }
+        if _work(size, "") <= 1.5 * _work(pkb, "") and _work(size, "cpu_") <= _work(pkb, "cpu_"):
+            return size
+
+
+def _work(size, prefix):
+    """The convolution's multiply-adds over KERNEL^3: C_in C_out times the output's voxels."""
+    voxels = 1
+    for key in ("frames", "height", "width"):
+        voxels *= size[prefix + key] - KERNEL + 1
+    return size["channels_in"] * size["channels_out"] * voxels
+
+
 def volume(ctx):
     """The input's frames, height and width (the reduced ones on a CPU device)."""
     prefix = "cpu_" if ctx.device.type == "cpu" else ""

@@ -102,6 +102,23 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): key/value heads that
+    divide W or are a multiple of it (repeated or split over the ranks), query heads a multiple of both
+    (grouped-query attention), head dims in 32s, any range count, tokens in multiples of 8."""
+    kv_choices = [h for h in range(1, 2 * world_size + 1) if world_size % h == 0 or h % world_size == 0]
+    kv_heads = kv_choices[draw("kv_choice", 0, len(kv_choices) - 1)]
+    group = max(world_size, kv_heads)
+    return {
+        "ranges": draw("ranges", 2, 5),
+        "tokens_per_range": draw("tokens_per_range", 1024, 2816, 8),
+        "q_heads": draw("q_heads", group, 48, group),
+        "kv_heads": kv_heads,
+        "head_dim": draw("head_dim", 64, 128, 32),
+        "cpu_tokens_per_range": draw("cpu_tokens_per_range", 8, 48, 8),
+    }
+
+
 def tokens_per_range(ctx):
     """n: each rank's tokens of each range (the reduced count on a CPU device)."""
     key = "cpu_tokens_per_range" if ctx.device.type == "cpu" else "tokens_per_range"

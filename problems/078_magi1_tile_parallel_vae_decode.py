@@ -89,6 +89,34 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): a batch of 2, latent
+    channels in 4s, any frames, heights and widths in 2s (tiles cut short anywhere); drawn until there
+    are at most 1.5x the preset's tiles on a GPU and no more than its on a CPU (each costs a full one)."""
+    pkb = SIZES["pkb"]
+    while True:
+        size = {
+            "batch": draw("batch", 1, 2),
+            "channels": draw("channels", 4, 32, 4),
+            "time": draw("time", 2, 10),
+            "height": draw("height", 48, 128, 2),
+            "width": draw("width", 48, 128, 2),
+            "cpu_height": draw("cpu_height", 16, 56, 2),
+            "cpu_width": draw("cpu_width", 16, 56, 2),
+        }
+        if _tiles(size, "") <= 1.5 * _tiles(pkb, "") and _tiles(size, "cpu_") <= _tiles(pkb, "cpu_"):
+            return size
+
+
+def _tiles(size, prefix):
+    """Every rank's tiles, batch included: each is decoded, gathered and blended at its full size."""
+    axes = tile_grid([1, 3, size["time"], size[prefix + "height"], size[prefix + "width"]], *CALL[:7])
+    count = size["batch"]
+    for axis in axes:
+        count *= len(axis[2])
+    return count
+
+
 def latent_shape(ctx):
     """z's shape on ctx's device (smaller in h and w on a CPU device, see the docstring)."""
     s = ctx.size

@@ -70,6 +70,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any query and train
+    counts (train in 64s), feature dims in 64s, any k and code weight below 128 (similarities exact)."""
+    return {
+        "queries": draw("queries", 8, 64),
+        "train": draw("train", 256, 4096, 64),
+        "dim": draw("dim", 128, 768, 64),
+        "k": draw("k", 10, 256),
+        "nonzeros": draw("nonzeros", 8, 120),
+    }
+
+
 def make_inputs(ctx):
     """Ternary queries with the number weights; train codes with s entries +-1/8 and the row's
     number; random labels 0 .. 999; k; group None."""

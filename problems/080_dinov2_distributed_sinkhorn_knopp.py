@@ -67,6 +67,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any count of masked
+    patches, prototypes in multiples of 1024 (as DINOv2 configures them)."""
+    return {"rows": draw("rows", 256, 1280), "prototypes": draw("prototypes", 4096, 20480, 1024)}
+
+
 def make_inputs(ctx):
     """The original's call: scores [n, K], teacher_temp, n_masked_patches_tensor, n_iterations, None."""
     rows, k = ctx.size["rows"], ctx.size["prototypes"]

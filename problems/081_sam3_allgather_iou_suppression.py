@@ -64,6 +64,16 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): 2 to 10 objects a
+    rank, masks in multiples of 16 pixels a side."""
+    return {
+        "base": draw("base", 1, 8),
+        "height": draw("height", 128, 384, 16),
+        "width": draw("width", 128, 384, 16),
+    }
+
+
 def counts(world_size, size):
     """num_obj_per_gpu: base + (r + 1) % 3 objects on rank r."""
     return [size["base"] + (r + 1) % 3 for r in range(world_size)]

@@ -88,6 +88,16 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch, sequences
+    in multiples of W and vocabularies of 16 W (tokens and vocabulary split over the ranks)."""
+    return {
+        "batch": draw("batch", 1, 4),
+        "seq": draw("seq", world_size, 16 * world_size, world_size),
+        "vocab": draw("vocab", 128, 1024, 16 * world_size),
+    }
+
+
 def _draw_head(ctx, tokens, top_k, top_p):
     """Every token's top_k head logits (bf16), which of them top-p keeps, shared by all ranks.
 

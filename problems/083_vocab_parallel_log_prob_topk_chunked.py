@@ -71,6 +71,18 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any batch, chunks of
+    a multiple of W positions (split over the ranks) in sequences of 1 to 4 of them, vocabularies of 16 W."""
+    chunk = draw("chunk_size", world_size, 4 * world_size, world_size)
+    return {
+        "batch": draw("batch", 1, 4),
+        "seq": chunk * draw("chunks", 1, 4),
+        "vocab": draw("vocab", 128, 1024, 16 * world_size),
+        "chunk_size": chunk,
+    }
+
+
 def _draw_head(ctx, tokens, top_k, top_p):
     """Every token's top_k head logits (bf16), which of them top-p keeps, shared by all ranks.
 

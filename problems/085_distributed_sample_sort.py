@@ -60,6 +60,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): any shard length (a
+    sort's input has no alignment)."""
+    return {"n": draw("n", 16, 512)}
+
+
 def shard_size(rank, size):
     """n_r: n + r, none on ranks r % 4 == 1."""
     return 0 if rank % 4 == 1 else size["n"] + rank

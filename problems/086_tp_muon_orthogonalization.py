@@ -75,6 +75,12 @@ def check_world_size(world_size, size):
     return None if world_size >= 2 else "needs at least 2 ranks"
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): rows in multiples of
+    64, columns a rank in 16s (a weight's dims), near the preset's (the bounds were measured there)."""
+    return {"rows": draw("rows", 256, 768, 64), "cols_local": draw("cols_local", 32, 128, 16)}
+
+
 def make_inputs(ctx):
     """Gaussian rows times per-column scales, log-uniform in [1/50, 1] (each rank's own columns);
     then the original's constants: 5 steps, the quintic schedule, columns split, the world group."""

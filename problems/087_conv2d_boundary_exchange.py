@@ -67,6 +67,28 @@ def check_world_size(world_size, size):
     return None
 
 
+def unseen_size(draw, world_size):
+    """A size each check also runs at, never a preset's (pkb_mcp/runs/unseen.py): channels in 64s, bands
+    in 8s and widths in 32s (any on a CPU); drawn until the convolution costs at most 1.5x the preset's
+    on a GPU and no more than it on a CPU (slow at bf16)."""
+    pkb = SIZES["pkb"]
+    while True:
+        size = {
+            "channels": draw("channels", 512, 1536, 64),
+            "height_local": draw("height_local", 8, 64, 8),
+            "width": draw("width", 64, 256, 32),
+            "cpu_height_local": draw("cpu_height_local", 2, 8),
+            "cpu_width": draw("cpu_width", 4, 16),
+        }
+        if _work(size, "") <= 1.5 * _work(pkb, "") and _work(size, "cpu_") <= _work(pkb, "cpu_"):
+            return size
+
+
+def _work(size, prefix):
+    """The convolution's multiply-adds over KERNEL^2: C^2 times the band's positions."""
+    return size["channels"] ** 2 * size[prefix + "height_local"] * size[prefix + "width"]
+
+
 def band(ctx):
     """This rank's rows and the map's width (the reduced ones on a CPU device)."""
     prefix = "cpu_" if ctx.device.type == "cpu" else ""
