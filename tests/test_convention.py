@@ -181,8 +181,12 @@ def test_the_count_of_original_files_that_pass_unchanged():
 @pytest.mark.parametrize(
     ("name", "words"),
     [
-        # our call passes two arguments; the original's file needs variance_epsilon
-        ("018_tp_rms_norm_torch.py", "missing 1 required positional argument: 'variance_epsilon'"),
+        # our call passes two arguments; the original's file needs variance_epsilon: refused before any
+        # launch, naming the signature it must have (runs/signature.py)
+        (
+            "018_tp_rms_norm_torch.py",
+            "variance_epsilon: float) here; expected solution(h_local, weight_local)",
+        ),
         # called our way, the original's in-place subtraction shows as the changed input it is
         ("073_vocab_parallel_cross_entropy_loss_torch.py", "input 0 was changed by the solution"),
         # called our way, the original's gather of K shards does not fit inputs sharded along M
