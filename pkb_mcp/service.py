@@ -255,7 +255,11 @@ def check(
         raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
 
     def result(
-        verdict: str, message: str, ranks: list[RankResult], named: list[str] | None = None
+        verdict: str,
+        message: str,
+        ranks: list[RankResult],
+        named: list[str] | None = None,
+        found: unseen.Generalization = unseen.NOT_JUDGED,
     ) -> CheckResult:
         return CheckResult(
             verdict=verdict,
@@ -263,6 +267,8 @@ def check(
             ranks=ranks,
             trials=trials,
             protections=named or [],
+            generalizes=found.generalizes,
+            unseen=found.unseen,
             **run.result_fields(),
         )
 
@@ -295,16 +301,14 @@ def check(
     found = protections.judged_outputs(p, list(range(trials)), cand_outcome, ref_outcome, ranks, mac_key)
     if found:
         message = protections.message(found)
-    checked = result(verdict, message, ranks, protections.names(found) if found else [])
+    generalization = unseen.NOT_JUDGED
     if verdict == "pass" and request.unseen:
         progress(3, steps, "judged: pass; running one trial at a size it was never shown")
-        found_unseen = unseen.judge(run, cancel)
-        checked.generalizes, checked.unseen = found_unseen.generalizes, found_unseen.unseen
-        checked.wall_s, checked.warnings, checked.notes = run.elapsed(), run.warnings, run.notes
-        progress(steps, steps, f"judged: pass; generalizes: {checked.generalizes or 'not judged'}")
+        generalization = unseen.judge(run, cancel)
+        progress(steps, steps, f"judged: pass; generalizes: {generalization.generalizes or 'not judged'}")
     else:  # the message itself is the result's headline, said once
         progress(steps, steps, f"judged: {verdict}")
-    return checked
+    return result(verdict, message, ranks, protections.names(found) if found else [], generalization)
 
 
 # ---------------------------------------------------------------- the verbs that run as jobs

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,6 +113,14 @@ def _index(cell: str) -> int | None:
     return int(cell) if cell.isdigit() and len(cell) < 10 else None
 
 
+def _kernel_rows(header: list[str], rows: list[list[str]]) -> Iterator[tuple[int, list[str]]]:
+    """(kernel index, row) of the rows that are whole and carry a kernel's ID."""
+    id_col = header.index("ID")
+    for row in rows:
+        if len(row) == len(header) and (index := _index(row[id_col])) is not None:
+            yield index, row
+
+
 def _raw(header: list[str], rows: list[list[str]], wanted: set[str]) -> list[KernelRow]:
     col = {name: i for i, name in enumerate(header)}
     # the units row: the first row after the header, with no ID
@@ -119,12 +128,7 @@ def _raw(header: list[str], rows: list[list[str]], wanted: set[str]) -> list[Ker
     units = first if len(first) == len(header) and not first[col["ID"]].strip() else []
     metric_cols = {m: col[m] for m in wanted if m in col}
     out = []
-    for row in rows:
-        if len(row) != len(header):
-            continue
-        index = _index(row[col["ID"]])
-        if index is None:
-            continue
+    for index, row in _kernel_rows(header, rows):
         values = {}
         for m, i in metric_cols.items():
             v = number(row[i], units[i] if units else "")
@@ -138,12 +142,7 @@ def _details(header: list[str], rows: list[list[str]], wanted: set[str]) -> list
     col = {name: i for i, name in enumerate(header)}
     unit_col = col.get("Metric Unit")
     kernels: dict[int, tuple[str, dict[str, float]]] = {}
-    for row in rows:
-        if len(row) != len(header):
-            continue
-        index = _index(row[col["ID"]])
-        if index is None:
-            continue
+    for index, row in _kernel_rows(header, rows):
         _, values = kernels.setdefault(index, (row[col["Kernel Name"]][:NAME_CHARS], {}))
         metric = row[col["Metric Name"]]
         if metric in wanted:

@@ -85,13 +85,16 @@ def placement(
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Generalization:
     """What the unseen trial found: `generalizes` ("yes", "no", or None when it could not judge) and
     the result's record of it."""
 
     generalizes: Literal["yes", "no"] | None
     unseen: UnseenResult | None
+
+
+NOT_JUDGED = Generalization(None, None)
 
 
 def judge(run: Run, cancel: threading.Event | None = None) -> Generalization:
@@ -104,16 +107,16 @@ def judge(run: Run, cancel: threading.Event | None = None) -> Generalization:
             else f"problem {p.id} declares no unseen sizes"
         )
         run.notes.append(f"no unseen-size trial: {why}")
-        return Generalization(None, None)
+        return NOT_JUDGED
     rng = random.Random(secrets.randbits(64))
     try:
         placed = placement(p, run.world_size, run.size, rng)
     except ValueError as exc:  # the hook's ranges leave nothing to draw (tests/test_unseen.py rules it out)
         run.warnings.append(f"problem {p.id}'s unseen sizes cannot be drawn ({exc}): not judged")
-        return Generalization(None, None)
+        return NOT_JUDGED
     if placed is None:
         run.warnings.append(f"no unseen size of problem {p.id} suits world size {run.world_size}: not judged")
-        return Generalization(None, None)
+        return NOT_JUDGED
     world_size, size = placed
     seeds = [secrets.randbits(62)]
     ref, cand = run.launch_pair(
@@ -128,7 +131,7 @@ def judge(run: Run, cancel: threading.Event | None = None) -> Generalization:
             f"the reference failed at the unseen {where} (rank {bad.rank}: {bad.error or bad.state}): "
             "not judged; this is pkb's fault, please report it"
         )
-        return Generalization(None, None)
+        return NOT_JUDGED
     ranks = judge_ranks(p, world_size, [0], cand, ref, tensorfile.result_key(seeds), sources=run.sources)
     verdict, why = decide(ranks)
     generalizes: Literal["yes", "no"] = "yes" if verdict == "pass" else "no"
