@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -353,10 +354,18 @@ def test_a_killed_actor_leaves_no_container(server):
             except docker.errors.NotFound:
                 continue
 
+    def node_actor() -> Any:
+        """The actor of the job's node once the lease has one: placed comes before the hand-off."""
+        node = s.ray_table.where(job)[0]  # type: ignore[union-attr]
+        try:
+            return None if node is None else ray.get_actor(s.cluster.node_name(node), namespace="pkb")  # type: ignore[union-attr]
+        except ValueError:  # not started yet
+            return None
+
     actor_pids: set[int] = set()
-    wait_for(lambda: s.ray_table.where(job)[0] is not None, what="the job to be placed")  # type: ignore[union-attr]
-    node_actor = ray.get_actor(s.cluster.node_name(s.ray_table.where(job)[0]), namespace="pkb")  # type: ignore[union-attr]
-    actor_pids.add(ray.get(node_actor.ping.remote()))  # the process that runs the node's launches
+    wait_for(lambda: node_actor() is not None, what="the job to be placed and handed to its node's actor")
+    node_actor_handle: Any = node_actor()
+    actor_pids.add(ray.get(node_actor_handle.ping.remote()))  # the process that runs the node's launches
     wait_for(lambda: any(c.status == "running" for c in containers()), 120, "the job's containers")
     os.kill(next(iter(actor_pids)), 9)  # as Ray kills a worker (or the OOM killer does)
     wait_for(lambda: not containers(), 60, "the reaper to remove the containers")
