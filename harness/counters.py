@@ -80,7 +80,7 @@ def ncu_wrapper(plan: CounterPlan, rank: int, launch_dir: Path) -> tuple[list[st
     """The command line a rank's worker runs under, and the variables it adds: the rank's own TMPDIR,
     so that its `ncu` takes a lock file of its own (one shared lock serialises every profiled process
     on the machine, and a kernel waiting for a peer's kernel would wait forever)."""
-    tmp = launch_dir / "tmp" / f"ncu-r{rank}"
+    tmp = Path(os.environ.get("TMPDIR") or launch_dir / "tmp") / f"ncu-r{rank}"  # the sandbox's: short
     tmp.mkdir(parents=True, exist_ok=True)
     out = launch_dir / "profile"
     out.mkdir(exist_ok=True)

@@ -49,6 +49,32 @@ FORK_SERVER_START_S = 120.0  # importing torch on a loaded 2-core host
 FORK_REPLY_S = 30.0
 
 
+# A Unix socket's path holds at most 107 bytes. torch's symmetric memory binds one at
+# $TMPDIR/symm_mem-PID and ncu's rank folders add a level: a launch folder deeper than this leaves too
+# little room ("Failed to bind socket: Invalid argument", seen on 2 H200s with pytest's folders), so its
+# ranks reach their tmp folder through a short link in /tmp instead.
+SOCKET_PATH_MAX = 107
+SOCKET_ROOM = 48  # what goes under TMPDIR: "/ncu-r7/symm_mem-" and a pid of up to 22 digits, with slack
+SHORT_ROOT = Path("/tmp")
+
+
+def short_tmp(launch_id: str, tmp: Path) -> Path:
+    """The TMPDIR of a launch whose own tmp folder is `tmp`: that folder, or a short link to it."""
+    if len(str(tmp)) + SOCKET_ROOM <= SOCKET_PATH_MAX:
+        return tmp
+    link = SHORT_ROOT / f"pkb-{launch_id}"
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    link.symlink_to(tmp, target_is_directory=True)
+    return link
+
+
+def _drop_short_tmp(launch_id: str) -> None:
+    link = SHORT_ROOT / f"pkb-{launch_id}"
+    if link.is_symlink():
+        link.unlink(missing_ok=True)
+
+
 def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_CAP, FILE_SIZE_CAP))
@@ -248,7 +274,7 @@ class ProcessBackend(Pooled):
         env.update(
             {
                 "HOME": str(launch_dir),
-                "TMPDIR": str(tmp),
+                "TMPDIR": str(short_tmp(launch_id, tmp)),
                 "PYTHONPATH": str(harness_root),
                 "PKB_LAUNCH": launch_id,
                 "TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions"),
@@ -305,6 +331,7 @@ class ProcessBackend(Pooled):
         if proc is not None:
             kill_launch(proc.pid, f"PKB_LAUNCH={slot.launch_id}")
             proc.wait()
+        _drop_short_tmp(slot.launch_id)
         shutil.rmtree(slot.launch_dir, ignore_errors=True)
 
     def run(self, launch: SandboxLaunch, cancel: threading.Event | None = None) -> SandboxRun:
@@ -337,6 +364,7 @@ class ProcessBackend(Pooled):
             time.sleep(0.02)
         kill_launch(proc.pid, f"PKB_LAUNCH={launch.launch_id}")  # the session id is the launcher's pid
         proc.wait()
+        _drop_short_tmp(launch.launch_id)
         shutil.rmtree(launch.launch_dir / "tmp", ignore_errors=True)
         return SandboxRun(
             exit_code=proc.returncode,

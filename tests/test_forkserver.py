@@ -15,6 +15,8 @@ from pkb_mcp import problems, service
 from pkb_mcp.models import RunRequest
 from sandbox import process, select_backend
 
+from .conftest import CANDIDATES
+
 # ---------------------------------------------------------------- units (no server)
 
 
@@ -161,3 +163,27 @@ def test_without_the_server_launches_start_their_own_interpreters(isolated_dirs,
     monkeypatch.setattr(process.ForkServer, "_connected", lambda self: None)
     result = _check(problems.resolve(1).path)
     assert result.verdict == "pass", result.message
+
+
+@pytest.mark.integration
+def test_a_launch_folder_too_deep_for_a_socket_still_binds_one_under_tmpdir(isolated_dirs, monkeypatch):
+    # torch's symmetric memory binds $TMPDIR/symm_mem-PID; pytest's folders once made that path too long
+    # ("Failed to bind socket: Invalid argument" on 2 H200s)
+    deep = isolated_dirs / ("deep" * 20)
+    deep.mkdir()
+    monkeypatch.setenv("PKB_LAUNCH_DIR", str(deep))
+    def links() -> set[Path]:
+        return {p for p in process.SHORT_ROOT.glob("pkb-*") if p.is_symlink()}
+
+    before = links()
+    request = RunRequest(
+        problem=1,
+        path=str(CANDIDATES / "binds_tmp_socket.py"),
+        world_size=2,
+        device="cpu",
+        trials=1,
+        sandbox="process",
+    )
+    r = service.check(request)
+    assert r.verdict == "pass", r.message
+    assert links() <= before, "each launch's link goes with it"

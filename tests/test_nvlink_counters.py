@@ -126,8 +126,10 @@ def test_a_counter_plan_and_each_rank_s_ncu_command(monkeypatch, tmp_path):
     plan, why = nvlink.plan("cuda", isolated=False)
     assert why == "" and plan is not None
     assert plan["metrics"] == ["nvlrx__bytes.sum", "dram__bytes.sum"]
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "t"))  # the sandbox's short TMPDIR (sandbox/process.py)
     argv0, env0 = counters.ncu_wrapper(plan, 0, tmp_path)
     _, env1 = counters.ncu_wrapper(plan, 1, tmp_path)
+    assert env1["TMPDIR"] == str(tmp_path / "t" / "ncu-r1")
     assert argv0[0] == plan["ncu"]
     pairs = dict(zip(argv0[1::2], argv0[2::2], strict=False))
     assert pairs["--clock-control"] == "none" and pairs["--profile-from-start"] == "off"
@@ -321,6 +323,24 @@ def test_ncu_finds_the_fused_kernel_the_names_call_compute():
     assert sm and "% of the NVLink ceiling" in sm[0]
     assert any(f.startswith("candidate: the bottleneck is void oneshot_sum_bf16") for f in said)
     assert any("not near a counted ceiling" in f for f in said)
+
+
+def test_bytes_faster_than_the_link_are_not_credited_to_a_copy():
+    # seen on 2 H200s: a peer's writes that arrived while ncu counted none of this rank's kernels were
+    # the whole NVML remainder, and a 2 us local copy "moved" them at 170% of the link
+    call = [(ONESHOT, "kernel", 10, 40), (BARRIER, "kernel", 50, 5), (COPY, "gpu_memcpy", 60, 2)]
+    side = [one_call(call, nvml=(3 * MIB, 3 * MIB), rank=r) for r in range(2)]
+    m = nvlink.measure(traces.analyze(side), side, counted_ranks(), "", floor_bytes=3 * MIB, limits=LIMITS)
+    kernels = m.profile.kernels
+    assert not [k for k in kernels if k.mechanism == "copy_engine"]
+    rest = [k for k in kernels if k.name == nvlink.REMAINDER]
+    assert [(k.rank, k.mechanism, k.gbps, k.ms) for k in rest] == [
+        (0, "unattributed", None, None),
+        (1, "unattributed", None, None),
+    ]
+    assert rest[0].tx_bytes == 3 * MIB - (64 << 10) - 128  # still counted: the rank's total stays whole
+    said = nvlink.findings("candidate", m, traces.analyze(side, m.measured))
+    assert any(nvlink.REMAINDER in f and "source not told apart" in f and " at " not in f for f in said), said
 
 
 def test_nccl_kernels_are_named_by_mechanism_and_bound_by_nvlink_when_near_the_ceiling():

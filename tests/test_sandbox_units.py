@@ -283,3 +283,25 @@ def test_only_containers_of_gone_owners_are_swept(monkeypatch):
     client = StubClient([ours, dead, elsewhere, unowned])
     assert docker_backend_module.sweep(client) == 3  # type: ignore[arg-type]
     assert not ours.removed and dead.removed and elsewhere.removed and unowned.removed
+
+
+# ---------------------------------------------------------------- process backend: TMPDIR
+
+
+def test_a_deep_launch_folder_reaches_its_tmp_through_a_short_link(tmp_path):
+    from sandbox import process
+
+    shallow = tmp_path / "t"
+    assert process.short_tmp("0123456789abcdef", shallow) == shallow
+    deep = tmp_path / ("d" * 80) / "tmp"
+    deep.mkdir(parents=True)
+    link = process.short_tmp("0123456789abcdef", deep)
+    try:
+        assert link == process.SHORT_ROOT / "pkb-0123456789abcdef" and link.resolve() == deep.resolve()
+        assert len(f"{link}/ncu-r7/symm_mem-{2**22}") <= process.SOCKET_PATH_MAX
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:  # what torch's symmetric memory does
+            s.bind(str(link / "symm_mem-1"))
+        assert (deep / "symm_mem-1").is_socket()
+    finally:
+        process._drop_short_tmp("0123456789abcdef")
+    assert not link.is_symlink() and deep.is_dir(), "only the link goes"

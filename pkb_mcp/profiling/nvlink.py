@@ -44,6 +44,11 @@ SECTOR_BYTES = 32
 COMM_MIN_BYTES = 4096
 COMM_SHARE = 0.01  # of the call's moved bytes: below both, a kernel did not communicate
 BOUND_PCT = 60.0  # of a ceiling: a kernel that near it is bound by it
+# of the NVLink ceiling: copies "faster" than this did not move the bytes given to them (measured on
+# 2 H200s, 2026-11-27: a peer's NCCL writes that arrived while ncu counted none of this rank's kernels
+# were put on a local DtoD copy at 170% of the link)
+IMPOSSIBLE_PCT = 110.0
+REMAINDER = "remainder (NVML's total less the counted kernels')"
 SHOWN_KERNELS = 8
 NCCL = re.compile(r"nccl", re.IGNORECASE)
 PEER_COPY = re.compile(r"PtoP|DtoD")
@@ -298,6 +303,18 @@ def _copy_engine(
         return []
     ms = sum(e.dur for e in copies) / 1e3
     gbps, pct = _rate(max(tx, rx), ms, limits)
+    if pct is not None and pct > IMPOSSIBLE_PCT:  # not these copies' bytes: no mechanism, no rate
+        return [
+            KernelBytes(
+                rank=rank,
+                name=REMAINDER,
+                mechanism="unattributed",
+                category="comm",
+                tx_bytes=tx,
+                rx_bytes=rx,
+                source="ncu+nvml",
+            )
+        ]
     names = sorted({e.name for e in copies})
     return [
         KernelBytes(

@@ -408,13 +408,13 @@ def count_side(
     if not outcome.ok:
         bad = next(r for r in outcome.ranks if r.state != "ok")
         said = [r.error for r in outcome.collected or [] if r.error and "ncu said" in r.error]
+        first = bad.error.strip().splitlines()[0][:200] if bad.error.strip() else ""
         if bad.state == "timeout":
             detail = f"it passed its deadline of {request.settings['timeout_s']:g} s"
-        elif said:
-            detail = said[0]
+        elif first:  # the rank's own error is the cause; ncu's "returned an error code" its symptom
+            detail = f"rank {bad.rank}: {first}" + (f" ({said[0]})" if said else "")
         else:
-            first = bad.error.strip().splitlines()[0][:200] if bad.error.strip() else bad.state
-            detail = f"rank {bad.rank}: {first}"
+            detail = said[0] if said else f"rank {bad.rank}: {bad.state}"
         return Counted(None, f"the counter launch failed: {detail}", wall)
     return Counted(outcome.collected, "", wall)
 
