@@ -15,8 +15,9 @@ Traffic per rank and call: (W-1)/W of the matrix pulled in step 3 and again in s
 2(W-1)/W of problem 1's traffic model each way. Written as the copy-engine case of issue 34's evidence
 (docs/nvlink-counters.md): the profile should attribute its bytes to the copy engine, where example
 001_allreduce_cuda_oneshot.py moves them with SM loads and the reference with NCCL's kernels. It is not
-tuned: the copies run one after another on one stream. Not yet run on GPUs (written 2026-11-26, a
-session without device time): docs/gpu-results.md lists it under "Not yet measured".
+tuned: the copies run one after another on one stream. On 2 H200s (2026-11-27, docs/gpu-results.md)
+it passed and ran at 0.53x the reference at `pkb` and 0.55x at `large`; NVML counted exactly the
+model's bytes per call, and ncu could not count its kernels (its counter launch failed).
 
 Conditions: CUDA GPUs with peer access (NVLink), torch symmetric memory (`symm_mem.empty`,
 `rendezvous`, the handle's `get_buffer` and `barrier`; no multicast), rows divisible by the world size
