@@ -54,7 +54,7 @@ FORK_REPLY_S = 30.0
 # little room ("Failed to bind socket: Invalid argument", seen on 2 H200s with pytest's folders), so its
 # ranks reach their tmp folder through a short link in /tmp instead.
 SOCKET_PATH_MAX = 107
-SOCKET_ROOM = 48  # what goes under TMPDIR: "/ncu-r7/symm_mem-" and a pid of up to 22 digits, with slack
+SOCKET_ROOM = 48  # what goes under TMPDIR: "/ncu-r7/symm_mem-" and a pid (7 digits), with room to spare
 SHORT_ROOT = Path("/tmp")
 
 
