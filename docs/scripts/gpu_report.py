@@ -138,6 +138,8 @@ def check_row(part: str, pid: int, solution: Path, ws: int, size: str, trials: i
         "message": r.message,
         "wall_s": r.wall_s,
         "max_rel_norm": max((x.rel_norm_error or 0.0) for x in r.ranks),
+        "generalizes": r.generalizes,  # the trial at a size never shown (pkb_mcp/runs/unseen.py)
+        "unseen": r.unseen.model_dump() if r.unseen is not None else None,
     }
 
 
