@@ -58,11 +58,15 @@ SOCKET_ROOM = 48  # what goes under TMPDIR: "/ncu-r7/symm_mem-" and a pid (7 dig
 SHORT_ROOT = Path("/tmp")
 
 
+def _short_link(launch_id: str) -> Path:
+    return SHORT_ROOT / f"pkb-{launch_id}"
+
+
 def short_tmp(launch_id: str, tmp: Path) -> Path:
     """The TMPDIR of a launch whose own tmp folder is `tmp`: that folder, or a short link to it."""
     if len(str(tmp)) + SOCKET_ROOM <= SOCKET_PATH_MAX:
         return tmp
-    link = SHORT_ROOT / f"pkb-{launch_id}"
+    link = _short_link(launch_id)
     with contextlib.suppress(FileNotFoundError):
         link.unlink()
     link.symlink_to(tmp, target_is_directory=True)
@@ -70,7 +74,7 @@ def short_tmp(launch_id: str, tmp: Path) -> Path:
 
 
 def _drop_short_tmp(launch_id: str) -> None:
-    link = SHORT_ROOT / f"pkb-{launch_id}"
+    link = _short_link(launch_id)
     if link.is_symlink():
         link.unlink(missing_ok=True)
 

@@ -303,28 +303,19 @@ def _copy_engine(
         return []
     ms = sum(e.dur for e in copies) / 1e3
     gbps, pct = _rate(max(tx, rx), ms, limits)
+    name, mechanism = " + ".join(sorted({e.name for e in copies}))[:120], "copy_engine"
+    timed: float | None = round(ms, 4)
     if pct is not None and pct > IMPOSSIBLE_PCT:  # not these copies' bytes: no mechanism, no rate
-        return [
-            KernelBytes(
-                rank=rank,
-                name=REMAINDER,
-                mechanism="unattributed",
-                category="comm",
-                tx_bytes=tx,
-                rx_bytes=rx,
-                source="ncu+nvml",
-            )
-        ]
-    names = sorted({e.name for e in copies})
+        name, mechanism, timed, gbps, pct = REMAINDER, "unattributed", None, None, None
     return [
         KernelBytes(
             rank=rank,
-            name=" + ".join(names)[:120],
-            mechanism="copy_engine",
+            name=name,
+            mechanism=mechanism,
             category="comm",
             tx_bytes=tx,
             rx_bytes=rx,
-            ms=round(ms, 4),
+            ms=timed,
             gbps=gbps,
             pct_of_ceiling=pct,
             source="ncu+nvml",
