@@ -31,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import nvcc
+
 SCHEMA = 1
 OBJECTS = "objects"  # the folder of objects in the node's extension cache and in a build launch
 KEY_RE = re.compile(r"[0-9a-f]{64}\.o")
@@ -168,6 +170,14 @@ def _run(command: str, directory: Path, output_name: str) -> None:
         raise RuntimeError(f"FAILED: {output_name}\n{command}\n{output}")
 
 
+def _compile(step: Step, directory: Path) -> None:
+    """A CUDA unit through harness/nvcc.py (its front ends side by side) where nvcc's plan allows."""
+    source = Path(step.inputs[0])
+    if step.rule == "cuda_compile" and nvcc.compile_unit(step.command, directory, source, step.output):
+        return
+    _run(step.command, directory, step.output)
+
+
 def run(
     steps: list[Step],
     directory: Path,
@@ -188,7 +198,7 @@ def run(
         else:
             todo.append((step, key))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(todo), 1)) as pool:
-        for future in [pool.submit(_run, step.command, directory, step.output) for step, _ in todo]:
+        for future in [pool.submit(_compile, step, directory) for step, _ in todo]:
             future.result()
     for step, key in todo:
         outcome.compiled.append(step.inputs[0])

@@ -44,7 +44,11 @@
 #              CUDA files (tests/candidates/original_helper_cuda.py as 001_allreduce_cuda.py, examples/001_*);
 #              $TRIALS (else 1) trials a side; world size $WS, else 2
 #   build-speed issue 32: docs/scripts/build_speed.py (first build, kernel-only edit, cached re-check,
-#              plain check, a batch of $FILES (else 10) extension files through pkb eval); world size $WS, else 2
+#              plain check, a batch of $FILES (else 10) extension files through pkb eval); world size $WS, else 2;
+#              $STAGES (else all five) and $REPEATS (else 5) pass through
+#   nvcc-phases issue 32: where a CUDA unit's build time goes (nvcc -time, per phase) and the same unit
+#              through harness/nvcc.py (host and device front ends at once), side by side, $REPEATS
+#              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox)
 #   nvlink-probe issue 34 (docs/nvlink-counters.md), before the profiles: ncu's path, version and metric
 #              names of interest (nvl, peer, aperture, tma), the driver's profiling setting, NVML's NVLink
 #              counters around peer copies of known size (docs/scripts/nvlink_probe.py), and ncu's CSV of
@@ -211,8 +215,13 @@ for part in "$@"; do
     build-speed)
       name=build_speed_w${WS:-2}
       timeout "$(limit 590)" python3 docs/scripts/build_speed.py --out "$OUT/$name.jsonl" --world-size "${WS:-2}" \
-        --files "${FILES:-10}" > "$OUT/$name.log" 2>&1
+        --files "${FILES:-10}" --repeats "${REPEATS:-5}" \
+        --stages ${STAGES:-first_build kernel_edit cached plain batch} > "$OUT/$name.log" 2>&1
       tail -10 "$OUT/$name.log" ;;
+    nvcc-phases)
+      timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/nvcc_phases.jsonl" \
+        --repeats "${REPEATS:-2}" > "$OUT/nvcc_phases.log" 2>&1
+      tail -6 "$OUT/nvcc_phases.log" | cut -c1-400 ;;
     nvlink-probe) nvlink_probe ;;
     nvlink-oneshot) for size in pkb large; do nvlink_profile "p1_oneshot_$size" examples/001_allreduce_cuda_oneshot.py "$size"; done ;;
     nvlink-copy) for size in pkb large; do nvlink_profile "p1_copy_engine_$size" examples/001_allreduce_copy_engine.py "$size"; done ;;

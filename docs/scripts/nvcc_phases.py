@@ -1,0 +1,101 @@
+"""Where a CUDA unit's build time goes, and what running nvcc's two front-end chains at once saves.
+
+    python3 docs/scripts/nvcc_phases.py --out nvcc.jsonl [--file examples/001_allreduce_cuda_oneshot.py]
+        [--variable CUDA_SOURCE] [--repeats 2]
+
+The unit is the `cuda.cu` that `load_inline` writes for the file's CUDA source string (read from the
+file as text, never imported), compiled with the exact command torch's build file gives it (its flags,
+include paths and architectures: this machine's torch and TORCH_CUDA_ARCH_LIST), in a scratch folder.
+Each repeat runs, side by side in time order, alternating which goes first:
+
+  nvcc   the command as torch runs it, with `-time` (each phase's milliseconds, one row each)
+  split  the same command through harness/nvcc.py (host and device front ends at once)
+
+Rows (JSON lines, appended to --out as measured): {"mode", "repeat", "wall_s"} and, for nvcc,
+{"phases": {name: ms}}. Needs nvcc and torch's CUDA headers (a CUDA build of torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from harness import extensions, nvcc, objects  # noqa: E402
+
+
+def cuda_source(path: Path, variable: str) -> str:
+    """The string assigned to `variable` at the top of the file, read from its syntax tree."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if variable in names and isinstance(node.value.value, str):
+                return node.value.value
+    raise SystemExit(f"{path} assigns no string to {variable}")
+
+
+def cuda_step(source: str, directory: Path) -> objects.Step:
+    request = extensions.Request(name="phases", cpp_sources=("",), cuda_sources=(source,))
+    files = extensions.source_files(request, directory)
+    extensions._write_build_file(request, files, directory)
+    return next(s for s in objects.plan(directory / "build.ninja") if s.rule == "cuda_compile")
+
+
+def phases(table: Path) -> dict[str, float]:
+    with table.open() as f:
+        rows = list(csv.reader(f))
+    return {f"{r[1].strip()} {r[4].strip()}".strip(): float(r[6]) for r in rows[1:] if len(r) > 6}
+
+
+def measure(mode: str, step: objects.Step, directory: Path) -> dict:
+    (directory / step.output).unlink(missing_ok=True)
+    start = time.perf_counter()
+    if mode == "nvcc":
+        table = directory / "phases.csv"
+        table.unlink(missing_ok=True)
+        command = f"{step.command} -time {table}"
+        proc = subprocess.run(["/bin/sh", "-c", command], cwd=directory, capture_output=True, check=False)
+        if proc.returncode != 0:
+            raise SystemExit((proc.stdout + proc.stderr).decode(errors="replace")[-4000:])
+        row: dict = {"wall_s": round(time.perf_counter() - start, 3), "phases": phases(table)}
+    else:
+        if not nvcc.compile_unit(step.command, directory, Path(step.inputs[0]), step.output):
+            raise SystemExit("harness/nvcc.py does not split this command's plan")
+        row = {"wall_s": round(time.perf_counter() - start, 3)}
+    if not (directory / step.output).is_file():
+        raise SystemExit(f"{mode} left no {step.output}")
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--file", type=Path, default=ROOT / "examples" / "001_allreduce_cuda_oneshot.py")
+    ap.add_argument("--variable", default="CUDA_SOURCE")
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="pkb-nvcc-") as scratch:
+        directory = Path(scratch)
+        step = cuda_step(cuda_source(args.file, args.variable), directory)
+        for repeat in range(args.repeats):
+            order = ("nvcc", "split") if repeat % 2 == 0 else ("split", "nvcc")
+            for mode in order:
+                row = {"mode": mode, "repeat": repeat, "file": args.file.name}
+                row.update(measure(mode, step, directory))
+                row["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                with args.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""One nvcc compile with its host and device front ends side by side instead of one after the other.
+
+nvcc compiles a `.cu` unit in two chains that each parse the whole unit: the host chain (the host
+compiler's preprocessor, then `cudafe++`, which splits off the host code) and the device chain (the
+preprocessor again, `cicc`, `ptxas`, `fatbinary`); the host compiler then compiles what `cudafe++`
+wrote, with the device chain's fatbinary embedded. nvcc runs all of it in one line, although the device
+chain needs only one thing from the host chain: the unit's module id, a name `cudafe++` writes to a
+file for `cicc` to read. With a unit that includes ATen's headers, each front end takes many seconds
+(docs/gpu-results.md, "Builds"), and `cicc` is most of the device chain.
+
+Here the module id is written first (a name derived from the command and the source, as unique as
+nvcc's), then the two chains run at once, then the host compile: nvcc's own commands, taken from
+`nvcc -dryrun --keep` and run unchanged but for `cudafe++` reading the id instead of writing it. A
+dry run whose commands do not have that shape (a flag that changes nvcc's plan in a way not met
+before) is left to nvcc itself, so the result is always nvcc's. Stdlib only: this runs inside the
+sandbox, in build launches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_LOG_BYTES = 1 << 20
+_ASSIGN = re.compile(r"([A-Za-z_]\w*)=(.*)")
+_MODULE_ID = re.compile(r'--module_id_file_name "([^"]+)"')
+GEN_MODULE_ID = "--gen_module_id_file "
+
+
+@dataclass(frozen=True)
+class Plan:
+    """nvcc's commands for one unit, grouped: the two chains that may run at once, then the rest."""
+
+    env: dict[str, str]  # nvcc's variables (CICC_PATH, PATH, ...), which its commands refer to
+    host: list[str]  # the host preprocessor and cudafe++, which reads `module_id` instead of writing it
+    device: list[str]  # per architecture: preprocessor, cicc, ptxas; then fatbinary
+    rest: list[str]  # the host compile of cudafe++'s output with the fatbinary, and any clean-up
+    module_id: str  # the module id file, relative to the working directory
+
+
+def _tool(command: str) -> str:
+    first = command.split(" ", 1)[0].strip('"')
+    return os.path.basename(first)
+
+
+def plan(dry_run: str) -> Plan | None:
+    """The plan of `nvcc ... -dryrun` output (its `#$ ` lines), or None when its commands do not have
+    the shape this module knows: exactly one cudafe++ writing the module id, every cicc reading it,
+    after it and before the last fatbinary, and nothing after that but the host compile."""
+    env: dict[str, str] = {}
+    commands: list[str] = []
+    for line in dry_run.splitlines():
+        if not line.startswith("#$ "):
+            continue
+        text = line[3:].strip()
+        assign = _ASSIGN.fullmatch(text)
+        if assign and " " not in assign.group(1):
+            env[assign.group(1)] = assign.group(2)
+        elif text:
+            commands.append(text)
+    tools = [_tool(c) for c in commands]
+    if tools.count("cudafe++") != 1 or "cicc" not in tools or "fatbinary" not in tools:
+        return None
+    split = tools.index("cudafe++")
+    last_fatbinary = len(tools) - 1 - tools[::-1].index("fatbinary")
+    frontend = commands[split]
+    written = _MODULE_ID.search(frontend)
+    if written is None or GEN_MODULE_ID not in frontend:
+        return None
+    module_id = written.group(1)
+    device = commands[split + 1 : last_fatbinary + 1]
+    rest = commands[last_fatbinary + 1 :]
+    if "cicc" in tools[:split] or {"cicc", "cudafe++", "ptxas"} & {_tool(c) for c in rest}:
+        return None
+    for command in device:
+        read = _MODULE_ID.search(command)
+        if (read is None and _tool(command) == "cicc") or (read is not None and read.group(1) != module_id):
+            return None
+    host = [*commands[:split], frontend.replace(GEN_MODULE_ID, "", 1)]
+    return Plan(env, host, device, rest, module_id)
+
+
+def module_id(command: str, source: Path) -> str:
+    """A module id for a unit: nvcc's form (a hash, then the file's name), from the command and the
+    unit's text, so two units loaded into one process never share one."""
+    digest = hashlib.sha256(command.encode() + b"\0" + source.read_bytes()).hexdigest()[:8]
+    stem = re.sub(r"\W", "_", source.name)
+    return f"_{digest}_{len(stem)}_{stem}_pkb"
+
+
+def _chain(commands: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["/bin/sh", "-c", " && ".join(commands)],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _failed(output_name: str, command: str, output: bytes) -> RuntimeError:
+    text = output[-MAX_LOG_BYTES:].decode("utf-8", errors="replace")
+    return RuntimeError(f"FAILED: {output_name}\n{command}\n{text}")
+
+
+def compile_unit(command: str, cwd: Path, source: Path, output_name: str) -> bool:
+    """Run nvcc's `command` (a shell line compiling `source` with `-c`) with its two front-end chains
+    at once. False when nvcc's plan is not one this module splits (the caller runs `command` itself);
+    raises RuntimeError with the compilers' output when the compile fails."""
+    keep = f".nvcc-{re.sub(r'[^A-Za-z0-9_.-]', '_', output_name)}"
+    shutil.rmtree(cwd / keep, ignore_errors=True)
+    (cwd / keep).mkdir()
+    try:
+        dry = subprocess.run(
+            ["/bin/sh", "-c", f"{command} -dryrun --keep --keep-dir {shlex.quote(keep)}"],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
+        steps = plan((dry.stdout + dry.stderr).decode("utf-8", errors="replace"))
+        if dry.returncode != 0 or steps is None:
+            return False
+        (cwd / steps.module_id).write_text(module_id(command, source))
+        env = {**os.environ, **steps.env}
+        chains = [_chain(steps.host, cwd, env), _chain(steps.device, cwd, env)]
+        outputs = [chain.communicate()[0] for chain in chains]
+        for chain, output in zip(chains, outputs, strict=True):
+            if chain.returncode != 0:  # the host chain's errors first: they are nvcc's first
+                raise _failed(output_name, command, output)
+        last = _chain(steps.rest, cwd, env)
+        output = last.communicate()[0]
+        if last.returncode != 0:
+            raise _failed(output_name, command, output)
+        return True
+    finally:
+        shutil.rmtree(cwd / keep, ignore_errors=True)

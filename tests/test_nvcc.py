@@ -1,0 +1,155 @@
+"""harness/nvcc.py: one nvcc compile with its host and device front ends side by side.
+
+The plan is read from a dry run's text (the shape nvcc 13 prints, abridged); the compiles run the real
+nvcc where it is installed (CI's machine has it; CUDA compiles there, it just cannot run), and the
+split compile must give the object nvcc gives: the same symbols, the kernel's code embedded."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import nvcc, objects
+
+DRY_RUN = "\n".join(
+    [
+        "#$ _NVVM_BRANCH_=nvvm",
+        "#$ _SPACE_= ",
+        "#$ CICC_PATH=/usr/local/cuda/bin/../nvvm/bin",
+        "#$ PATH=/usr/local/cuda/bin/../nvvm/bin:/usr/bin",
+        '#$ gcc -E -x c++ -D__CUDACC__ "k.cu" -o "d/k.cpp4.ii"',
+        '#$ cudafe++ --c++17 --gen_c_file_name "d/k.cudafe1.cpp" --gen_module_id_file'
+        ' --module_id_file_name "d/k.module_id" "d/k.cpp4.ii"',
+        '#$ gcc -D__CUDA_ARCH__=900 -E -x c++ "k.cu" -o "d/k.cpp1.ii"',
+        '#$ "$CICC_PATH/cicc" --c++17 -arch compute_90 --module_id_file_name "d/k.module_id" "d/k.cpp1.ii"',
+        '#$ ptxas -arch=sm_90 -m64 "d/k.ptx" -o "d/k.cubin"',
+        '#$ fatbinary --create="d/k.fatbin" -64 "--image3=kind=elf,sm=90,file=d/k.cubin"',
+        '#$ gcc -c -x c++ "d/k.cudafe1.cpp" -o "k.o"',
+        "",
+    ]
+)
+CICC_READS = '--module_id_file_name "d/k.module_id" "d/k.cpp1.ii"'
+
+KERNEL = """#include <cuda_runtime.h>
+__global__ void add_one(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += 1.f;
+}
+void launch(float* x, int n) { add_one<<<(n + 127) / 128, 128>>>(x, n); }
+"""
+ARCH = "-gencode=arch=compute_90,code=sm_90"
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+
+
+def test_a_dry_run_becomes_two_chains_then_the_host_compile():
+    plan = nvcc.plan(DRY_RUN)
+    assert plan is not None
+    assert plan.env["CICC_PATH"] == "/usr/local/cuda/bin/../nvvm/bin" and plan.env["_SPACE_"] == ""
+    assert [nvcc._tool(c) for c in plan.host] == ["gcc", "cudafe++"]
+    assert [nvcc._tool(c) for c in plan.device] == ["gcc", "cicc", "ptxas", "fatbinary"]
+    assert plan.rest == ['gcc -c -x c++ "d/k.cudafe1.cpp" -o "k.o"']
+    assert plan.module_id == "d/k.module_id"
+    # cudafe++ reads the id written beforehand instead of writing it, so cicc need not wait for it
+    assert (
+        "--gen_module_id_file" not in plan.host[1] and '--module_id_file_name "d/k.module_id"' in plan.host[1]
+    )
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.replace("--gen_module_id_file ", ""),  # cudafe++ does not write the id
+        lambda t: t.replace(
+            '"$CICC_PATH/cicc" --c++17 -arch compute_90 --module_id_file_name "d/k.module_id"', "cicc"
+        ),
+        lambda t: t.replace(
+            'cicc" --c++17 -arch compute_90 --module_id_file_name "d/k', 'cicc" --module_id_file_name "e/k'
+        ),
+        lambda t: t + t.split("\n")[5] + "\n",  # a second cudafe++
+        lambda t: t + "#$ ptxas late.ptx\n",  # device work after the last fatbinary
+        lambda t: "\n".join(line for line in t.split("\n") if "cudafe++" not in line),  # e.g. --cubin, -E
+        lambda t: "\n".join(line for line in t.split("\n") if "fatbinary" not in line),
+    ],
+)
+def test_a_plan_of_another_shape_is_left_to_nvcc(edit):
+    assert nvcc.plan(DRY_RUN) is not None
+    assert nvcc.plan(edit(DRY_RUN)) is None
+
+
+def test_a_module_id_is_a_name_that_differs_with_the_source(tmp_path):
+    a, b = tmp_path / "cuda.cu", tmp_path / "other.cu"
+    a.write_text(KERNEL)
+    b.write_text(KERNEL + "// edited\n")
+    first = nvcc.module_id("nvcc -c cuda.cu", a)
+    assert first.isidentifier() and first.endswith("_cuda_cu_pkb")
+    assert first == nvcc.module_id("nvcc -c cuda.cu", a)
+    assert first != nvcc.module_id("nvcc -c other.cu", b) and first != nvcc.module_id(
+        "nvcc -O3 -c cuda.cu", a
+    )
+
+
+def _symbols(obj: Path) -> list[str]:
+    out = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True, check=True).stdout
+    return sorted(line.split(" ", 2)[-1] for line in out.splitlines() if line.strip())
+
+
+def _fatbin_bytes(obj: Path) -> int:
+    """The size of the object's `.nv_fatbin` section (the device code), 0 when it has none."""
+    out = subprocess.run(["size", "-A", str(obj)], capture_output=True, text=True, check=True).stdout
+    return sum(int(line.split()[1]) for line in out.splitlines() if line.startswith(".nv_fatbin"))
+
+
+@needs_nvcc
+def test_the_split_compile_gives_nvcc_s_object(tmp_path):
+    (tmp_path / "k.cu").write_text(KERNEL)
+    command = f"{NVCC} {ARCH} --compiler-options '-fPIC' -c k.cu -o split.o"
+    assert nvcc.compile_unit(command, tmp_path, tmp_path / "k.cu", "split.o")
+    subprocess.run(["/bin/sh", "-c", command.replace("split.o", "plain.o")], cwd=tmp_path, check=True)
+    assert _symbols(tmp_path / "split.o") == _symbols(tmp_path / "plain.o")
+    assert "add_one(float*, int)" in _symbols(tmp_path / "split.o")
+    fatbin = _fatbin_bytes(tmp_path / "split.o")
+    assert fatbin > 0 and fatbin == _fatbin_bytes(tmp_path / "plain.o")  # the device code is embedded
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".nvcc")] == []  # no scratch left
+
+
+@needs_nvcc
+def test_a_compile_error_is_reported_once_with_the_compiler_s_words(tmp_path):
+    (tmp_path / "k.cu").write_text(KERNEL.replace("x[i] += 1.f;", "x[i] += undeclared_name;"))
+    command = f"{NVCC} {ARCH} -c k.cu -o k.o"
+    with pytest.raises(RuntimeError) as err:
+        nvcc.compile_unit(command, tmp_path, tmp_path / "k.cu", "k.o")
+    text = str(err.value)
+    assert text.startswith("FAILED: k.o\n") and text.count('identifier "undeclared_name" is undefined') == 1
+    assert not (tmp_path / "k.o").exists()
+
+
+@needs_nvcc
+def test_a_command_nvcc_plans_otherwise_is_not_split(tmp_path):
+    (tmp_path / "k.cu").write_text(KERNEL)
+    assert not nvcc.compile_unit(f"{NVCC} {ARCH} -ptx k.cu -o k.ptx", tmp_path, tmp_path / "k.cu", "k.ptx")
+    assert not (tmp_path / "k.ptx").exists()  # nothing ran: the caller runs the command itself
+
+
+@needs_nvcc
+def test_a_build_file_s_cuda_unit_goes_through_the_split_compile(tmp_path, monkeypatch):
+    (tmp_path / "k.cu").write_text(KERNEL)
+    steps = [
+        objects.Step(
+            "cuda_compile",
+            "k.o",
+            (str(tmp_path / "k.cu"),),
+            f"{NVCC} -arch=sm_90 -c {tmp_path / 'k.cu'} -o k.o",
+        ),
+        objects.Step("link", "k.so", ("k.o",), "c++ -shared k.o -o k.so"),
+    ]
+    split: list[str] = []
+    real = nvcc.compile_unit
+    monkeypatch.setattr(nvcc, "compile_unit", lambda *a: split.append(a[3]) or real(*a))
+    done = objects.run(steps, tmp_path, {"torch": "x"}, None, None)
+    assert split == ["k.o"] and done.compiled == [str(tmp_path / "k.cu")]
+    assert "add_one(float*, int)" in _symbols(tmp_path / "k.so")
