@@ -10,7 +10,9 @@ file for `cicc` to read. With a unit that includes ATen's headers, each front en
 
 Here the module id is written first (a name derived from the command and the source, as unique as
 nvcc's), then the two chains run at once, then the host compile: nvcc's own commands, taken from
-`nvcc -dryrun --keep` and run unchanged but for `cudafe++` reading the id instead of writing it. A
+`nvcc -dryrun --keep` and run unchanged but for `cudafe++` reading the id instead of writing it and,
+where nvcc was asked for a dependency file (`-MD -MF`, as torch's build file asks), the preprocessor
+runs listing the files they read, from which that file is written as nvcc would. A
 dry run whose commands do not have that shape (a flag that changes nvcc's plan in a way not met
 before) is left to nvcc itself, so the result is always nvcc's. Stdlib only: this runs inside the
 sandbox, in build launches.
@@ -30,6 +32,8 @@ from pathlib import Path
 MAX_LOG_BYTES = 1 << 20
 _ASSIGN = re.compile(r"([A-Za-z_]\w*)=(.*)")
 _MODULE_ID = re.compile(r'--module_id_file_name "([^"]+)"')
+_OUTPUT = re.compile(r' -o "([^"]+)"')
+_DEPENDENCIES = re.compile(r"-- Filter Dependencies -- > (.+)")  # nvcc's own step for -MD/-MF
 GEN_MODULE_ID = "--gen_module_id_file "
 
 
@@ -40,13 +44,18 @@ class Plan:
     env: dict[str, str]  # nvcc's variables (CICC_PATH, PATH, ...), which its commands refer to
     host: list[str]  # the host preprocessor and cudafe++, which reads `module_id` instead of writing it
     device: list[str]  # per architecture: preprocessor, cicc, ptxas; then fatbinary
-    rest: list[str]  # the host compile of cudafe++'s output with the fatbinary, and any clean-up
+    rest: list[str]  # the host compile of cudafe++'s output with the fatbinary
     module_id: str  # the module id file, relative to the working directory
+    dependencies: str | None = None  # the dependency file nvcc was asked for (-MD -MF), if any
 
 
 def _tool(command: str) -> str:
-    first = command.split(" ", 1)[0].strip('"')
+    first = command.split(" ", 1)[0].replace('"', "")
     return os.path.basename(first)
+
+
+def _preprocesses(command: str) -> bool:
+    return " -E " in command and _tool(command) not in ("cudafe++", "cicc", "ptxas", "fatbinary")
 
 
 def plan(dry_run: str) -> Plan | None:
@@ -55,12 +64,15 @@ def plan(dry_run: str) -> Plan | None:
     after it and before the last fatbinary, and nothing after that but the host compile."""
     env: dict[str, str] = {}
     commands: list[str] = []
+    dependencies = None
     for line in dry_run.splitlines():
         if not line.startswith("#$ "):
             continue
         text = line[3:].strip()
-        assign = _ASSIGN.fullmatch(text)
-        if assign and " " not in assign.group(1):
+        assign, wanted = _ASSIGN.fullmatch(text), _DEPENDENCIES.fullmatch(text)
+        if wanted:
+            dependencies = wanted.group(1).strip().strip('"')
+        elif assign:
             env[assign.group(1)] = assign.group(2)
         elif text:
             commands.append(text)
@@ -74,16 +86,45 @@ def plan(dry_run: str) -> Plan | None:
     if written is None or GEN_MODULE_ID not in frontend:
         return None
     module_id = written.group(1)
-    device = commands[split + 1 : last_fatbinary + 1]
+    before, device = commands[:split], commands[split + 1 : last_fatbinary + 1]
     rest = commands[last_fatbinary + 1 :]
     if "cicc" in tools[:split] or {"cicc", "cudafe++", "ptxas"} & {_tool(c) for c in rest}:
+        return None
+    if any(not _preprocesses(c) for c in before):
         return None
     for command in device:
         read = _MODULE_ID.search(command)
         if (read is None and _tool(command) == "cicc") or (read is not None and read.group(1) != module_id):
             return None
-    host = [*commands[:split], frontend.replace(GEN_MODULE_ID, "", 1)]
-    return Plan(env, host, device, rest, module_id)
+    # a preprocessor run whose output the device chain reads (nvcc may order it first) belongs to it
+    feeds_device = [
+        c for c in before if (out := _OUTPUT.search(c)) and any(out.group(1) in d for d in device)
+    ]
+    host = [c for c in before if c not in feeds_device] + [frontend.replace(GEN_MODULE_ID, "", 1)]
+    return Plan(env, host, feeds_device + device, rest, module_id, dependencies)
+
+
+def _with_dependencies(commands: list[str], keep: str, tag: str) -> tuple[list[str], list[str]]:
+    """The commands with each preprocessor run also writing the files it read (gcc's -MD), and those
+    dependency files' paths."""
+    out: list[str] = []
+    files: list[str] = []
+    for command in commands:
+        if _preprocesses(command):
+            files.append(f"{keep}/deps-{tag}{len(files)}.d")
+            command += f' -MD -MF "{files[-1]}"'
+        out.append(command)
+    return out, files
+
+
+def _write_dependencies(cwd: Path, files: list[str], target: str, path: str) -> None:
+    """One make rule, `target: every file any preprocessor run read`, as nvcc's -MD writes."""
+    seen: dict[str, None] = {}
+    for name in files:
+        _, _, deps = (cwd / name).read_text().replace("\\\n", " ").partition(":")
+        seen.update(dict.fromkeys(deps.split()))
+    lines = [f"{target} :", *[f"    {dep}" for dep in seen]]
+    (cwd / path).write_text(" \\\n".join(lines) + "\n")
 
 
 def module_id(command: str, source: Path) -> str:
@@ -130,7 +171,12 @@ def compile_unit(command: str, cwd: Path, source: Path, output_name: str) -> boo
             return False
         (cwd / steps.module_id).write_text(module_id(command, source))
         env = {**os.environ, **steps.env}
-        chains = [_chain(steps.host, cwd, env), _chain(steps.device, cwd, env)]
+        host, device, read = steps.host, steps.device, []
+        if steps.dependencies is not None:
+            host, read_host = _with_dependencies(host, keep, "host")
+            device, read_device = _with_dependencies(device, keep, "device")
+            read = read_host + read_device
+        chains = [_chain(host, cwd, env), _chain(device, cwd, env)]
         outputs = [chain.communicate()[0] for chain in chains]
         for chain, output in zip(chains, outputs, strict=True):
             if chain.returncode != 0:  # the host chain's errors first: they are nvcc's first
@@ -139,6 +185,8 @@ def compile_unit(command: str, cwd: Path, source: Path, output_name: str) -> boo
         output = last.communicate()[0]
         if last.returncode != 0:
             raise _failed(output_name, command, output)
+        if steps.dependencies is not None:
+            _write_dependencies(cwd, read, output_name, steps.dependencies)
         return True
     finally:
         shutil.rmtree(cwd / keep, ignore_errors=True)

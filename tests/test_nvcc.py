@@ -60,6 +60,18 @@ def test_a_dry_run_becomes_two_chains_then_the_host_compile():
     )
 
 
+def test_a_dry_run_with_a_dependency_file_moves_the_device_preprocessor_to_its_chain():
+    # with -MD -MF, nvcc preprocesses for the device first and makes the dependency file itself
+    lines = DRY_RUN.split("\n")
+    lines.insert(4, lines.pop(6))
+    lines.insert(6, "#$ -- Filter Dependencies -- > k.o.d")
+    plan = nvcc.plan("\n".join(lines))
+    assert plan is not None and plan.dependencies == "k.o.d"
+    assert [nvcc._tool(c) for c in plan.host] == ["gcc", "cudafe++"] and "cpp4.ii" in plan.host[0]
+    assert [nvcc._tool(c) for c in plan.device] == ["gcc", "cicc", "ptxas", "fatbinary"]
+    assert "cpp1.ii" in plan.device[0] and not any("Filter" in c for c in plan.host + plan.device + plan.rest)
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -74,6 +86,7 @@ def test_a_dry_run_becomes_two_chains_then_the_host_compile():
         lambda t: t + "#$ ptxas late.ptx\n",  # device work after the last fatbinary
         lambda t: "\n".join(line for line in t.split("\n") if "cudafe++" not in line),  # e.g. --cubin, -E
         lambda t: "\n".join(line for line in t.split("\n") if "fatbinary" not in line),
+        lambda t: t.replace("#$ cudafe++", "#$ touch d/x\n#$ cudafe++"),  # something else before cudafe++
     ],
 )
 def test_a_plan_of_another_shape_is_left_to_nvcc(edit):
@@ -115,6 +128,22 @@ def test_the_split_compile_gives_nvcc_s_object(tmp_path):
     fatbin = _fatbin_bytes(tmp_path / "split.o")
     assert fatbin > 0 and fatbin == _fatbin_bytes(tmp_path / "plain.o")  # the device code is embedded
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".nvcc")] == []  # no scratch left
+
+
+@needs_nvcc
+def test_a_dependency_file_asked_for_names_what_nvcc_s_names(tmp_path):
+    (tmp_path / "k.cu").write_text(KERNEL)
+    command = f"{NVCC} -MD -MF {{}}.d {ARCH} -c k.cu -o {{}}"
+    assert nvcc.compile_unit(command.format("split.o", "split.o"), tmp_path, tmp_path / "k.cu", "split.o")
+    subprocess.run(["/bin/sh", "-c", command.format("plain.o", "plain.o")], cwd=tmp_path, check=True)
+
+    def rule(name: str) -> tuple[str, set[str]]:
+        target, _, deps = (tmp_path / name).read_text().replace("\\\n", " ").partition(":")
+        return target.strip(), set(deps.split())
+
+    (target, split), (_, plain) = rule("split.o.d"), rule("plain.o.d")
+    assert target == "split.o" and split == plain and "k.cu" in split
+    assert any(d.endswith("/cuda_runtime.h") for d in split)
 
 
 @needs_nvcc
