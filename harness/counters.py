@@ -30,6 +30,7 @@ NCU_PLACES = (
     "/usr/local/cuda/nsight-compute-*/ncu",
 )
 NVIDIA_PARAMS = Path("/proc/driver/nvidia/params")
+WORKER_TMPDIR = "PKB_WORKER_TMPDIR"  # under ncu: the TMPDIR the worker takes back from its ncu's
 
 
 def find_ncu(env: Mapping[str, str] | None = None) -> str | None:
@@ -79,8 +80,11 @@ def ncu_unavailable(device_type: str, ncu: str | None) -> str | None:
 def ncu_wrapper(plan: CounterPlan, rank: int, launch_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The command line a rank's worker runs under, and the variables it adds: the rank's own TMPDIR,
     so that its `ncu` takes a lock file of its own (one shared lock serialises every profiled process
-    on the machine, and a kernel waiting for a peer's kernel would wait forever)."""
-    tmp = Path(os.environ.get("TMPDIR") or launch_dir / "tmp") / f"ncu-r{rank}"  # the sandbox's: short
+    on the machine, and a kernel waiting for a peer's kernel would wait forever), and the launch's
+    TMPDIR for the worker to take back (WORKER_TMPDIR): the ranks' symmetric memory finds a peer's
+    socket at `$TMPDIR/symm_mem-PID`, so they must share one."""
+    shared = Path(os.environ.get("TMPDIR") or launch_dir / "tmp")  # the sandbox's: short
+    tmp = shared / f"ncu-r{rank}"
     tmp.mkdir(parents=True, exist_ok=True)
     out = launch_dir / "profile"
     out.mkdir(exist_ok=True)
@@ -96,7 +100,7 @@ def ncu_wrapper(plan: CounterPlan, rank: int, launch_dir: Path) -> tuple[list[st
         "--csv", "--page", "raw", "--print-units", "base",
         "--log-file", str(out / f"r{rank}.ncu.csv"),
     ]  # fmt: skip
-    return argv, {"TMPDIR": str(tmp)}
+    return argv, {"TMPDIR": str(tmp), WORKER_TMPDIR: str(shared)}
 
 
 # ---------------------------------------------------------------- NVML

@@ -41,6 +41,7 @@ from harness.contracts import (
     read_rank_config,
     read_rank_setup,
 )
+from harness.counters import WORKER_TMPDIR
 
 HARNESS_DIR = Path(__file__).resolve().parent
 ORIGINAL_PACKAGES = str(HARNESS_DIR / "original")  # harness/original: the original benchmark's `utils`
@@ -427,6 +428,9 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
 def main() -> None:
     # the launcher sends SIGUSR1 before killing a stuck rank: its stacks land in the rank's log
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    shared_tmp = os.environ.pop(WORKER_TMPDIR, None)
+    if shared_tmp:  # under ncu (harness/counters.py): the launch's TMPDIR, which the ranks share
+        os.environ["TMPDIR"] = shared_tmp
     line = read_line(sys.stdin)
     if line is None:
         sys.exit("harness.worker: no set-up line on stdin")

@@ -137,6 +137,8 @@ def test_a_counter_plan_and_each_rank_s_ncu_command(monkeypatch, tmp_path):
     assert argv0[argv0.index("--log-file") + 1] == str(tmp_path / "profile" / "r0.ncu.csv")
     assert env0["TMPDIR"] != env1["TMPDIR"], "each rank takes its own ncu lock file"
     assert Path(env1["TMPDIR"]).is_dir()
+    # ... and the workers take the launch's back: symmetric memory finds a peer's socket under it
+    assert env0[counters.WORKER_TMPDIR] == env1[counters.WORKER_TMPDIR] == str(tmp_path / "t")
     monkeypatch.setenv("PKB_NCU_METRICS", "bad metric; rm -rf /")
     with pytest.raises(ValueError, match="PKB_NCU_METRICS"):
         nvlink.plan("cuda", isolated=False)
