@@ -2,10 +2,12 @@
 
 Before a check or benchmark (and in `compile_kernel`) the host:
 
-1. finds the solution's extension builds with a discovery launch (harness/discover.py: the candidate is
-   imported inside the sandbox; lazy calls on solution()'s first call are found too). What it reports
-   is untrusted data: parsed with limits, and only ever used as build requests. Discoveries are kept
-   per solution text, so an unchanged solution is not imported again;
+1. finds the solution's extension builds: from its text where the text alone fixes every call
+   (compile/literal_calls.py, a run's common case: module-level source strings), else with a discovery
+   launch (harness/discover.py: the candidate is imported inside the sandbox; lazy calls on
+   solution()'s first call are found too; compile_kernel always launches it, to check the import).
+   What either reports is untrusted data: parsed with limits, and only ever used as build requests.
+   Discoveries are kept per solution text, so an unchanged solution is not imported again;
 2. keys each request (harness/extensions.py: sources, flags, toolchain) and, for those not in the cache
    whose flags pass the compile allow-list, runs a build launch (harness/build.py): torch's build with no
    candidate code, whose output is therefore a function of the request alone;
@@ -41,6 +43,7 @@ from harness import extensions as requests
 from harness import objects
 from pkb_mcp import config
 from pkb_mcp.compile.flags import prebuild_refusal
+from pkb_mcp.compile.literal_calls import literal_calls
 from pkb_mcp.compile.parse import first_errors
 from pkb_mcp.launches import read_result
 from pkb_mcp.log import get
@@ -308,7 +311,8 @@ def prepare(text: str, tools: ToolRunner, timeout_s: float) -> Prepared:
     """Discover and build a solution's extensions before its launches run; nothing when it has none."""
     if not may_build(text):
         return Prepared()
-    found = discover(text, tools, timeout_s)
+    literal = literal_calls(text)  # the common case needs no discovery launch: an edit costs a build only
+    found = {"calls": literal} if literal is not None else discover(text, tools, timeout_s)
     if isinstance(found, str):
         return Prepared(skipped=[f"extensions not prebuilt: {found}"])
     wanted, why = parse_requests(found.get("calls"))
