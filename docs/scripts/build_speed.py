@@ -12,6 +12,13 @@ CLI call it (the Docker sandbox when an engine answers, else the process backend
   plain        check of the problem's reference (no extension), --repeats times
   batch        `pkb eval` of --files copies of the solution, each with a kernel of its own
                (checked, and benchmarked on GPUs): files per minute
+  discovery    what a kernel edit no longer pays before its build: a discovery launch of an edited
+               text (pkb_mcp/compile/extensions.py `discover`), against reading its calls from the
+               text (compile/literal_calls.py), --repeats times each, with example 001 on any device
+               (not part of the default stages)
+
+The cached and plain stages are fresh service calls, each starting its sandboxes: a server's warm
+check is faster (docs/scripts/turnaround.py measures that).
 
 The solution is examples/001_allreduce_cuda_oneshot.py on GPUs (bindings plus a CUDA kernel, built
 with load_inline) and tests/candidates/cpp_extension_lazy.py on CPU (torch's CPU build cannot build
@@ -101,6 +108,31 @@ def main() -> None:
                 {**base, "stage": stage, "walls_s": walls, "median_s": statistics.median(walls),
                  "verdicts": sorted({r["verdict"] for r in runs})},
             )  # fmt: skip
+    if "discovery" in args.stages:
+        from pkb_mcp.compile import extensions
+        from pkb_mcp.compile.literal_calls import literal_calls
+        from pkb_mcp.launches import ToolLaunches
+        from sandbox import select_backend
+
+        tools = ToolLaunches(select_backend("auto"))
+        launches, reads = [], []
+        example, example_opener = SOLUTIONS["cuda"]  # discovery imports it with stand-ins: no GPU needed
+        for i in range(args.repeats):
+            text = edited(example.read_text(), example_opener, f"discovery {i}")
+            t0 = time.monotonic()
+            found = extensions.discover(text, tools, 120.0)
+            t1 = time.monotonic()
+            literal = literal_calls(text)
+            launches.append(round(t1 - t0, 3))
+            reads.append(round(time.monotonic() - t1, 4))
+            if not isinstance(found, dict) or literal is None:
+                raise SystemExit(f"discovery gave {found!r:.200}; the text gave {literal!r:.200}")
+        emit(
+            args.out,
+            {**base, "stage": "discovery", "solution": str(example.relative_to(ROOT)),
+             "sandbox": tools.backend.name, "launch_s": launches,
+             "read_s": reads, "median_launch_s": statistics.median(launches)},
+        )  # fmt: skip
     if "batch" in args.stages:
         from pkb_mcp.evaluation.batch import evaluate
 
