@@ -5,7 +5,7 @@ include all of `torch/extension.h`) and `cuda.cu` (the CUDA sources). An agent i
 edits only the second, yet torch's builder compiles both on every new request. Here torch still
 writes the build file (`build.ninja`: its flags, its include paths, its link line), and this module
 runs it: each compile step whose object is in the cache is copied from there, the others run side
-by side, then the link.
+by side (a CUDA unit's own front ends too: harness/nvcc.py), then the link.
 
 An object's key is the sha256 of the step's command (the build directory written as a placeholder),
 the unit's source text and the toolchain (harness/extensions.py `toolchain`). A step whose
