@@ -24,7 +24,7 @@ Offers `prepare` (steps 1 to 3 for a run; `may_build` says whether a text needs 
 it did), and the steps themselves for compile_kernel, which adds its compiler runs to the build launch:
 `discover`, `parse_requests`, `build_requests`, `toolchain`. `ToolRunner` is what runs the discovery and
 build launches (pkb_mcp.launches.ToolLaunches). Imports pkb_mcp.config, log, launches and
-compile.flags, harness.extensions and sandbox.toolchain.
+compile.flags, literal_calls, parse, harness.extensions, objects and sandbox.toolchain.
 """
 
 from __future__ import annotations
