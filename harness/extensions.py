@@ -330,25 +330,28 @@ def write_mark(directory: Path, mark: str, data: dict[str, Any]) -> None:
     os.replace(part, directory / mark)
 
 
+# load_inline's arguments a request records; any other argument given a non-default value (sycl
+# sources, a build directory, include paths, a precompiled header, docstrings in `functions`) makes
+# the call torch's own, uncached
+KEPT_ARGUMENTS = (
+    "name",
+    "cpp_sources",
+    "cuda_sources",
+    "functions",
+    "extra_cflags",
+    "extra_cuda_cflags",
+    "extra_ldflags",
+    "with_cuda",
+    "is_python_module",
+    "with_pytorch_error_handling",
+    "no_implicit_headers",
+)
+
+
 class _Loader:
     """The `load_inline` a candidate's launch sees."""
 
-    # arguments a request records; any other argument given a non-default value (sycl sources, a
-    # build directory, include paths, a precompiled header, docstrings in `functions`) makes the call
-    # torch's own, uncached
-    KEPT = (
-        "name",
-        "cpp_sources",
-        "cuda_sources",
-        "functions",
-        "extra_cflags",
-        "extra_cuda_cflags",
-        "extra_ldflags",
-        "with_cuda",
-        "is_python_module",
-        "with_pytorch_error_handling",
-        "no_implicit_headers",
-    )
+    KEPT = KEPT_ARGUMENTS
     IGNORED = ("verbose", "keep_intermediates")
 
     def __init__(self, cache: Path | None, scratch: Path, original: Any) -> None:

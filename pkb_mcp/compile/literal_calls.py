@@ -20,22 +20,10 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from harness.extensions import KEPT_ARGUMENTS
+
 MAX_CALLS = 64
-# load_inline's arguments a build request keeps (harness/extensions.py `_Loader.KEPT`), and `verbose`
-KEYWORDS = (
-    "name",
-    "cpp_sources",
-    "cuda_sources",
-    "functions",
-    "extra_cflags",
-    "extra_cuda_cflags",
-    "extra_ldflags",
-    "with_cuda",
-    "is_python_module",
-    "with_pytorch_error_handling",
-    "no_implicit_headers",
-    "verbose",
-)
+KEYWORDS = (*KEPT_ARGUMENTS, "verbose")  # what a request keeps, and `verbose`, which changes nothing
 POSITIONAL = ("name", "cpp_sources", "cuda_sources")  # the same in every torch this project meets
 MODULE = "torch.utils.cpp_extension"
 # the original benchmark's helper (harness/original/utils/cuda_helpers.py), as the load_inline it makes
