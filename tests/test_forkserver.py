@@ -172,6 +172,7 @@ def test_a_launch_folder_too_deep_for_a_socket_still_binds_one_under_tmpdir(isol
     deep = isolated_dirs / ("deep" * 20)
     deep.mkdir()
     monkeypatch.setenv("PKB_LAUNCH_DIR", str(deep))
+
     def links() -> set[Path]:
         return {p for p in process.SHORT_ROOT.glob("pkb-*") if p.is_symlink()}
 
