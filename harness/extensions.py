@@ -272,6 +272,16 @@ def _build_with_torch(request: Request, sources: list[str], directory: Path, ver
     builder(**{k: v for k, v in kwargs.items() if k in params})
 
 
+def build_steps(request: Request, sources: list[str], directory: Path) -> list[objects.Step] | None:
+    """The compile steps and the link of torch's build file for these sources (written into
+    `directory`), or None for a torch whose private build helpers differ (its own builder runs)."""
+    try:
+        _write_build_file(request, sources, directory)
+        return objects.plan(directory / "build.ninja")
+    except (objects.PlanError, AttributeError, TypeError, KeyError):
+        return None
+
+
 def build(request: Request, directory: Path, verbose: bool = False, store: Path | None = None) -> Path:
     """Compile and link the request in `directory` without loading it; the shared library's path.
 
@@ -279,11 +289,7 @@ def build(request: Request, directory: Path, verbose: bool = False, store: Path 
     `store` (a build launch's) receives the objects compiled here. Raises RuntimeError with the
     compiler's output when the build fails."""
     sources = source_files(request, directory)
-    try:
-        _write_build_file(request, sources, directory)
-        steps = objects.plan(directory / "build.ninja")
-    except (objects.PlanError, AttributeError, TypeError, KeyError):
-        steps = None  # a torch whose private build helpers differ: its own builder, uncached
+    steps = build_steps(request, sources, directory)
     if steps is None:
         _build_with_torch(request, sources, directory, verbose)
     else:

@@ -21,6 +21,7 @@ import ast
 from typing import Any
 
 from harness.extensions import KEPT_ARGUMENTS
+from harness.original.utils.cuda_helpers import DEFAULT_CUDA_FLAGS
 
 MAX_CALLS = 64
 KEYWORDS = (*KEPT_ARGUMENTS, "verbose")  # what a request keeps, and `verbose`, which changes nothing
@@ -29,17 +30,16 @@ MODULE = "torch.utils.cpp_extension"
 # the original benchmark's helper (harness/original/utils/cuda_helpers.py), as the load_inline it makes
 HELPER_MODULE, HELPER = "utils.cuda_helpers", "compile_cuda_extension"
 HELPER_POSITIONAL = ("name", "cuda_src", "extra_cuda_cflags", "extra_cflags", "extra_ldflags", "verbose")
-HELPER_CUDA_FLAGS = ["-O3"]
 
 
 class NotLiteral(Exception):
     """Something the text alone does not fix: discovery must import the solution."""
 
 
-def _bindings(tree: ast.Module) -> dict[str, ast.expr]:
-    """Names bound exactly once in the whole file, by a plain assignment at module level."""
+def _binding_counts(tree: ast.Module) -> dict[str, int]:
+    """How often each name is bound anywhere in the file: assigned, deleted, declared global or
+    nonlocal, defined, imported or taken as a parameter."""
     counts: dict[str, int] = {}
-    values: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
@@ -54,6 +54,12 @@ def _bindings(tree: ast.Module) -> dict[str, ast.expr]:
             names = [node.arg]
         for name in names:
             counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _bindings(tree: ast.Module, counts: dict[str, int]) -> dict[str, ast.expr]:
+    """Names bound exactly once in the whole file, by a plain assignment at module level."""
+    values: dict[str, ast.expr] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             values[node.targets[0].id] = node.value
@@ -107,7 +113,7 @@ def _helper_call(node: ast.Call, bound: dict[str, ast.expr]) -> dict[str, Any]:
         "name": given.get("name"),
         "cpp_sources": "",
         "cuda_sources": given["cuda_src"],
-        "extra_cuda_cflags": HELPER_CUDA_FLAGS + _strings(given.get("extra_cuda_cflags")),
+        "extra_cuda_cflags": [*DEFAULT_CUDA_FLAGS, *_strings(given.get("extra_cuda_cflags"))],
         "extra_cflags": given.get("extra_cflags"),
         "extra_ldflags": given.get("extra_ldflags"),
     }
@@ -170,24 +176,6 @@ def _callee_names(tree: ast.Module) -> tuple[set[str], set[str], set[str]] | Non
     return direct, modules, helpers
 
 
-def _bound_once(tree: ast.Module, name: str) -> bool:
-    """Whether `name` is bound once in the file (by its import): no assignment, parameter, function,
-    class or second import of the same name."""
-    count = 0
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
-            count += node.id == name
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            count += node.name == name
-        elif isinstance(node, ast.arg):
-            count += node.arg == name
-        elif isinstance(node, ast.alias):
-            count += (node.asname or node.name).split(".")[0] == name
-        elif isinstance(node, ast.Global | ast.Nonlocal):
-            count += name in node.names
-    return count == 1
-
-
 def _mentions(node: ast.AST, names: set[str], modules: set[str]) -> int:
     """1 where the node names a builder: by a name it is imported under, as an attribute of anything,
     or torch's `load` on the module."""
@@ -210,9 +198,10 @@ def literal_calls(text: str) -> list[dict[str, Any]] | None:
     if names is None:
         return None
     direct, modules, helpers = names
-    if not all(_bound_once(tree, n) for n in direct | modules | helpers):
+    counts = _binding_counts(tree)
+    if any(counts.get(n) != 1 for n in direct | modules | helpers):  # rebound after its import
         return None
-    bound = _bindings(tree)
+    bound = _bindings(tree, counts)
     calls: list[dict[str, Any]] = []
     mentions = 0  # every mention of the builder must be a call read here (not a value passed on)
     try:
