@@ -13,6 +13,9 @@ Each repeat runs, side by side in time order, alternating which goes first:
 
 Rows (JSON lines, appended to --out as measured): {"mode", "repeat", "wall_s"} and, for nvcc,
 {"phases": {name: ms}}. Needs nvcc and torch's CUDA headers (a CUDA build of torch).
+
+It compiles outside any sandbox: a measurement of the project's own examples, never a tool for
+candidate files (pkb compiles those only in build launches).
 """
 
 from __future__ import annotations
