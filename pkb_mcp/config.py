@@ -80,6 +80,17 @@ def unseen_sizes() -> bool:
     return env != "0"
 
 
+def warm_per_shape(device: str) -> int:
+    """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py).
+    On GPUs 4: a check runs two pairs of launches of one shape, its judged trials and then its
+    unseen-size trial, the launches of a pair side by side. On CPU 2: the cores that sandboxes warming
+    up would take are the running launch's."""
+    env = os.environ.get("PKB_WARM_PER_SHAPE", "").strip()
+    if env and (not env.isdigit() or int(env) < 1):
+        raise ValueError(f"PKB_WARM_PER_SHAPE must be a positive integer, not {env!r}")
+    return int(env) if env else 4 if device == "cuda" else 2
+
+
 def build_slots() -> int:
     """How many solutions' extensions a batch builds at once (PKB_BUILD_SLOTS, else from the node): a
     build launch runs up to four compilers side by side (harness/build.py), each wanting about 2 GiB."""

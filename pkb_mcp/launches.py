@@ -124,12 +124,26 @@ def new_launch_dir(launch_id: str) -> Path:
     return launch_dir
 
 
-def enable_warm_pool(backend: Backend) -> WarmPool | None:
-    """Start sandboxes ahead of need for this backend (a long-running server wants this; a one-shot
-    CLI command does not). None when the backend cannot."""
+def enable_warm_pool(backend: Backend, first: WarmKey | None = None) -> WarmPool | None:
+    """Start sandboxes ahead of need for this backend (a long-running server or a batch wants this; a
+    one-shot CLI command does not), the shape `first` at once when given. None when the backend cannot."""
     enable = getattr(backend, "enable_pool", None)
     _use_extension_cache(backend)
-    return enable(new_launch_dir, config.HARNESS_ROOT) if enable else None
+    pool: WarmPool | None = (
+        enable(new_launch_dir, config.HARNESS_ROOT, lambda key: config.warm_per_shape(key.device))
+        if enable
+        else None
+    )
+    if pool is not None and first is not None:
+        pool.replenish(first)
+    return pool
+
+
+def disable_warm_pool(backend: Backend) -> None:
+    """Stop the backend's warm sandboxes, if it keeps any, and start launches cold from now on."""
+    disable = getattr(backend, "disable_pool", None)
+    if disable is not None:
+        disable()
 
 
 def warm_pool(backend: Backend) -> WarmPool | None:

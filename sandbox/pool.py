@@ -58,7 +58,8 @@ class WarmSlot:
 
 
 class WarmPool:
-    """Up to `per_key` warm sandboxes for each of the `max_keys` most recently used launch shapes.
+    """Up to `per_key` warm sandboxes (a number, or one for each shape) for each of the `max_keys` most
+    recently used launch shapes.
 
     `start(slot)` starts a sandbox for the slot and returns its handle; `alive(handle)` says whether
     it still runs; `discard(slot)` stops it and removes what it left; `describe(slot)` says how a
@@ -72,7 +73,7 @@ class WarmPool:
         alive: Callable[[Any], bool],
         discard: Callable[[WarmSlot], None],
         describe: Callable[[WarmSlot], str] = lambda slot: "",
-        per_key: int = 2,
+        per_key: int | Callable[[WarmKey], int] = 2,
         max_keys: int = 2,
     ):
         self._new_dir, self._start, self._alive, self._discard = new_dir, start, alive, discard
@@ -136,6 +137,10 @@ class WarmPool:
             rank_logs=logs,
         )
 
+    def wanted(self, key: WarmKey) -> int:
+        """How many sandboxes of this shape the pool keeps warm."""
+        return self.per_key(key) if callable(self.per_key) else self.per_key
+
     def replenish(self, key: WarmKey, count: int = 0) -> None:
         """Start sandboxes of this shape up to `per_key`, or up to `count` when that is more (a
         benchmark of several launches a side wants one for each), in the background (later if quiet)."""
@@ -151,7 +156,7 @@ class WarmPool:
             while len(self._slots) > self.max_keys:
                 _, old = self._slots.popitem(last=False)
                 evicted.extend(old)
-            missing = max(self.per_key, count) - len(self._slots[key]) - self._starting_for.get(key, 0)
+            missing = max(self.wanted(key), count) - len(self._slots[key]) - self._starting_for.get(key, 0)
             self._starting += max(missing, 0)
             self._starting_for[key] = self._starting_for.get(key, 0) + max(missing, 0)
         for slot in evicted:
@@ -235,8 +240,10 @@ class Pooled:
     # the node's extension cache (harness/extensions.py), mounted read-only into every launch; set by the host
     extensions_dir: Path | None = None
 
-    def enable_pool(self, new_dir: Callable[[str], Path], harness_root: Path) -> WarmPool:
-        """Keep sandboxes started ahead of need."""
+    def enable_pool(
+        self, new_dir: Callable[[str], Path], harness_root: Path, per_key: int | Callable[[WarmKey], int] = 2
+    ) -> WarmPool:
+        """Keep sandboxes started ahead of need, `per_key` of each launch shape (WarmPool)."""
         if self.pool is None:
             self._harness_root = harness_root
             self.pool = WarmPool(
@@ -245,8 +252,15 @@ class Pooled:
                 self._alive,  # type: ignore[attr-defined]
                 self._discard,  # type: ignore[attr-defined]
                 self._describe,  # type: ignore[attr-defined]
+                per_key=per_key,
             )
         return self.pool
+
+    def disable_pool(self) -> None:
+        """Stop every warm sandbox; launches start cold again (a batch that kept them has ended)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def _start_warm(self, slot: WarmSlot) -> Any:
         k = slot.key

@@ -380,3 +380,68 @@ def test_a_second_batch_on_the_same_store_is_refused(tmp_path):
             evaluate([EXAMPLES / "001_allreduce_torch.py"], device="cpu", store=tmp_path / "eval.sqlite")
     finally:
         holder.release()
+
+
+class _PooledStandIn:
+    """A backend that records its warm pool's life instead of starting sandboxes."""
+
+    name = "stand-in"
+
+    def __init__(self) -> None:
+        self.pool = None
+        self.first: list[object] = []
+        self.closed = 0
+
+    def enable_pool(self, new_dir, harness_root, per_key=2):
+        outer = self
+
+        class Pool:
+            def replenish(self, key, count=0):
+                outer.first.append(key)
+
+        self.pool = Pool()
+        return self.pool
+
+    def disable_pool(self) -> None:
+        self.closed += 1
+        self.pool = None
+
+
+@pytest.mark.parametrize(("device", "failing"), [("cuda", False), ("cuda", True), ("cpu", False)])
+def test_a_batch_on_gpus_keeps_warm_sandboxes_while_it_runs(tmp_path, monkeypatch, device, failing):
+    """`pkb eval` starts its first checks' shape ahead of need on GPUs and stops its warm sandboxes when
+    it ends, even when it ends by an exception; on a CPU device it keeps none."""
+    import torch
+
+    import sandbox
+    from pkb_mcp.evaluation import batch
+    from pkb_mcp.launches import warm_pool
+
+    backend = _PooledStandIn()
+    monkeypatch.setattr(sandbox, "select_backend", lambda name="auto": backend)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("PKB_PIN_CPUS", "0")
+    during = []
+
+    def run(self, files, attempt_of=None):
+        during.append(warm_pool(backend))
+        if failing:
+            raise KeyboardInterrupt
+        return []
+
+    monkeypatch.setattr(batch._Batch, "run", run)
+    call = lambda: evaluate(  # noqa: E731
+        [EXAMPLES / "001_allreduce_torch.py"], world_size=2, device=device, store=tmp_path / "e.sqlite"
+    )
+    if failing:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    else:
+        call()
+    if device == "cuda":
+        assert during[0] is not None, "no warm pool while the batch ran"
+        (key,) = backend.first
+        assert (key.device, key.gpus, key.world_size) == ("cuda", (0, 1), 2)
+        assert backend.closed == 1 and backend.pool is None
+    else:
+        assert during == [None] and backend.first == [] and backend.closed == 0

@@ -36,7 +36,9 @@ def run_pool_lifecycle(backend, launches_dir):
         cold = run_launch(request(seeds), backend)
         assert cold.ok and not cold.warm
         pool.settle()
-        assert pool.size() == pool.per_key, "a finished launch leaves its shape warm"
+        assert pool.size() == pool.wanted(WarmKey("cpu", (), 2, 1)) == 2, (
+            "a finished launch leaves its shape warm"
+        )
         warm = run_launch(request(seeds), backend)
         assert warm.ok and warm.warm, "the next launch of the same shape starts warm"
         same_outputs(cold, warm)
@@ -133,6 +135,28 @@ def test_a_benchmark_of_several_jobs_gets_a_sandbox_for_each(isolated_dirs):
         assert pool.take(key) is None and len(started) == 4, "nothing starts while timing"
     pool.settle()
     assert len(started) == 5 and pool.size() == 1, "afterwards the pool keeps its usual one"
+
+
+def test_a_check_on_gpus_finds_both_its_pairs_warm(isolated_dirs, monkeypatch):
+    """A check runs two pairs of launches of one shape (its trials, then its unseen-size trial), each
+    pair side by side: the server's pool keeps four of a GPU shape ready, two of a CPU shape, and
+    PKB_WARM_PER_SHAPE sets both."""
+    from pkb_mcp import config
+
+    started: list = []
+    pool = fake_pool(isolated_dirs, ready_at_once(started), lambda key: config.warm_per_shape(key.device))
+    gpu, cpu = WarmKey("cuda", (0, 1), 2, 1), WarmKey("cpu", (), 2, 1)
+    for key in (gpu, cpu):
+        pool.replenish(key)
+    pool.settle()
+    assert started.count(gpu) == 4 and started.count(cpu) == 2
+    taken = [pool.take(gpu) for _ in range(4)]
+    assert all(t is not None and t.ready() for t in taken), "both pairs of a check start warm"
+    monkeypatch.setenv("PKB_WARM_PER_SHAPE", "3")
+    assert (pool.wanted(gpu), pool.wanted(cpu)) == (3, 3)
+    monkeypatch.setenv("PKB_WARM_PER_SHAPE", "0")
+    with pytest.raises(ValueError, match="PKB_WARM_PER_SHAPE"):
+        pool.wanted(gpu)
 
 
 def run_bench_with_pool(backend, isolated_dirs, monkeypatch):

@@ -11,7 +11,8 @@ CLI call it (the Docker sandbox when an engine answers, else the process backend
   cached       check of the unchanged solution, --repeats times: each wall, their median
   plain        check of the problem's reference (no extension), --repeats times
   batch        `pkb eval` of --files copies of the solution, each with a kernel of its own
-               (checked, and benchmarked on GPUs): files per minute
+               (checked, and benchmarked on GPUs): files per minute, and each job's wait and run
+               from the batch's job store; --no-warm without the batch's warm sandboxes
   discovery    what a kernel edit no longer pays before its build: a discovery launch of an edited
                text (pkb_mcp/compile/extensions.py `discover`), against reading its calls from the
                text (compile/literal_calls.py), --repeats times each, with example 001 on any device
@@ -77,6 +78,33 @@ def check(path: Path, args: argparse.Namespace) -> dict:
     }
 
 
+def timeline(store: Path, batch_start: float) -> dict:
+    """Where a batch's time went, from its job store: each job's wait (from its submission: a check
+    waits for its build, then for GPUs) and run, in seconds from the batch's start, and how long some
+    job was running (at W = the node's GPUs, one at a time holds them all)."""
+    import sqlite3
+
+    with sqlite3.connect(store) as db:
+        rows = db.execute(
+            "SELECT kind, created, started, finished FROM jobs WHERE started IS NOT NULL ORDER BY started"
+        ).fetchall()
+    jobs = [
+        {"kind": kind, "submitted_s": round(created - batch_start, 1),
+         "started_s": round(begun - batch_start, 1), "run_s": round((ended or begun) - begun, 1)}
+        for kind, created, begun, ended in rows
+    ]  # fmt: skip
+    busy, reach = 0.0, 0.0  # the union of the jobs' running spans
+    for _, _, begun, ended in rows:
+        begin, end = begun - batch_start, (ended or begun) - batch_start
+        busy += max(0.0, end - max(begin, reach))
+        reach = max(reach, end)
+    by_kind = {
+        k: round(sum(j["run_s"] for j in jobs if j["kind"] == k), 1) for k in {j["kind"] for j in jobs}
+    }
+    return {"jobs": jobs, "running_s": round(busy, 1), "run_s_by_kind": by_kind,
+            "first_job_s": jobs[0]["started_s"] if jobs else None}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("build_speed.jsonl"))
@@ -84,8 +112,16 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--files", type=int, default=10)
+    ap.add_argument(
+        "--no-warm", action="store_true", help="the batch without warm sandboxes (pkb eval --no-warm)"
+    )
     ap.add_argument("--stages", nargs="+", default=["first_build", "kernel_edit", "cached", "plain", "batch"])
+    ap.add_argument("--log", type=Path, help="write the service's info-level logs (JSON lines) here")
     args = ap.parse_args()
+    if args.log:
+        from pkb_mcp import log
+
+        log.configure("info", open(args.log, "a"))  # noqa: SIM115 - open for the whole run
     os.environ["PKB_CACHE_DIR"] = tempfile.mkdtemp(prefix="pkb-build-speed-cache-")
     os.environ.setdefault("PKB_STATE_DIR", tempfile.mkdtemp(prefix="pkb-build-speed-state-"))
     source, opener = SOLUTIONS[args.device]
@@ -141,7 +177,7 @@ def main() -> None:
         for i in range(args.files):
             text = edited(source.read_text(), opener, f"file {i}")
             (batch / f"001_allreduce_kernel{i}.py").write_text(text)
-        t0 = time.monotonic()
+        t0, started = time.monotonic(), time.time()
         report = evaluate(
             [batch],
             world_size=args.world_size,
@@ -149,13 +185,16 @@ def main() -> None:
             trials=1,
             bench=args.device == "cuda",
             store=work / "eval.sqlite",
+            warm=not args.no_warm,
         )
         wall = time.monotonic() - t0
         emit(
             args.out,
-            {**base, "stage": "batch", "files": args.files, "wall_s": round(wall, 3),
+            {**base, "stage": "batch", "files": args.files,
+             "warm": args.device == "cuda" and not args.no_warm, "wall_s": round(wall, 3),
              "files_per_min": round(60 * args.files / wall, 2),
-             "outcomes": sorted({r.outcome for r in report.results})},
+             "outcomes": sorted({r.outcome for r in report.results}),
+             **timeline(work / "eval.sqlite", started)},
         )  # fmt: skip
 
 

@@ -45,7 +45,13 @@
 #              $TRIALS (else 1) trials a side; world size $WS, else 2
 #   build-speed issue 32: docs/scripts/build_speed.py (first build, kernel-only edit, cached re-check,
 #              plain check, a batch of $FILES (else 10) extension files through pkb eval); world size $WS, else 2;
-#              $STAGES (else all five) and $REPEATS (else 5) pass through
+#              $STAGES (else all five) and $REPEATS (else 5) pass through; NO_WARM=1: the batch without
+#              warm sandboxes
+#   warm-ext   issue 32 items 2 and 3: warm run_correctness through the MCP server (turnaround.py, a
+#              warm pool of PKB_WARM_PER_SHAPE) of $FILES_CHECKED, else problem 1's reference, a plain
+#              solution with a C++ extension and one with a CUDA extension (cached after their first
+#              check), and example 001's own kernel; $REPEATS (else 6) each, $THINK (else 8) s apart;
+#              the server's log keeps each launch's stages and whether it started warm; $TAG names it
 #   nvcc-phases issue 32: where a CUDA unit's build time goes (nvcc -time, per phase) and the same unit
 #              through harness/nvcc.py (host and device front ends at once), side by side, $REPEATS
 #              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox)
@@ -215,9 +221,18 @@ for part in "$@"; do
     build-speed)
       name=build_speed_w${WS:-2}
       timeout "$(limit 590)" python3 docs/scripts/build_speed.py --out "$OUT/$name.jsonl" --world-size "${WS:-2}" \
-        --files "${FILES:-10}" --repeats "${REPEATS:-5}" \
-        --stages ${STAGES:-first_build kernel_edit cached plain batch} > "$OUT/$name.log" 2>&1
+        --files "${FILES:-10}" --repeats "${REPEATS:-5}" --log "$OUT/${name}_log.jsonl" \
+        --stages ${STAGES:-first_build kernel_edit cached plain batch} ${NO_WARM:+--no-warm} >> "$OUT/$name.log" 2>&1
       tail -10 "$OUT/$name.log" ;;
+    warm-ext)
+      name=warm_ext_w${WS:-2}${TAG:+_$TAG}
+      timeout "$(limit 590)" python3 docs/scripts/turnaround.py --out "$OUT/$name.jsonl" --parts check \
+        --world-size "${WS:-2}" --check-repeats "${REPEATS:-6}" --think-s "${THINK:-8}" --log "$OUT/${name}_log.jsonl" \
+        --check-files ${FILES_CHECKED:-problems/001_allreduce.py tests/candidates/cpp_extension_lazy.py \
+        tests/candidates/original_helper_cuda.py examples/001_allreduce_cuda_oneshot.py} > "$OUT/$name.log" 2>&1
+      grep summary "$OUT/$name.log"
+      grep -E '"warm\.take"' "$OUT/${name}_log.jsonl" | cut -c1-200 | tail -8
+      grep -E '"launch\.end"' "$OUT/${name}_log.jsonl" | cut -c1-400 | tail -8 ;;
     nvcc-phases)
       timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/nvcc_phases.jsonl" \
         --repeats "${REPEATS:-2}" > "$OUT/nvcc_phases.log" 2>&1

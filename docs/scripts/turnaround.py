@@ -7,7 +7,8 @@ Everything goes through the real MCP server (the SDK's in-process client against
 scheduler, the Docker sandbox when an engine answers, sandboxes started ahead of need) as an agent
 would use it. Parts, in order (each row is appended to the JSONL file as soon as it is measured):
   calibrate   `pkb calibrate` on all GPUs (saved: the roofline uses it from then on)
-  check       run_correctness of problem 1, 5 trials, 4 GPUs (--world-size), repeated; the first call is cold
+  check       run_correctness of problem 1, 5 trials, 4 GPUs (--world-size), repeated, of each of
+              --check-files (default: its reference); the first call of each is reported apart
   bench12     benchmark of examples/012 on problem 12, three calls (end-to-end wall, speedup spread);
               `--launches L` times each side in L launches. On CPU: problem 1's reference against itself
   throughput  8 clients submit 40 run_correctness jobs (world size 2) at once: none lost, per-client
@@ -53,6 +54,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--parts", nargs="+", default=["calibrate", "check", "bench12", "throughput", "fidelity"])
     ap.add_argument("--check-repeats", type=int, default=7)
+    ap.add_argument(
+        "--check-files",
+        type=Path,
+        nargs="+",
+        default=[ROOT / "problems" / "001_allreduce.py"],
+        help="solutions of problem 1 that the check part checks in turn, --check-repeats times each "
+        "(default: its reference); a file's first check is reported apart (it may build its extensions)",
+    )
     ap.add_argument("--think-s", type=float, default=10.0, help="pause between checks (an agent thinking)")
     ap.add_argument(
         "--budget-s", type=float, default=480.0, help="stop starting new fidelity calls after this"
@@ -117,19 +126,32 @@ def main() -> None:
 
     async def session() -> None:
         async with Client(server) as client:
-            if "check" in args.parts:
+            for path in args.check_files if "check" in args.parts else []:
+                source = path.read_text()
+                name = (
+                    str(path.resolve().relative_to(ROOT))
+                    if path.resolve().is_relative_to(ROOT)
+                    else str(path)
+                )
                 walls = []
                 for i in range(args.check_repeats):
                     res, wall = await call(
                         client,
                         "run_correctness",
-                        {"problem": 1, "source": p1, "world_size": ws, "device": args.device, "trials": 5},
+                        {
+                            "problem": 1,
+                            "source": source,
+                            "world_size": ws,
+                            "device": args.device,
+                            "trials": 5,
+                        },
                     )
                     walls.append(wall)
                     emit(
                         args.out,
                         {
                             "part": "check",
+                            "file": name,
                             "repeat": i,
                             "verdict": res.get("verdict"),
                             "wall_s": round(wall, 3),
@@ -142,6 +164,7 @@ def main() -> None:
                     args.out,
                     {
                         "part": "check-summary",
+                        "file": name,
                         "first_s": round(walls[0], 3),
                         "warm_median_s": round(statistics.median(warm), 3) if warm else None,
                         "warm_min_s": round(min(warm), 3) if warm else None,

@@ -439,13 +439,17 @@ def evaluate(
     out_dir: Path | None = None,
     progress: Progress = _quiet,
     ray: str | None = None,
+    warm: bool = True,
 ) -> EvalReport:
     """Check, and benchmark where correct, every solution file under `paths`; summarize; write the
     report formats into `out_dir` when given. Resumes from `store` (default $PKB_STATE_DIR/eval.sqlite).
     `attempts`: each of `paths` is one attempt of the whole set, for best of k in the published table.
-    `ray`: the address of a Ray cluster whose nodes run the jobs (docs/scale-out.md)."""
+    `ray`: the address of a Ray cluster whose nodes run the jobs (docs/scale-out.md). `warm`: keep
+    sandboxes started ahead of need (sandbox/pool.py), as a server does: a batch is many launches of
+    the same shape (on GPUs)."""
     from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobStore
+    from pkb_mcp.launches import disable_warm_pool, enable_warm_pool, warm_key, warm_pool
     from sandbox import SandboxUnavailable, select_backend
 
     t0 = time.monotonic()
@@ -464,8 +468,8 @@ def evaluate(
     device = device or service.default_device()
     _check_settings(device, trials, timeout_s, bench_timeout_s)
     try:
-        if cluster is None:  # on a cluster, the nodes' backends run the jobs
-            select_backend(sandbox)
+        # on a cluster, the nodes' backends run the jobs
+        backend = select_backend(sandbox) if cluster is None else None
     except SandboxUnavailable as exc:
         raise UserError(str(exc)) from exc
     settings = EvalSettings(
@@ -485,6 +489,10 @@ def evaluate(
     results_store = EvalStore(store_path)
     results_store.acquire()
     scheduler = None
+    # sandboxes started ahead of need (sandbox/pool.py), as a server keeps them: a batch is many launches
+    # of one shape, each of which would otherwise start its ranks cold. On GPUs only: a CPU job uses
+    # every core, and sandboxes warming up beside it would take them. A caller's own pool is its own.
+    warm = warm and backend is not None and device == "cuda" and warm_pool(backend) is None
     try:
         gpus = 0
         if device == "cuda" and cluster is None:
@@ -492,11 +500,16 @@ def evaluate(
 
             gpus = torch.cuda.device_count()
         scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
+        if warm and backend is not None:
+            first = warm_key(device, list(range(world_size)), world_size, 1) if gpus >= world_size else None
+            enable_warm_pool(backend, first)
         results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
     finally:
         if scheduler is not None:
             scheduler.stop()
             _wait_stopped(scheduler)
+        if warm and backend is not None:
+            disable_warm_pool(backend)
         results_store.release()
     report = EvalReport(
         settings=settings,

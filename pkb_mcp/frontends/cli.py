@@ -71,6 +71,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 # options whose names differ from the RunRequest fields they set
+NO_WARM_HELP = "start every sandbox on demand instead of keeping a few started ahead of need"
 NO_UNSEEN_HELP = (
     "skip the trial at a size the candidate was never shown (it runs after a passing check and reports "
     "'generalizes' apart from the verdict)"
@@ -152,6 +153,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out_dir=Path(args.out) if args.out else config.state_dir() / "eval",
         progress=_Bar(args.json),
         ray=args.ray,
+        warm=not args.no_warm,
     )
     text = eval_report.to_markdown(report)
     text += "".join(f"\n{fmt}: {path}" for fmt, path in report.reports.items())
@@ -215,11 +217,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pkb_mcp.launches import enable_warm_pool, warm_key
         from sandbox import select_backend
 
-        pool = enable_warm_pool(select_backend("auto"))
-        if pool is not None and gpus >= 2:
-            # the most likely first job: every GPU of the node (world size 4 where there are more)
-            n = 4 if gpus >= 4 else gpus
-            pool.replenish(warm_key("cuda", list(range(n)), n, 1))
+        # the most likely first job: every GPU of the node (world size 4 where there are more)
+        n = 4 if gpus >= 4 else gpus
+        pool = enable_warm_pool(
+            select_backend("auto"), warm_key("cuda", list(range(n)), n, 1) if n >= 2 else None
+        )
     try:
         if args.transport == "stdio":
             anyio.run(server.run_stdio_async)
@@ -381,6 +383,7 @@ def _add_eval(sub: Any) -> None:
     p.add_argument(
         "--ray", default=None, metavar="ADDRESS", help="run the jobs on this Ray cluster (docs/scale-out.md)"
     )
+    p.add_argument("--no-warm", action="store_true", help=NO_WARM_HELP)
     _common(p, run=True)
     p.set_defaults(func=cmd_eval, default_timeout=120.0)
 
@@ -409,11 +412,7 @@ def _add_node(sub: Any) -> None:
         action="store_true",
         help="http: serve even when only the (non-isolating) process backend is available",
     )
-    p.add_argument(
-        "--no-warm",
-        action="store_true",
-        help="start every sandbox on demand instead of keeping a few started ahead of need",
-    )
+    p.add_argument("--no-warm", action="store_true", help=NO_WARM_HELP)
     p.add_argument(
         "--ray", default=None, metavar="ADDRESS", help="run the jobs on this Ray cluster (docs/scale-out.md)"
     )
