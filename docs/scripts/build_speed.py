@@ -23,8 +23,10 @@ check is faster (docs/scripts/turnaround.py measures that).
 
 The solution is examples/001_allreduce_cuda_oneshot.py on GPUs (bindings plus a CUDA kernel, built
 with load_inline) and tests/candidates/cpp_extension_lazy.py on CPU (torch's CPU build cannot build
-CUDA sources). An edit is a comment line added at the top of the kernel's source string, which changes
-what the compiler reads and nothing else. Each row is appended to --out as soon as it is measured.
+CUDA sources); --solution names another, e.g. tests/candidates/original_helper_cuda.py (one CUDA
+source with its own bindings, as the original benchmark's published files are). An edit is a comment
+line added at the top of the kernel's source string, which changes what the compiler reads and
+nothing else. Each row is appended to --out as soon as it is measured.
 """
 
 from __future__ import annotations
@@ -115,6 +117,10 @@ def main() -> None:
     ap.add_argument(
         "--no-warm", action="store_true", help="the batch without warm sandboxes (pkb eval --no-warm)"
     )
+    ap.add_argument("--solution", type=Path, help="another solution of problem 1 (with --opener)")
+    ap.add_argument(
+        "--opener", default='CUDA_SRC = r"""', help="the line that opens --solution's kernel source string"
+    )
     ap.add_argument("--stages", nargs="+", default=["first_build", "kernel_edit", "cached", "plain", "batch"])
     ap.add_argument("--log", type=Path, help="write the service's info-level logs (JSON lines) here")
     args = ap.parse_args()
@@ -125,6 +131,8 @@ def main() -> None:
     os.environ["PKB_CACHE_DIR"] = tempfile.mkdtemp(prefix="pkb-build-speed-cache-")
     os.environ.setdefault("PKB_STATE_DIR", tempfile.mkdtemp(prefix="pkb-build-speed-state-"))
     source, opener = SOLUTIONS[args.device]
+    if args.solution is not None:
+        source, opener = args.solution.resolve(), args.opener
     work = Path(tempfile.mkdtemp(prefix="pkb-build-speed-"))
     solution = work / "001_allreduce_kernel.py"
     solution.write_text(edited(source.read_text(), opener, "iteration 0"))
