@@ -142,6 +142,7 @@ class RankSetup(WorkerSetup):
     """A worker's first line on stdin."""
 
     rank: int
+    warm: bool  # started ahead of its launch: it prepares, while it waits, what launches often need
 
 
 class TimingRecord(TypedDict, total=False):

@@ -88,7 +88,8 @@ def setup_of(cfg: LaunchConfig) -> WorkerSetup:
 
 
 def rank_setup(setup: WorkerSetup, rank: int) -> RankSetup:
-    """Rank `rank`'s set-up line: a warm sandbox's own keys (idle_s) stay with the launcher."""
+    """Rank `rank`'s set-up line: a warm sandbox's own keys (idle_s) stay with the launcher, which
+    tells the rank only that it is warm."""
     return {
         "launch_dir": setup["launch_dir"],
         "world_size": setup["world_size"],
@@ -97,6 +98,7 @@ def rank_setup(setup: WorkerSetup, rank: int) -> RankSetup:
         "rank_cpus": setup["rank_cpus"],
         "setup_timeout_s": setup["setup_timeout_s"],
         "rank": rank,
+        "warm": "idle_s" in setup,
     }
 
 

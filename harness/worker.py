@@ -366,6 +366,10 @@ def _join_group(setup: RankSetup, launch_dir: Path) -> Any:
     dist.all_reduce(torch.ones(1, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize()
+    if setup["warm"]:
+        # what a solution's load_inline costs besides its extension: the module and setuptools, a
+        # few tenths of a second a rank. A cold launch leaves it to the solutions that use it.
+        import torch.utils.cpp_extension
     (launch_dir / f"rank{rank}.ready").write_text("")
     return device
 

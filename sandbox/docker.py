@@ -78,10 +78,19 @@ class DockerUnavailable(RuntimeError):
     """No Docker engine answers."""
 
 
+API_TIMEOUT_S = (
+    60  # an engine call once the engine answered: starting a container on a busy node can take seconds
+)
+
+
 def connect(timeout_s: float = 3.0) -> docker.DockerClient:
+    """A client of the local engine, which must answer a ping within `timeout_s`; its later calls
+    may take up to API_TIMEOUT_S (a container's start waited more than 3 s on a loaded 2-core
+    machine while warm sandboxes started)."""
     try:
         client = docker.from_env(timeout=int(max(timeout_s, 1)))
         client.ping()
+        client.api.timeout = API_TIMEOUT_S
         return client
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise DockerUnavailable(f"no Docker engine answers ({exc})") from exc

@@ -170,6 +170,13 @@ def test_auto_prefers_docker():
     assert select_backend("auto").name == "docker"
 
 
+def test_the_engine_answers_a_ping_quickly_and_may_take_longer_to_start_a_container():
+    from sandbox.docker import API_TIMEOUT_S, connect
+
+    client = connect(timeout_s=3.0)
+    assert client.api.timeout == API_TIMEOUT_S >= 30
+
+
 def test_gpu_jobs_tell_triton_where_the_driver_is(tmp_path, monkeypatch):
     """The container has no /sbin/ldconfig (nor its cache), Triton's way to find libcuda: the
     driver's folder is passed as TRITON_LIBCUDA_PATH, with exactly the launch's GPU device nodes."""

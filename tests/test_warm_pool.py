@@ -262,3 +262,43 @@ def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
     assert pool.take(key) is second, "the ready one, though it is second"
     assert pool.take(key) is first, "then the one still warming up"
     assert pool.take(key) is None
+
+
+IMPORT_PROBE = """
+import sys
+
+import torch.distributed as dist
+
+LOADED = "torch.utils.cpp_extension" in sys.modules  # when the launch imports the solution
+
+
+def solution(x):
+    if LOADED != EXPECTED:
+        raise RuntimeError(f"torch.utils.cpp_extension loaded before the solution: {LOADED}")
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+"""
+
+
+@pytest.mark.integration
+def test_a_warm_rank_has_imported_cpp_extension_and_a_cold_one_has_not(isolated_dirs, tmp_path):
+    """A warm sandbox imports torch.utils.cpp_extension while it waits (a solution's load_inline would
+    pay it in the launch); a cold launch leaves it to the solutions that use it."""
+    backend = ProcessBackend()
+    probes = {}
+    for expected in (True, False):
+        probes[expected] = tmp_path / f"probe_{expected}.py"
+        probes[expected].write_text(f"EXPECTED = {expected}\n" + IMPORT_PROBE)
+    cold = run_launch(cpu_launch(solution=probes[False]), backend)
+    assert cold.ok and not cold.warm, [r.error for r in cold.ranks]
+    pool = enable_warm_pool(backend)
+    assert pool is not None
+    try:
+        pool.replenish(WarmKey("cpu", (), 2, 1))
+        pool.settle()
+        warm = run_launch(cpu_launch(solution=probes[True]), backend)
+        assert warm.ok and warm.warm, [r.error for r in warm.ranks]
+    finally:
+        pool.close()
+    assert launch_processes(isolated_dirs) == []
