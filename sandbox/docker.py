@@ -78,9 +78,8 @@ class DockerUnavailable(RuntimeError):
     """No Docker engine answers."""
 
 
-API_TIMEOUT_S = (
-    60  # an engine call once the engine answered: starting a container on a busy node can take seconds
-)
+# an engine call once the engine answered: starting a container on a busy node can take seconds
+API_TIMEOUT_S = 60
 
 
 def connect(timeout_s: float = 3.0) -> docker.DockerClient:
