@@ -254,6 +254,9 @@ def run_launch(
             warm=run.warm,
             rank_cpus=[cpus.format_cpulist(r.cpus) for r in outcome.ranks],
             stages_s=longest_stages(outcome.ranks),
+            # when the launcher saw the last rank end, from the launch's arrival: the rest of wall_s
+            # is the host's and the sandbox's (the hand-over, the container's end, the collection)
+            ranks_ended_s=round(max((r.ended_s for r in outcome.ranks), default=0.0), 3),
         )
         outcome.warm = run.warm
         return outcome
