@@ -38,7 +38,9 @@ SCHEMA = 1
 CACHE_ENV = "PKB_EXTENSIONS"  # the node's extension cache, read-only inside a candidate's launch
 OK_MARK = "ok.json"  # written last by a successful build: the directory is complete
 FAILED_MARK = "failed.json"  # a build that failed, with the compiler's output
-UNITS_MARK = "units.json"  # which units a build took from the object cache and which it compiled
+UNITS_MARK = (
+    "units.json"  # which units a build took from the object cache, which it compiled, and how long each took
+)
 NAME_RE = re.compile(r"[A-Za-z_]\w{0,99}")
 MAX_SOURCE_CHARS = 4 << 20
 MAX_FLAGS = 64
@@ -300,7 +302,9 @@ def build(request: Request, directory: Path, verbose: bool = False, store: Path 
             )
         except RuntimeError as exc:
             raise RuntimeError(f"Error building extension '{request.name}': {exc}") from None
-        write_mark(directory, UNITS_MARK, {"cached": done.cached, "compiled": done.compiled})
+        write_mark(
+            directory, UNITS_MARK, {"cached": done.cached, "compiled": done.compiled, "seconds": done.seconds}
+        )
     library = directory / f"{request.name}.so"
     if not library.is_file():
         raise RuntimeError(f"building extension {request.name} left no {library.name}")

@@ -28,7 +28,8 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import nvcc
@@ -154,11 +155,16 @@ def _depends_only_on_toolchain(step: Step, directory: Path) -> bool:
 
 @dataclass
 class Outcome:
-    """What a build did: the units taken from the cache, those compiled, and those it stored."""
+    """What a build did: the units taken from the cache, those compiled, and those it stored; the
+    seconds each compiled unit took (side by side) and the link's (LINK)."""
 
     cached: list[str]
     compiled: list[str]
     stored: list[str]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+LINK = "(link)"
 
 
 def _run(command: str, directory: Path, output_name: str) -> None:
@@ -170,12 +176,14 @@ def _run(command: str, directory: Path, output_name: str) -> None:
         raise RuntimeError(f"FAILED: {output_name}\n{command}\n{output}")
 
 
-def _compile(step: Step, directory: Path) -> None:
-    """A CUDA unit through harness/nvcc.py (its front ends side by side) where nvcc's plan allows."""
+def _compile(step: Step, directory: Path) -> float:
+    """A CUDA unit through harness/nvcc.py (its front ends side by side) where nvcc's plan allows;
+    the seconds it took."""
+    start = time.monotonic()
     source = Path(step.inputs[0])
-    if step.rule == "cuda_compile" and nvcc.compile_unit(step.command, directory, source, step.output):
-        return
-    _run(step.command, directory, step.output)
+    if not (step.rule == "cuda_compile" and nvcc.compile_unit(step.command, directory, source, step.output)):
+        _run(step.command, directory, step.output)
+    return round(time.monotonic() - start, 3)
 
 
 def run(
@@ -198,8 +206,9 @@ def run(
         else:
             todo.append((step, key))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(todo), 1)) as pool:
-        for future in [pool.submit(_compile, step, directory) for step, _ in todo]:
-            future.result()
+        futures = [(step, pool.submit(_compile, step, directory)) for step, _ in todo]
+        for step, future in futures:
+            outcome.seconds[Path(step.inputs[0]).name] = future.result()
     for step, key in todo:
         outcome.compiled.append(step.inputs[0])
         if store is not None and _depends_only_on_toolchain(step, directory):
@@ -208,5 +217,7 @@ def run(
             shutil.copyfile(directory / step.output, part)
             os.replace(part, store / f"{key}.o")
             outcome.stored.append(step.inputs[0])
+    start = time.monotonic()
     _run(steps[-1].command, directory, steps[-1].output)
+    outcome.seconds[LINK] = round(time.monotonic() - start, 3)
     return outcome

@@ -186,6 +186,17 @@ def test_a_discovery_that_timed_out_or_failed_is_not_kept():
             ["built extension a, b in 12.3 s (cached for re-runs)"],
         ),
         (
+            extensions.Prepared(
+                built=["a", "b"],
+                build_s=20.04,
+                units={"a": {"cuda.cu": 18.24, "main.cpp": 12.0, "(link)": 1.06}, "b": {"(link)": 0.5}},
+            ),
+            [
+                "built extension a, b in 20.0 s (cached for re-runs; a: cuda.cu 18.2 s and main.cpp 12.0 s "
+                "side by side, then the link 1.1 s; b: the link 0.5 s)"
+            ],
+        ),
+        (
             extensions.Prepared(cached=["c"], failed=["d"], skipped=["why"]),
             [
                 "extension c loaded from the build cache",
@@ -197,3 +208,30 @@ def test_a_discovery_that_timed_out_or_failed_is_not_kept():
 )
 def test_what_preparing_did_reads_as_notes(prepared, notes):
     assert prepared.notes() == notes
+
+
+@pytest.mark.parametrize(
+    ("written", "kept"),
+    [
+        (
+            {"cached": [], "compiled": ["x"], "seconds": {"main.cpp": 3.5, "(link)": 0.4}},
+            {"main.cpp": 3.5, "(link)": 0.4},
+        ),
+        ({"seconds": {"a.cu": "9", "b.cu": True, "c.cu": -1, "d.cu": 1e9, "e.cu": 2}}, {"e.cu": 2}),
+        ({"seconds": [1, 2]}, {}),
+        ([1, 2], {}),
+        ({"seconds": {f"u{i}.cu": 1.0 for i in range(100)}}, {f"u{i}.cu": 1.0 for i in range(16)}),
+    ],
+)
+def test_a_build_s_unit_times_are_read_as_untrusted(tmp_path, written, kept):
+    """units.json is written inside the build launch: only names with plausible seconds are kept."""
+    (tmp_path / "units.json").write_text(json.dumps(written))
+    assert extensions.unit_seconds(tmp_path) == kept
+
+
+def test_a_units_mark_too_large_or_not_json_is_no_report(tmp_path):
+    (tmp_path / "units.json").write_text("{" + " " * extensions.UNITS_CAP + "}")
+    assert extensions.unit_seconds(tmp_path) == {}
+    (tmp_path / "units.json").write_text("not json")
+    assert extensions.unit_seconds(tmp_path) == {}
+    assert extensions.unit_seconds(tmp_path / "missing") == {}

@@ -116,16 +116,17 @@ def test_a_real_extension_s_bindings_are_compiled_once_for_two_requests(tmp_path
     store = tmp_path / "cache" / objects.OBJECTS
     first = extensions.request_of("ext_units", ["int twice(int x) { return 2 * x; }"], functions=["twice"])
     extensions.build(first, tmp_path / "a", store=store)
-    assert extensions.read_mark(tmp_path / "a", extensions.UNITS_MARK) == {
-        "cached": [],
-        "compiled": [str(tmp_path / "a" / "main.cpp")],
-    }
+    units = extensions.read_mark(tmp_path / "a", extensions.UNITS_MARK)
+    assert (units["cached"], units["compiled"]) == ([], [str(tmp_path / "a" / "main.cpp")])
+    assert set(units["seconds"]) == {"main.cpp", objects.LINK}, "how long the unit and the link took"
+    assert units["seconds"]["main.cpp"] > units["seconds"][objects.LINK] > 0
     second = extensions.request_of(
         "ext_units", ["int twice(int x) { return 2 * x; }"], functions=["twice"], extra_ldflags=["-lm"]
     )
     library = extensions.build(second, tmp_path / "b", store=store)
     units = extensions.read_mark(tmp_path / "b", extensions.UNITS_MARK)
-    assert units == {"cached": [str(tmp_path / "b" / "main.cpp")], "compiled": []}
+    assert (units["cached"], units["compiled"]) == ([str(tmp_path / "b" / "main.cpp")], [])
+    assert set(units["seconds"]) == {objects.LINK}, "a unit from the cache took no time of its own"
     assert extensions.load_library(second, library).twice(21) == 42
 
 

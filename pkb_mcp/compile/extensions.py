@@ -80,12 +80,14 @@ class Prepared:
     build_s: float = 0.0
     requests: list[requests.Request] = field(default_factory=list)  # every build the solution asks for
     logs: dict[str, str] = field(default_factory=dict)  # a failed build's compiler output, by name
+    units: dict[str, dict[str, float]] = field(default_factory=dict)  # a build's seconds per unit, by name
 
     def notes(self) -> list[str]:
         out = []
         if self.built:
+            each = "".join(f"; {n}: {units_text(self.units[n])}" for n in self.built if self.units.get(n))
             out.append(
-                f"built extension {', '.join(self.built)} in {self.build_s:.1f} s (cached for re-runs)"
+                f"built extension {', '.join(self.built)} in {self.build_s:.1f} s (cached for re-runs{each})"
             )
         if self.cached:
             out.append(f"extension {', '.join(self.cached)} loaded from the build cache")
@@ -95,6 +97,33 @@ class Prepared:
             out.append(f"extension {name} failed to build{why}")
         out += self.skipped
         return out
+
+
+UNITS_CAP = 8192
+
+
+def unit_seconds(directory: Path) -> dict[str, float]:
+    """How long each unit a build compiled took, and its link (harness/objects.py), from the build's
+    units mark: written in the sandbox, so only short names and plausible numbers are kept."""
+    found = read_result(directory / requests.UNITS_MARK, UNITS_CAP)
+    seconds = found.get("seconds") if isinstance(found, dict) else None
+    if not isinstance(seconds, dict):
+        return {}
+    return {
+        str(name)[:80]: float(value)
+        for name, value in list(seconds.items())[:16]
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e5
+    }
+
+
+def units_text(seconds: dict[str, float]) -> str:
+    """`cuda.cu 18.2 s and main.cpp 12.0 s side by side, then the link 1.1 s`."""
+    units = [f"{name} {s:.1f} s" for name, s in seconds.items() if name != objects.LINK]
+    text = " and ".join(units) + (" side by side" if len(units) > 1 else "")
+    if objects.LINK in seconds:
+        link = f"the link {seconds[objects.LINK]:.1f} s"
+        text = f"{text}, then {link}" if units else link
+    return text
 
 
 def toolchain() -> dict[str, str]:
@@ -216,7 +245,11 @@ def build_requests(
         if own_dir:
             shutil.rmtree(launch_dir, ignore_errors=True)
     log.info(
-        "extensions.built", built=prepared.built, failed=prepared.failed, wall_s=round(prepared.build_s, 2)
+        "extensions.built",
+        built=prepared.built,
+        failed=prepared.failed,
+        wall_s=round(prepared.build_s, 2),
+        units_s=prepared.units,
     )
     return prepared, result if isinstance(result, dict) else None
 
@@ -241,6 +274,7 @@ def _install_results(
             continue
         if entry.get("ok") is True and _install(launch_dir / "extensions" / key, key):
             prepared.built.append(request.name)
+            prepared.units[request.name] = unit_seconds(launch_dir / "extensions" / key)
         elif entry.get("ok") is False:
             log_text = str(entry.get("log", ""))[-requests.FAILURE_LOG_CHARS :]
             _record_failure(key, log_text)
