@@ -5,6 +5,7 @@ run that resumes, and errors of the environment kept apart from the candidates' 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -430,14 +431,11 @@ def test_a_batch_on_gpus_keeps_warm_sandboxes_while_it_runs(tmp_path, monkeypatc
         return []
 
     monkeypatch.setattr(batch._Batch, "run", run)
-    call = lambda: evaluate(  # noqa: E731
-        [EXAMPLES / "001_allreduce_torch.py"], world_size=2, device=device, store=tmp_path / "e.sqlite"
-    )
-    if failing:
-        with pytest.raises(KeyboardInterrupt):
-            call()
-    else:
-        call()
+    ends = pytest.raises(KeyboardInterrupt) if failing else contextlib.nullcontext()
+    with ends:
+        evaluate(
+            [EXAMPLES / "001_allreduce_torch.py"], world_size=2, device=device, store=tmp_path / "e.sqlite"
+        )
     if device == "cuda":
         assert during[0] is not None, "no warm pool while the batch ran"
         (key,) = backend.first
