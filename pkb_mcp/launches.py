@@ -7,6 +7,7 @@ and parsed without trusting it; the directory is removed before this returns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -139,11 +140,17 @@ def enable_warm_pool(backend: Backend, first: WarmKey | None = None) -> WarmPool
     return pool
 
 
-def disable_warm_pool(backend: Backend) -> None:
-    """Stop the backend's warm sandboxes, if it keeps any, and start launches cold from now on."""
-    disable = getattr(backend, "disable_pool", None)
-    if disable is not None:
-        disable()
+@contextlib.contextmanager
+def kept_warm(backend: Backend, first: WarmKey | None = None) -> Iterator[None]:
+    """Sandboxes started ahead of need while the block runs (a batch), stopped when it ends however it
+    ends; a backend that keeps a pool already (its owner's) or cannot keep one is left as it is."""
+    if warm_pool(backend) is not None or enable_warm_pool(backend, first) is None:
+        yield
+        return
+    try:
+        yield
+    finally:
+        backend.disable_pool()  # type: ignore[attr-defined]  # sandbox.pool.Pooled, as enable_pool
 
 
 def warm_pool(backend: Backend) -> WarmPool | None:

@@ -20,6 +20,7 @@ the report formats; pkb_mcp/evaluation/records.py holds the records they share.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -449,7 +450,7 @@ def evaluate(
     the same shape (on GPUs)."""
     from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobStore
-    from pkb_mcp.launches import disable_warm_pool, enable_warm_pool, warm_key, warm_pool
+    from pkb_mcp.launches import kept_warm, warm_key
     from sandbox import SandboxUnavailable, select_backend
 
     t0 = time.monotonic()
@@ -486,31 +487,42 @@ def evaluate(
         unseen=config.unseen_sizes() if unseen is None else unseen,
     )
     store_path = (store or config.state_dir() / "eval.sqlite").expanduser().resolve()
+    gpus = 0
+    if device == "cuda" and cluster is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    # sandboxes started ahead of need, as a server keeps them: a batch is many launches of one shape,
+    # each of which would otherwise start its ranks cold. On GPUs only: a CPU job uses every core, and
+    # sandboxes warming up beside it would take them.
+    warmth: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if warm and backend is not None and device == "cuda":
+        first = warm_key(device, list(range(world_size)), world_size, 1) if gpus >= world_size else None
+        warmth = kept_warm(backend, first)
     results_store = EvalStore(store_path)
     results_store.acquire()
     scheduler = None
-    # sandboxes started ahead of need (sandbox/pool.py), as a server keeps them: a batch is many launches
-    # of one shape, each of which would otherwise start its ranks cold. On GPUs only: a CPU job uses
-    # every core, and sandboxes warming up beside it would take them. A caller's own pool is its own.
-    warm = warm and backend is not None and device == "cuda" and warm_pool(backend) is None
-    try:
-        gpus = 0
-        if device == "cuda" and cluster is None:
-            import torch
+    with warmth:
+        try:
+            scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
+            results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
+        finally:
+            if scheduler is not None:
+                scheduler.stop()
+                _wait_stopped(scheduler)
+            results_store.release()
+    return _report(settings, store_path, t0, results, len(paths) if attempts else 1, out_dir)
 
-            gpus = torch.cuda.device_count()
-        scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
-        if warm and backend is not None:
-            first = warm_key(device, list(range(world_size)), world_size, 1) if gpus >= world_size else None
-            enable_warm_pool(backend, first)
-        results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
-    finally:
-        if scheduler is not None:
-            scheduler.stop()
-            _wait_stopped(scheduler)
-        if warm and backend is not None:
-            disable_warm_pool(backend)
-        results_store.release()
+
+def _report(
+    settings: EvalSettings,
+    store_path: Path,
+    t0: float,
+    results: list[FileResult],
+    attempts: int,
+    out_dir: Path | None,
+) -> EvalReport:
+    """The batch's report, with its summary and published table; its formats written into `out_dir`."""
     report = EvalReport(
         settings=settings,
         store=str(store_path),
@@ -519,10 +531,7 @@ def evaluate(
         results=results,
         summary=eval_report.summarize(results),
         table=eval_table.published_table(
-            results,
-            eval_table.suite_categories(),
-            attempts=len(paths) if attempts else 1,
-            benched=bench,
+            results, eval_table.suite_categories(), attempts=attempts, benched=settings.bench
         ),
     )
     if out_dir is not None:
