@@ -178,6 +178,18 @@ def test_on_cpu_the_band_is_the_cpu_s_and_disagreeing_fresh_calls_are_noise_on_e
     assert not stats.within_noise(1.2, "cuda", fresh_speedup=1.15)
 
 
+def test_on_cpu_a_quartile_range_across_one_is_noise_and_on_gpus_it_is_not():
+    """Identical code measured 0.573x (0.381-2.083) in a 2-core test run (2026-11-27)."""
+    from pkb_mcp.runs import stats
+
+    assert not stats.within_noise(0.573, "cpu")
+    assert stats.within_noise(0.573, "cpu", quartile_range=(0.381, 2.083))
+    assert not stats.within_noise(0.573, "cpu", quartile_range=(0.381, 0.99))
+    assert not stats.within_noise(1.7, "cpu", quartile_range=(1.01, 2.4))
+    wide = (0.9, 1.6)
+    assert not stats.within_noise(1.3, "cuda", quartile_range=wide), "a wide range on GPUs is the solution's"
+
+
 def test_a_side_s_launches_share_one_budget():
     from pkb_mcp.runs.benchmark import GPU_TIMING as cfg
     from pkb_mcp.runs.benchmark import launch_share

@@ -300,13 +300,15 @@ def _credit(
             "than on fresh ones: the check for memoized outputs is weaker on this problem here"
         )
     fresh = fields.get("fresh_speedup")
-    fields["within_noise"] = stats.within_noise(speed, run.device, fresh)
+    fields["within_noise"] = stats.within_noise(speed, run.device, fresh, (low, high))
     noise = (
         "; no evidence of a difference: identical code lands up to "
         f"{stats.run_to_run_spread(run.device):.0%} either way between runs on {run.device.upper()}"
     )
     if stats.sides_disagree(speed, fresh):
         noise += ", and the fresh calls' speedup is on the other side of 1.00x"
+    if stats.range_includes_one(run.device, (low, high)):
+        noise += ", and the quartile range includes 1.00x"
     if run.device != "cuda":
         roof.note = "timed on CPU: the floor is for GPU ceilings, so no % of floor is given"
         if fields["within_noise"]:

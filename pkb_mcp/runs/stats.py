@@ -27,7 +27,8 @@ RUN_TO_RUN_SPREAD = 0.05
 # The same on CPU, where ranks share a few cores with everything else the host runs: the reference
 # of problem 1 benchmarked against itself on a 2-core host measured 1.562x on its replayed calls and
 # 0.684x (1/1.46) on its fresh ones in one benchmark (issue 33). A CPU speedup within 60% of 1.00x is
-# no evidence of a difference.
+# no evidence of a difference. Nor, on CPU, is one whose quartile range includes 1.00x: the same
+# benchmark in a 2-core test run (2026-11-27) measured 0.573x (0.381-2.083).
 CPU_RUN_TO_RUN_SPREAD = 0.6
 
 # The device clock missed work the host waited for (side streams, threads): the wall-clock median
@@ -237,13 +238,27 @@ def run_to_run_spread(device: str) -> float:
     return RUN_TO_RUN_SPREAD if device == "cuda" else CPU_RUN_TO_RUN_SPREAD
 
 
-def within_noise(speedup: float, device: str = "cuda", fresh_speedup: float | None = None) -> bool:
+def within_noise(
+    speedup: float,
+    device: str = "cuda",
+    fresh_speedup: float | None = None,
+    quartile_range: tuple[float, float] | None = None,
+) -> bool:
     """Whether identical code could have given this speedup: within the device's run-to-run spread
-    either way, or the fresh calls' speedup on the other side of 1.00x (the two figures of one
-    benchmark disagree on which side is faster)."""
-    return abs(math.log(speedup)) < math.log1p(run_to_run_spread(device)) or sides_disagree(
-        speedup, fresh_speedup
+    either way, the fresh calls' speedup on the other side of 1.00x (the two figures of one
+    benchmark disagree on which side is faster), or on CPU a quartile range that includes 1.00x."""
+    return (
+        abs(math.log(speedup)) < math.log1p(run_to_run_spread(device))
+        or sides_disagree(speedup, fresh_speedup)
+        or range_includes_one(device, quartile_range)
     )
+
+
+def range_includes_one(device: str, quartile_range: tuple[float, float] | None) -> bool:
+    """On CPU, whether the speedup's quartile range includes 1.00x: the middle halves of the two
+    sides' calls overlap on cores shared with everything else the host runs. (On GPUs the spread
+    within a launch is a fraction of a percent, and a wide range is the solution's own.)"""
+    return device != "cuda" and quartile_range is not None and quartile_range[0] <= 1.0 <= quartile_range[1]
 
 
 def sides_disagree(speedup: float, fresh_speedup: float | None) -> bool:
