@@ -238,6 +238,9 @@ def run_launch(
             threads=request.settings["threads_per_rank"],
             cpus=key.cpus,
             warm=slot.handle if slot is not None else None,
+            # a benchmark's or a profile's next launch is timed: the engine's teardown of this
+            # sandbox must not run beside it, so those wait for the sandbox's end
+            ended=ended_cleanly if request.settings["mode"] == "outputs" else None,
         )
         log.info(
             "launch.start",
@@ -264,6 +267,7 @@ def run_launch(
             # when the launcher saw the last rank end, from the launch's arrival: the rest of wall_s
             # is the host's and the sandbox's (the hand-over, the container's end, the collection)
             ranks_ended_s=round(max((r.ended_s for r in outcome.ranks), default=0.0), 3),
+            sandbox_steps_s=run.steps_s,
         )
         outcome.warm = run.warm
         return outcome
@@ -271,6 +275,25 @@ def run_launch(
         shutil.rmtree(launch_dir, ignore_errors=True)
         if pool is not None:
             pool.replenish(key)
+
+
+RECORD_CAP = 1 << 20
+
+
+def ended_cleanly(launch_dir: Path) -> bool:
+    """Whether the launcher has written its record (its last act) with every rank ended ok: exit
+    status 0 and its own status "ok". A rank kills every process its solution left before it ends
+    (harness/worker.py), so nothing of the candidate runs on and what is left is the sandbox's end."""
+    path = launch_dir / "launch.json"
+    if not path.exists():
+        return False
+    record = read_result(path, RECORD_CAP)
+    ranks = record.get("ranks") if isinstance(record, dict) else None
+    return (
+        isinstance(ranks, list)
+        and bool(ranks)
+        and all(isinstance(r, dict) and r.get("state") == "ok" and r.get("exit_code") == 0 for r in ranks)
+    )
 
 
 def _cpu_list(value: Any) -> list[int]:

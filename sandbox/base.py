@@ -6,8 +6,8 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +29,10 @@ class SandboxLaunch:
     threads: int = 1
     cpus: tuple[tuple[int, ...], ...] = ()  # each rank's CPU cores (sandbox/cpus.py); () = not pinned
     warm: Any = None
+    # Says, from the launch directory, that the launcher has finished cleanly: its record written
+    # and nothing of the candidate left running. A backend whose sandbox takes long to end (a
+    # container) may then stop it and return without waiting for that end. None: wait for it.
+    ended: Callable[[Path], bool] | None = None
 
 
 @dataclass
@@ -41,6 +45,9 @@ class SandboxRun:
     launcher_log: str
     cancelled: bool = False
     warm: bool = False  # the launch ran in a sandbox started ahead of need
+    # seconds from the run's start to each of its steps (the launch file handed over, the launcher's
+    # clean end or its exit, the sandbox cleaned up): where a launch's time outside its ranks goes
+    steps_s: dict[str, float] = field(default_factory=dict)
 
 
 class Backend(Protocol):

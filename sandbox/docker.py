@@ -5,12 +5,16 @@ files from it), a non-root user, no capabilities, no-new-privileges, pid and mem
 and our label. It sees only: the launch directory (read-write, at /launch), the harness (read-only), the
 Python installation and /usr (read-only), and, on GPU launches, exactly the launch's GPUs. Deadline: the
 launcher inside stops its ranks at the launch's deadline; outside, the container is killed shortly
-after and always force-removed. Containers with our label left by a crashed server are removed when
-a backend starts (containers of other live pkb processes on the same engine are left alone).
+after and always force-removed. A launch whose launcher ended cleanly (`SandboxLaunch.ended`: its
+record written, every rank ended ok, so that only the launcher's exit is left) has its container
+removed in the background, so the engine's teardown of it is not part of the launch's time. Containers with our label left by a
+crashed server are removed when a backend starts (containers of other live pkb processes on the same
+engine are left alone).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -19,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +176,100 @@ def _inside(value: Any, host_dir: str) -> Any:
     return value
 
 
+WAIT_CALL_S = 0.25  # one engine call waiting for a container's exit
+ENDED_POLL_S = 0.005  # how often the launch directory is read for the launcher's clean end
+
+
+@dataclass
+class Ending:
+    """How the wait for a launch's end ended."""
+
+    exit_code: int | None = None  # the container's exit status; None if it was not seen to exit
+    clean: bool = False  # the launcher's clean end was read (SandboxLaunch.ended): its exit not awaited
+    killed: bool = False  # the deadline passed
+    cancelled: bool = False
+
+
+def _await_end(
+    container: Any, launch: SandboxLaunch, cancel: threading.Event | None, deadline: float
+) -> Ending:
+    """Wait for the container's exit, the launcher's clean end (`launch.ended`), the deadline or
+    `cancel`. A thread of its own waits for the exit (the engine answers a wait call when the
+    container has exited), so that a clean end is seen within ENDED_POLL_S of the launcher's record;
+    the launcher's exit and the engine's teardown of the container take 50-150 ms more."""
+    exited, stop = threading.Event(), threading.Event()
+    codes: list[int] = []
+    errors: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    codes.append(int(container.wait(timeout=WAIT_CALL_S)["StatusCode"]))
+                    return
+                except (requests.exceptions.ConnectionError, requests.exceptions.ReadTimeout):
+                    continue
+        except BaseException as exc:  # the engine's answer is the caller's to raise
+            errors.append(exc)
+        finally:
+            exited.set()
+
+    threading.Thread(target=watch, name="pkb-container-wait", daemon=True).start()
+    try:
+        while not exited.wait(ENDED_POLL_S if launch.ended is not None else WAIT_CALL_S):
+            if launch.ended is not None and launch.ended(launch.launch_dir):
+                return Ending(exit_code=0, clean=True)  # the launcher exits 0 after its record
+            if cancel is not None and cancel.is_set():
+                return Ending(cancelled=True)
+            if time.monotonic() > deadline:
+                return Ending(killed=True)
+    finally:
+        stop.set()
+    if errors:
+        raise errors[0]
+    return Ending(exit_code=codes[0] if codes else None)
+
+
+class Removals:
+    """Containers of launches that ended cleanly, force-removed by threads of their own: the engine's
+    teardown of a container is not the launch's wait. `drain` waits for them (a test that counts
+    containers, a server shutting down); one left by a server that died is swept at the next start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+
+    def add(self, container: Any) -> None:
+        thread = threading.Thread(
+            target=self._remove, args=(container,), name="pkb-container-rm", daemon=True
+        )
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def _remove(self, container: Any) -> None:
+        try:
+            with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
+                container.remove(force=True)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def drain(self, timeout_s: float = API_TIMEOUT_S) -> None:
+        """Return once every removal has finished (or at the timeout)."""
+        give_up = time.monotonic() + timeout_s
+        while (left := give_up - time.monotonic()) > 0:
+            with self._lock:
+                pending = list(self._threads)
+            if not pending:
+                return
+            pending[0].join(left)
+
+
+removals = Removals()  # one per process: its containers carry its owner label (sweep)
+atexit.register(removals.drain, 10.0)
+
+
 class DockerBackend(Pooled):
     name = "docker"
     isolated = True
@@ -305,39 +404,34 @@ class DockerBackend(Pooled):
                 launch.harness_root,
                 None,
             )
-        killed = cancelled = False
-        exit_code: int | None = None
+        steps = {"handed_over": round(time.monotonic() - t0, 3)}
+        end = Ending()
         log = ""
         try:
-            deadline = t0 + launch.timeout_s + OUTER_GRACE_S
-            while True:
-                try:
-                    exit_code = int(container.wait(timeout=0.25)["StatusCode"])
-                    break
-                except (requests.exceptions.ConnectionError, requests.exceptions.ReadTimeout):
-                    pass
-                if cancel is not None and cancel.is_set():
-                    cancelled = True
-                    break
-                if time.monotonic() > deadline:
-                    killed = True
-                    break
-            if exit_code is None:
+            end = _await_end(container, launch, cancel, t0 + launch.timeout_s + OUTER_GRACE_S)
+            steps["ended_cleanly" if end.clean else "exited"] = round(time.monotonic() - t0, 3)
+            if end.exit_code is None and not end.clean:
                 with contextlib.suppress(docker.errors.APIError):
                     container.kill()
             log = container.logs(stdout=True, stderr=True, tail=2000)[-LOG_CAP_BYTES:].decode(
                 "utf-8", "replace"
             )
+            steps["logs_read"] = round(time.monotonic() - t0, 3)
         finally:
-            with contextlib.suppress(docker.errors.APIError):
-                container.remove(force=True)
+            if end.clean:
+                removals.add(container)
+            else:
+                with contextlib.suppress(docker.errors.APIError):
+                    container.remove(force=True)
+                steps["removed"] = round(time.monotonic() - t0, 3)
         return SandboxRun(
-            exit_code=exit_code,
+            exit_code=end.exit_code,
             wall_s=time.monotonic() - t0,
-            killed_at_deadline=killed,
+            killed_at_deadline=end.killed,
             launcher_log=log,
-            cancelled=cancelled,
+            cancelled=end.cancelled,
             warm=launch.warm is not None,
+            steps_s=steps,
         )
 
     @staticmethod

@@ -72,6 +72,50 @@ def test_read_result_reads_json_and_refuses_what_it_cannot_trust(tmp_path):
     assert read_result(tmp_path) is None, "a directory is not a result"
 
 
+# ---------------------------------------------------------------- ended_cleanly
+
+
+def ok_rank(rank: int) -> dict:
+    return {"rank": rank, "state": "ok", "exit_code": 0}
+
+
+@pytest.mark.parametrize(
+    ("record", "clean"),
+    [
+        (ranks_record(ok_rank(0), ok_rank(1)), True),
+        (None, False),  # not written yet
+        (ranks_record(ok_rank(0), {"rank": 1, "state": "error", "exit_code": 1}), False),
+        (ranks_record(ok_rank(0), {"rank": 1, "state": "ok", "exit_code": -9}), False),
+        (ranks_record(ok_rank(0), {"rank": 1, "state": "ok"}), False),
+        (ranks_record(), False),
+        ('{"ranks": ', False),  # half a file
+        (json.dumps({"ranks": "ok"}), False),
+        (json.dumps([ok_rank(0)]), False),
+        (json.dumps({"ranks": [ok_rank(0)], "pad": "x" * (launches.RECORD_CAP + 1)}), False),
+    ],
+)
+def test_a_launch_ended_cleanly_only_when_every_rank_ended_ok(tmp_path, record, clean):
+    """What lets a backend return before its sandbox's own end: read like every file a launch wrote."""
+    if record is not None:
+        (tmp_path / "launch.json").write_text(record)
+    assert launches.ended_cleanly(tmp_path) is clean
+
+
+def test_a_link_is_no_clean_end(tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text(ranks_record(ok_rank(0)))
+    (tmp_path / "launch.json").symlink_to(target)
+    assert not launches.ended_cleanly(tmp_path)
+
+
+def test_only_a_check_s_launch_may_end_before_its_sandbox():
+    """A benchmark's or a profile's next launch is timed: the engine's teardown must not run beside it."""
+    for mode, ended in (("outputs", launches.ended_cleanly), ("benchmark", None), ("profile", None)):
+        backend = ScriptedBackend()
+        run_launch(cpu_launch(mode=mode), backend)
+        assert backend.seen[0].ended is ended, mode
+
+
 # ---------------------------------------------------------------- run_launch
 
 

@@ -25,8 +25,9 @@ pytestmark = [
 
 
 def assert_clean(launches_dir):
-    from sandbox.docker import OWNER_LABEL, owner_id
+    from sandbox.docker import OWNER_LABEL, owner_id, removals
 
+    removals.drain()  # a launch that ended cleanly has its container removed in the background
     mine = CLIENT.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner_id()}"})
     assert mine == [], "no container may survive"
     assert launch_processes(launches_dir) == [], "no process may survive"
@@ -65,6 +66,30 @@ def test_reference_and_wrong_candidate_in_docker(isolated_dirs):
 def test_failing_candidates_in_docker(candidate, state, words, isolated_dirs):
     r = check(CANDIDATES / candidate, timeout_s=20 if candidate == "hangs.py" else 120)
     assert state in {x.state for x in r.ranks} and words in r.message
+    assert_clean(isolated_dirs)
+
+
+def test_a_clean_launch_leaves_its_container_s_end_to_the_background_and_a_failed_one_waits(isolated_dirs):
+    """The engine's teardown of a container takes 50-150 ms: a launch whose ranks all ended ok returns
+    without it (the container is removed in the background); any other waits for the container's
+    exit and removes it before it returns."""
+    from structlog.testing import capture_logs
+
+    from pkb_mcp import log
+
+    log.configure("info")
+    try:
+        with capture_logs() as logs:
+            ok = check(ROOT / "problems" / "001_allreduce.py")
+            bad = check(CANDIDATES / "raises_on_rank1.py")
+    finally:
+        log.configure()
+    assert ok.verdict == "pass" and bad.verdict == "fail"
+    steps = [(e["ok"], e["sandbox_steps_s"]) for e in logs if e["event"] == "launch.end"]
+    clean = [s for good, s in steps if good]
+    failed = [s for good, s in steps if not good]
+    assert clean and all("ended_cleanly" in s and "removed" not in s for s in clean), steps
+    assert failed and all("exited" in s and "removed" in s for s in failed), steps
     assert_clean(isolated_dirs)
 
 
