@@ -7,9 +7,9 @@ Python installation and /usr (read-only), and, on GPU launches, exactly the laun
 launcher inside stops its ranks at the launch's deadline; outside, the container is killed shortly
 after and always force-removed. A launch whose launcher ended cleanly (`SandboxLaunch.ended`: its
 record written, every rank ended ok, so that only the launcher's exit is left) has its container
-removed in the background, so the engine's teardown of it is not part of the launch's time. Containers with our label left by a
-crashed server are removed when a backend starts (containers of other live pkb processes on the same
-engine are left alone).
+removed in the background, so the engine's teardown of it is not part of the launch's time.
+Containers with our label left by a crashed server are removed when a backend starts (containers of
+other live pkb processes on the same engine are left alone).
 """
 
 from __future__ import annotations
