@@ -157,6 +157,14 @@ def warm_pool(backend: Backend) -> WarmPool | None:
     return getattr(backend, "pool", None)
 
 
+def settle_ended(backend: Backend) -> None:
+    """Return once the sandboxes of launches that ended cleanly (`ended_cleanly`) have ended too, where
+    the backend ends them in the background: a benchmark must have the node to itself."""
+    settle = getattr(backend, "settle_ended", None)
+    if settle is not None:
+        settle()
+
+
 @cache
 def _node_gpus() -> int:
     import torch
@@ -283,7 +291,9 @@ RECORD_CAP = 1 << 20
 def ended_cleanly(launch_dir: Path) -> bool:
     """Whether the launcher has written its record (its last act) with every rank ended ok: exit
     status 0 and its own status "ok". A rank kills every process its solution left before it ends
-    (harness/worker.py), so nothing of the candidate runs on and what is left is the sandbox's end."""
+    (harness/worker.py), so what is left is the launcher's exit and the sandbox's end. (A solution
+    that fakes its rank's end leaves its processes to that end, which a benchmark waits for:
+    `settle_ended`.)"""
     path = launch_dir / "launch.json"
     if not path.exists():
         return False

@@ -435,6 +435,11 @@ class DockerBackend(Pooled):
         )
 
     @staticmethod
+    def settle_ended() -> None:
+        """Return once every container of a launch that ended cleanly is gone (a benchmark is next)."""
+        removals.drain()
+
+    @staticmethod
     def _hand_over(launch_dir: Path) -> None:
         """Give the launch directory to the sandbox user (or open it up when we cannot chown)."""
         for path in [launch_dir, *launch_dir.rglob("*")]:

@@ -270,6 +270,72 @@ def test_a_docker_launch_asks_for_a_locked_down_container(docker_backend, tmp_pa
     assert written["launch_dir"] == "/launch", "host paths are rewritten to the container's"
 
 
+class RunningContainer(StubContainer):
+    """A container that never exits by itself; its removal waits for `gate`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.gate = threading.Event()
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        import requests.exceptions
+
+        time.sleep(timeout)
+        raise requests.exceptions.ReadTimeout()
+
+    def remove(self, force: bool = False) -> None:
+        assert force, "a running container is removed by force"
+        self.gate.wait(10)
+        self.removed = True
+
+
+def test_a_clean_end_returns_at_once_and_the_container_goes_in_the_background(docker_backend, tmp_path):
+    """The launcher's clean record ends the launch's wait; the container's removal does not hold it up,
+    and settle_ended (before a benchmark) waits for that removal."""
+    import threading
+
+    from sandbox.docker import ENDED_POLL_S
+
+    backend, client = docker_backend
+
+    def create(image: str, command: list[str], **options: Any) -> RunningContainer:
+        client.last = RunningContainer()
+        return client.last
+
+    client.create = create
+    launch_dir = tmp_path / "pkb-launch-abd"
+    launch_dir.mkdir()
+    record = launch_dir / "launch.json"
+    launch = base.SandboxLaunch(
+        launch_id="abd",
+        launch_dir=launch_dir,
+        config={"mode": "outputs", "launch_dir": str(launch_dir)},
+        device="cpu",
+        gpus=[],
+        timeout_s=30,
+        harness_root=Path("/opt/harness-root"),
+        ended=lambda d: (d / "launch.json").exists(),
+    )
+    threading.Timer(0.2, record.write_text, args=("{}",)).start()
+    t0 = time.monotonic()
+    run = backend.run(launch)
+    waited = time.monotonic() - t0
+    assert run.exit_code == 0 and not run.killed_at_deadline and not run.cancelled
+    assert 0.2 <= waited < 0.4, f"seen within polls of {ENDED_POLL_S} s, not at the container's end"
+    assert "ended_cleanly" in run.steps_s and "removed" not in run.steps_s
+    container = client.last
+    assert not container.removed, "its removal runs in the background"
+    settled = threading.Thread(target=backend.settle_ended)
+    settled.start()
+    settled.join(0.3)
+    assert settled.is_alive(), "settle_ended waits for the removal"
+    container.gate.set()
+    settled.join(10)
+    assert not settled.is_alive() and container.removed
+
+
 def test_only_containers_of_gone_owners_are_swept(monkeypatch):
     from sandbox import docker as docker_backend_module
 
