@@ -323,7 +323,7 @@ def test_a_clean_end_returns_at_once_and_the_container_goes_in_the_background(do
     run = backend.run(launch)
     waited = time.monotonic() - t0
     assert run.exit_code == 0 and not run.killed_at_deadline and not run.cancelled
-    assert 0.2 <= waited < 0.4, f"seen within polls of {ENDED_POLL_S} s, not at the container's end"
+    assert 0.2 <= waited < 5, f"seen within polls of {ENDED_POLL_S} s, not at the deadline (40 s)"
     assert "ended_cleanly" in run.steps_s and "removed" not in run.steps_s
     container = client.last
     assert not container.removed, "its removal runs in the background"
