@@ -95,6 +95,9 @@ class LaunchConfig(LaunchSettings):
     problem_path: str
     solution_path: str
     rank_cpus: list[list[int]]  # each rank's CPU cores (sandbox/cpus.py); [] = not pinned
+    # a secret of the host that the launcher alone knows and writes into its record once nothing of
+    # the candidate runs (the host may then stop waiting for the sandbox's end); never sent to a rank
+    end_token: NotRequired[str]
 
 
 class RankConfig(LaunchConfig):
@@ -195,6 +198,7 @@ class LaunchRecord(TypedDict):
     ranks: list[RankRecord]
     wall_s: float
     timed_out: bool
+    end_token: NotRequired[str]  # the configuration's, once every process of the ranks is gone
 
 
 class ToolRecord(TypedDict):

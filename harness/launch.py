@@ -196,8 +196,11 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
     t0 = time.monotonic()
     if procs is None:
         procs = spawn(setup_of(cfg), fork, cfg.get("counters"))
+    token = cfg.get("end_token")
+    if token is not None:  # the token is this process's alone (docs/sandbox.md, "A launch's end")
+        forking.keep_private()
     for rank, proc in enumerate(procs):
-        rank_cfg: RankConfig = {**cfg, "rank": rank}
+        rank_cfg = cast(RankConfig, {k: v for k, v in cfg.items() if k != "end_token"} | {"rank": rank})
         _send(proc, rank_cfg, close=True)
 
     ended: dict[int, float] = {}
@@ -242,7 +245,12 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
         )
         for rank, proc in enumerate(procs)
     ]
-    return {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
+    record: LaunchRecord = {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
+    # what a rank's processes left came to this process (the subreaper): none may outlive the record
+    forking.reap_descendants()
+    if token is not None:
+        record["end_token"] = token
+    return record
 
 
 def rank_record(
@@ -335,6 +343,7 @@ def read_config(path: Path) -> LaunchConfig | ToolConfig:
 def main(argv: list[str], fork_workers: bool = False) -> None:
     """`fork_workers`: this launcher is a fork of the fork server (harness/forkserver.py), so its
     ranks are forks of it too."""
+    forking.become_subreaper()  # orphans of the ranks' processes come here, not to the sandbox's init
     try:
         launch_dir, result = _run(dict(zip(argv[::2], argv[1::2], strict=False)), fork_workers)
     except ContractError as exc:

@@ -17,7 +17,6 @@ the launch directory:
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import importlib.util
 import json
@@ -31,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
+from harness import forking
 from harness.calls import Calls, SolutionError, snapshot
 from harness.contracts import (
     ContractError,
@@ -217,6 +217,7 @@ class Watch:
             ("harness.structure", structure),
             ("harness.context", context),
             ("harness.convention", convention),
+            ("harness.forking", forking),
             ("harness.worker", sys.modules[__name__]),  # __main__ when run with -m
         ]:
             owners[label] = (module, [n for n in vars(module) if not n.startswith("__")])
@@ -240,48 +241,6 @@ class Watch:
                     f"the solution replaced {label} ({when}); patching clocks, torch, torch.distributed "
                     "or the harness is not allowed"
                 )
-
-
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def _become_subreaper() -> None:
-    """Processes the solution forks, even double-forked ones, stay this rank's descendants (Linux)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _children() -> list[int]:
-    pids: list[int] = []
-    try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    return pids
-
-
-def _reap_descendants() -> int:
-    """Kill every process the solution left behind (orphans came to us as the subreaper); how many."""
-    killed = 0
-    for _ in range(100):
-        pids = _children()
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, 0)
-    return killed
 
 
 def _exit_now(code: int) -> None:
@@ -330,7 +289,7 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
         dist.barrier()
         # Last writes: after every process the solution forked is gone, and followed at once by the
         # exit that ends its threads; the timing record carries the keyed digest the host checks.
-        _reap_descendants()
+        forking.reap_descendants()
         if record is not None and rank == 0:
             tmp = launch_dir / "timing.part"
             signed = cast(TimingRecord, tensorfile.mac_record(tensorfile.result_key(cfg["seeds"]), record))
@@ -342,7 +301,7 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
         _write_status(launch_dir, rank, failed_status(exc, stages.label or stage, t_start, cpus, stages))
         sys.stderr.write(_trimmed_traceback(exc))
         sys.stderr.flush()
-        _reap_descendants()
+        forking.reap_descendants()
         os._exit(3)
 
 
@@ -380,7 +339,7 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
     stages.enter("setup")
     problem = load_module(cfg["problem_path"], "pkb_problem")
     watch = Watch(problem)
-    _become_subreaper()
+    forking.become_subreaper()  # what the solution forks, even twice, stays a descendant of this rank
     stages.enter("import")
     if cfg["solution_path"] == cfg["problem_path"]:
         solution = problem.solution

@@ -8,16 +8,18 @@ and parsed without trusting it; the directory is removed before this returns.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -235,6 +237,12 @@ def run_launch(
             "solution_path": str(solution_copy),
             "rank_cpus": [list(block) for block in key.cpus],
         }
+        # a benchmark's or a profile's next launch is timed: the engine's teardown of this sandbox
+        # must not run beside it, so only a check's launch may end before its sandbox
+        ended = None
+        if request.settings["mode"] == "outputs" and getattr(backend, "ends_early", False):
+            cfg["end_token"] = secrets.token_hex(16)
+            ended = partial(ended_cleanly, token=cfg["end_token"])
         launch = SandboxLaunch(
             launch_id=launch_id,
             launch_dir=launch_dir,
@@ -246,9 +254,7 @@ def run_launch(
             threads=request.settings["threads_per_rank"],
             cpus=key.cpus,
             warm=slot.handle if slot is not None else None,
-            # a benchmark's or a profile's next launch is timed: the engine's teardown of this
-            # sandbox must not run beside it, so those wait for the sandbox's end
-            ended=ended_cleanly if request.settings["mode"] == "outputs" else None,
+            ended=ended,
         )
         log.info(
             "launch.start",
@@ -288,17 +294,19 @@ def run_launch(
 RECORD_CAP = 1 << 20
 
 
-def ended_cleanly(launch_dir: Path) -> bool:
-    """Whether the launcher has written its record (its last act) with every rank ended ok: exit
-    status 0 and its own status "ok". A rank kills every process its solution left before it ends
-    (harness/worker.py), so what is left is the launcher's exit and the sandbox's end. (A solution
-    that fakes its rank's end leaves its processes to that end, which a benchmark waits for:
-    `settle_ended`.)"""
+def ended_cleanly(launch_dir: Path, token: str) -> bool:
+    """Whether the launcher has written its record (its last act) with the launch's `token` and every
+    rank ended ok (exit status 0, its own status "ok"). Only the launcher knows the token (no rank is
+    sent it, and other processes cannot read the launcher's memory), and it writes it once every
+    process of the ranks is gone (harness/launch.py): what is left is the launcher's exit and the
+    sandbox's end. A record a candidate forged has no token."""
     path = launch_dir / "launch.json"
     if not path.exists():
         return False
     record = read_result(path, RECORD_CAP)
-    ranks = record.get("ranks") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not hmac.compare_digest(str(record.get("end_token", "")), token):
+        return False
+    ranks = record.get("ranks")
     return (
         isinstance(ranks, list)
         and bool(ranks)

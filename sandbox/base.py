@@ -30,8 +30,9 @@ class SandboxLaunch:
     cpus: tuple[tuple[int, ...], ...] = ()  # each rank's CPU cores (sandbox/cpus.py); () = not pinned
     warm: Any = None
     # Says, from the launch directory, that the launcher has finished cleanly: its record written
-    # and nothing of the candidate left running. A backend whose sandbox takes long to end (a
-    # container) may then stop it and return without waiting for that end. None: wait for it.
+    # and nothing of the candidate left running (pkb_mcp/launches.py `ended_cleanly`). A backend
+    # whose sandbox takes long to end (a container: `ends_early`) may then return without waiting
+    # for that end and stop the sandbox later. None: wait for it.
     ended: Callable[[Path], bool] | None = None
 
 

@@ -273,6 +273,7 @@ atexit.register(removals.drain, 10.0)
 class DockerBackend(Pooled):
     name = "docker"
     isolated = True
+    ends_early = True  # returns at a launch's clean end (SandboxLaunch.ended), its container removed later
     note = "docker backend: no network, read-only root, non-root user, no capabilities, resource limits"
 
     def __init__(self, client: docker.DockerClient | None = None):

@@ -79,41 +79,61 @@ def ok_rank(rank: int) -> dict:
     return {"rank": rank, "state": "ok", "exit_code": 0}
 
 
+TOKEN = "5e" * 16
+
+
 @pytest.mark.parametrize(
     ("record", "clean"),
     [
-        (ranks_record(ok_rank(0), ok_rank(1)), True),
+        (ranks_record(ok_rank(0), ok_rank(1), end_token=TOKEN), True),
         (None, False),  # not written yet
-        (ranks_record(ok_rank(0), {"rank": 1, "state": "error", "exit_code": 1}), False),
-        (ranks_record(ok_rank(0), {"rank": 1, "state": "ok", "exit_code": -9}), False),
-        (ranks_record(ok_rank(0), {"rank": 1, "state": "ok"}), False),
-        (ranks_record(), False),
+        (ranks_record(ok_rank(0), ok_rank(1)), False),  # forged: a candidate does not know the token
+        (ranks_record(ok_rank(0), ok_rank(1), end_token="00" * 16), False),
+        (ranks_record(ok_rank(0), ok_rank(1), end_token=7), False),
+        (ranks_record(ok_rank(0), {"rank": 1, "state": "error", "exit_code": 1}, end_token=TOKEN), False),
+        (ranks_record(ok_rank(0), {"rank": 1, "state": "ok", "exit_code": -9}, end_token=TOKEN), False),
+        (ranks_record(ok_rank(0), {"rank": 1, "state": "ok"}, end_token=TOKEN), False),
+        (ranks_record(end_token=TOKEN), False),
         ('{"ranks": ', False),  # half a file
-        (json.dumps({"ranks": "ok"}), False),
+        (json.dumps({"ranks": "ok", "end_token": TOKEN}), False),
         (json.dumps([ok_rank(0)]), False),
-        (json.dumps({"ranks": [ok_rank(0)], "pad": "x" * (launches.RECORD_CAP + 1)}), False),
+        (ranks_record(ok_rank(0), end_token=TOKEN, pad="x" * (launches.RECORD_CAP + 1)), False),
     ],
 )
-def test_a_launch_ended_cleanly_only_when_every_rank_ended_ok(tmp_path, record, clean):
+def test_a_launch_ended_cleanly_only_with_its_token_and_every_rank_ok(tmp_path, record, clean):
     """What lets a backend return before its sandbox's own end: read like every file a launch wrote."""
     if record is not None:
         (tmp_path / "launch.json").write_text(record)
-    assert launches.ended_cleanly(tmp_path) is clean
+    assert launches.ended_cleanly(tmp_path, TOKEN) is clean
 
 
 def test_a_link_is_no_clean_end(tmp_path):
     target = tmp_path / "elsewhere.json"
-    target.write_text(ranks_record(ok_rank(0)))
+    target.write_text(ranks_record(ok_rank(0), end_token=TOKEN))
     (tmp_path / "launch.json").symlink_to(target)
-    assert not launches.ended_cleanly(tmp_path)
+    assert not launches.ended_cleanly(tmp_path, TOKEN)
 
 
-def test_only_a_check_s_launch_may_end_before_its_sandbox():
-    """A benchmark's or a profile's next launch is timed: the engine's teardown must not run beside it."""
-    for mode, ended in (("outputs", launches.ended_cleanly), ("benchmark", None), ("profile", None)):
+def test_only_a_check_s_launch_may_end_before_its_sandbox_and_each_has_its_own_token():
+    """A benchmark's or a profile's next launch is timed: the engine's teardown must not run beside
+    it. A backend that always waits for its sandbox's end is given no token."""
+    tokens = []
+    for mode, ends_early, early in (
+        ("outputs", True, True),
+        ("outputs", True, True),
+        ("benchmark", True, False),
+        ("profile", True, False),
+        ("outputs", False, False),
+    ):
         backend = ScriptedBackend()
+        backend.ends_early = ends_early  # type: ignore[attr-defined]
         run_launch(cpu_launch(mode=mode), backend)
-        assert backend.seen[0].ended is ended, mode
+        launch = backend.seen[0]
+        assert (launch.ended is not None) is early and ("end_token" in launch.config) is early, mode
+        if early:
+            tokens.append(launch.config["end_token"])
+            assert launch.ended(launch.launch_dir) is False, "no record yet"
+    assert len(tokens) == 2 and tokens[0] != tokens[1] and all(len(t) == 32 for t in tokens)
 
 
 # ---------------------------------------------------------------- run_launch

@@ -128,6 +128,60 @@ def test_a_warm_sandbox_set_up_from_the_host_is_read_and_handed_on_without_its_o
     assert contracts.read_rank_setup(line)["rank_cpus"] == [[0], [1]]
 
 
+LAUNCHER_END = """
+import io, json, os, subprocess, sys, time
+from pathlib import Path
+from harness import forking, launch
+
+class Rank:  # a worker that ended ok at once; what it was sent is kept
+    def __init__(self):
+        self.stdin, self.returncode = io.BytesIO(), 0
+        self.stdin.close = lambda: None
+    def poll(self):
+        return 0
+
+forking.become_subreaper()  # as harness.launch's main does
+# a process a rank's solution left behind: double-forked, so an orphan of the launcher
+subprocess.Popen([sys.executable, "-c", "import os, time; os.fork() or time.sleep(60)"]).wait()
+orphans = forking.children()
+cfg = json.loads(sys.argv[1])
+for rank in range(2):
+    (Path(cfg["launch_dir"]) / f"rank{rank}.status.json").write_text('{"state": "ok"}')
+procs = [Rank(), Rank()]
+record = launch.launch(cfg, procs)
+sent = [json.loads(p.stdin.getvalue()) for p in procs]
+print(json.dumps({"record": record, "sent": sent, "orphans": orphans, "left": forking.children()}))
+"""
+
+
+@pytest.mark.parametrize("token", ["7a" * 16, None])
+def test_the_launcher_keeps_the_end_token_from_its_ranks_and_writes_it_once_their_processes_are_gone(
+    tmp_path: Path, token: str | None
+) -> None:
+    """The token is the launcher's alone (no rank is sent it) and goes into its record only after
+    every process the ranks left is killed (in a process of its own: the launcher kills its children)."""
+    import subprocess
+    import sys
+
+    cfg = launch_config(tmp_path, mode="outputs")
+    if token is not None:
+        cfg["end_token"] = token
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER_END, json.dumps(cfg)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert [r["state"] for r in seen["record"]["ranks"]] == ["ok", "ok"]
+    assert seen["record"].get("end_token") == token
+    assert all("end_token" not in s and s["rank"] == r for r, s in enumerate(seen["sent"]))
+    assert len(seen["orphans"]) == 1 and seen["left"] == [], "the orphan is killed before the record"
+
+
 def test_the_launcher_reads_its_config_file_once_and_refuses_a_bad_one(tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_text(json.dumps({"mode": "discover", "launch_dir": str(tmp_path), "timeout_s": 30}))
