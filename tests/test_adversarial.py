@@ -288,6 +288,17 @@ def test_result_files_forged_during_calls_are_overwritten(sandbox, isolated_dirs
     assert_clean(isolated_dirs)
 
 
+@pytest.mark.skipif(DOCKER is None, reason="no Docker engine answers")
+def test_the_launcher_s_end_token_cannot_be_read_from_its_memory(isolated_dirs):
+    """The Docker backend stops waiting at a launch record with the launcher's token (a check's launch
+    that ended cleanly): a rank cannot read it from the launcher, so it cannot end its launch early."""
+    c = check(ADV / "steals_end_token.py", trials=1, sandbox="docker")
+    assert c.verdict == "pass", c.message
+    said = " ".join(r.log_tail or "" for r in c.ranks)
+    assert "the launcher's memory is closed: PermissionError" in said and "stole" not in said, said
+    assert_clean(isolated_dirs)
+
+
 @pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_result_files_rewritten_after_the_harness_wrote_them_are_rejected(sandbox, isolated_dirs):
     """A thread and a double-forked process rewrite the output files without the aliasing and
