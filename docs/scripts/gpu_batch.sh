@@ -52,7 +52,8 @@
 #              warm pool of PKB_WARM_PER_SHAPE) of $FILES_CHECKED, else problem 1's reference, a plain
 #              solution with a C++ extension and one with a CUDA extension (cached after their first
 #              check), and example 001's own kernel; $REPEATS (else 6) each, $THINK (else 8) s apart;
-#              the server's log keeps each launch's stages and whether it started warm; $TAG names it
+#              the server's log keeps each launch's stages and whether it started warm, and
+#              docs/scripts/launch_steps.py sums up where the warm launches' time went; $TAG names it
 #   nvcc-phases issue 32: where a CUDA unit's build time goes (nvcc -time, per phase) and the same unit
 #              through harness/nvcc.py (host and device front ends at once), side by side, $REPEATS
 #              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox)
@@ -233,7 +234,8 @@ for part in "$@"; do
         tests/candidates/original_helper_cuda.py examples/001_allreduce_cuda_oneshot.py} > "$OUT/$name.log" 2>&1
       grep summary "$OUT/$name.log"
       grep -E '"warm\.take"' "$OUT/${name}_log.jsonl" | cut -c1-200 | tail -8
-      grep -E '"launch\.end"' "$OUT/${name}_log.jsonl" | cut -c1-400 | tail -8 ;;
+      grep -E '"launch\.end"' "$OUT/${name}_log.jsonl" | cut -c1-400 | tail -8
+      python3 docs/scripts/launch_steps.py "$OUT/${name}_log.jsonl" | tee "$OUT/${name}_steps.json" ;;
     nvcc-phases)
       timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/nvcc_phases.jsonl" \
         --repeats "${REPEATS:-2}" > "$OUT/nvcc_phases.log" 2>&1
