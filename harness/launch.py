@@ -125,6 +125,7 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
     under its own Nsight Compute (harness/counters.py), whatever `fork` says."""
     launch_dir = Path(setup["launch_dir"])
     rank_cpus = setup["rank_cpus"]
+    forking.become_subreaper()  # orphans of the ranks' processes come here (launch kills them)
     procs: list[Worker] = []
     for rank in range(setup["world_size"]):
         log = open(launch_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
@@ -343,7 +344,6 @@ def read_config(path: Path) -> LaunchConfig | ToolConfig:
 def main(argv: list[str], fork_workers: bool = False) -> None:
     """`fork_workers`: this launcher is a fork of the fork server (harness/forkserver.py), so its
     ranks are forks of it too."""
-    forking.become_subreaper()  # orphans of the ranks' processes come here, not to the sandbox's init
     try:
         launch_dir, result = _run(dict(zip(argv[::2], argv[1::2], strict=False)), fork_workers)
     except ContractError as exc:
