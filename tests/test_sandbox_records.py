@@ -140,7 +140,7 @@ class Rank:  # a worker that ended ok at once; what it was sent is kept
     def poll(self):
         return 0
 
-forking.become_subreaper()  # as harness.launch's main does
+forking.become_subreaper()  # as harness.launch's spawn does
 # a process a rank's solution left behind: double-forked, so an orphan of the launcher
 subprocess.Popen([sys.executable, "-c", "import os, time; os.fork() or time.sleep(60)"]).wait()
 orphans = forking.children()
