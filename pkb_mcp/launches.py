@@ -300,10 +300,7 @@ def ended_cleanly(launch_dir: Path, token: str) -> bool:
     sent it, and other processes cannot read the launcher's memory), and it writes it once every
     process of the ranks is gone (harness/launch.py): what is left is the launcher's exit and the
     sandbox's end. A record a candidate forged has no token."""
-    path = launch_dir / "launch.json"
-    if not path.exists():
-        return False
-    record = read_result(path, RECORD_CAP)
+    record = read_result(launch_dir / "launch.json", RECORD_CAP)  # None while it is not written
     if not isinstance(record, dict) or not hmac.compare_digest(str(record.get("end_token", "")), token):
         return False
     ranks = record.get("ranks")
