@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -113,9 +113,12 @@ def fork_child(
     cpus: list[int] | None = None,
     session: bool = False,
     limits: Mapping[str, int] | None = None,
+    close: Sequence[int] = (),
 ) -> int:
     """Fork; the child takes `stdin` (or /dev/null), writes stdout and stderr to `log`, works in `cwd`
-    with exactly `env`, keeps to `cpus`, then runs `target` and exits with its status. Returns the pid."""
+    with exactly `env`, keeps to `cpus`, then runs `target` and exits with its status. Returns the pid.
+    The child closes the descriptors `close` first: the write ends of its own and its siblings' stdin
+    pipes, which would otherwise keep each of them from ever reading the end of its input."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     pid = os.fork()
@@ -123,6 +126,8 @@ def fork_child(
         return pid
     code = 1
     try:
+        for fd in close:
+            os.close(fd)
         if session:
             os.setsid()
         if limits:

@@ -12,6 +12,9 @@ Warm start: `--warm SETUP --config-file PATH` starts the workers at once from SE
 size, device, nothing secret), lets them import torch and create the process group, and only then waits
 for PATH to appear (the launch, written by the host when one is dispatched to this sandbox). A warm
 sandbox serves exactly one launch; if none arrives within SETUP's `idle_s` it exits and writes nothing.
+A gated one (SETUP's `gated`) lets its workers go only as far as needs no GPU (torch imported, each
+writes rank{rank}.staged); they get a go line once the host writes GO_NAME beside PATH, or with the
+launch.
 A profile's counter launch (its configuration carries a CounterPlan) never runs warm: each rank
 starts as a new interpreter under its own Nsight Compute (harness/counters.py).
 
@@ -36,6 +39,7 @@ from typing import cast
 
 from harness import counters, forking
 from harness.contracts import (
+    GO_NAME,
     ContractError,
     CounterPlan,
     LaunchConfig,
@@ -87,10 +91,10 @@ def setup_of(cfg: LaunchConfig) -> WorkerSetup:
     }
 
 
-def rank_setup(setup: WorkerSetup, rank: int) -> RankSetup:
+def rank_setup(setup: WorkerSetup, rank: int, gated: bool = False) -> RankSetup:
     """Rank `rank`'s set-up line: a warm sandbox's own keys (idle_s) stay with the launcher, which
-    tells the rank only that it is warm."""
-    return {
+    tells the rank only that it is warm, and whether it waits for a go line before using the GPU."""
+    line: RankSetup = {
         "launch_dir": setup["launch_dir"],
         "world_size": setup["world_size"],
         "device": setup["device"],
@@ -100,6 +104,9 @@ def rank_setup(setup: WorkerSetup, rank: int) -> RankSetup:
         "rank": rank,
         "warm": "idle_s" in setup,
     }
+    if gated:
+        line["gated"] = True
+    return line
 
 
 def _pin(cpus: list[int]) -> Callable[[], None] | None:
@@ -117,8 +124,11 @@ def _run_worker() -> None:
     worker.main()
 
 
-def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = None) -> list[Worker]:
-    """One worker per rank, each sent its set-up line; their stdin stays open for the launch.
+def spawn(
+    setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = None, gated: bool = False
+) -> list[Worker]:
+    """One worker per rank, each sent its set-up line; their stdin stays open for the launch (and,
+    `gated`, for the go line before it: see wait_for_launch).
     Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py). With `fork`
     (a launcher forked from the fork server, torch already imported) each rank is a fork of this
     process instead of a new interpreter. With a counter `plan` each rank is a new interpreter started
@@ -144,6 +154,7 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
                 cwd=str(launch_dir),
                 env=env,
                 cpus=rank_cpus[rank] if rank_cpus else None,
+                close=[write_end, *(p.stdin.fileno() for p in procs if p.stdin is not None)],
             )
             os.close(read_end)
             proc = ForkedWorker(pid, os.fdopen(write_end, "wb"))
@@ -158,12 +169,15 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
                 preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
             )
         log.close()
-        _send(proc, rank_setup(setup, rank), close=False)
+        _send(proc, rank_setup(setup, rank, gated), close=False)
         procs.append(proc)
     return procs
 
 
-def _send(proc: Worker, message: RankSetup | RankConfig | None, close: bool) -> None:
+GO_LINE = {"go": True}  # a gated rank's second line: it may use the GPU now
+
+
+def _send(proc: Worker, message: RankSetup | RankConfig | dict[str, bool] | None, close: bool) -> None:
     assert proc.stdin is not None
     try:
         if message is not None:
@@ -175,11 +189,19 @@ def _send(proc: Worker, message: RankSetup | RankConfig | None, close: bool) -> 
         pass  # the worker died already; its outcome is read from its exit status
 
 
-def wait_for_launch(path: Path, idle_s: float, procs: list[Worker]) -> LaunchConfig | None:
+def wait_for_launch(
+    path: Path, idle_s: float, procs: list[Worker], gate: Path | None = None
+) -> LaunchConfig | None:
     """A warm sandbox's launch: the file the host writes into the launch directory; None at idle_s, or as
-    soon as a worker has died (a sandbox that cannot serve a launch must not look ready for one)."""
+    soon as a worker has died (a sandbox that cannot serve a launch must not look ready for one).
+    With `gate` (a gated sandbox), the ranks get their go line once the host has written that file, or
+    just before the launch at the latest."""
     give_up = time.monotonic() + idle_s
     while time.monotonic() < give_up and all(p.poll() is None for p in procs):
+        if gate is not None and (gate.exists() or path.exists()):
+            for proc in procs:
+                _send(proc, GO_LINE, close=False)
+            gate = None
         if path.exists():
             text = path.read_text()
             path.unlink()
@@ -361,8 +383,11 @@ def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRe
     that was never used."""
     if "--warm" in args:
         setup = read_warm_setup(_json(args["--warm"], "the warm set-up"))
-        procs = spawn(setup, fork)
-        warm_cfg = wait_for_launch(Path(args["--config-file"]), setup["idle_s"], procs)
+        gated = setup.get("gated", False)
+        procs = spawn(setup, fork, gated=gated)
+        config_file = Path(args["--config-file"])
+        gate = config_file.parent / GO_NAME if gated else None
+        warm_cfg = wait_for_launch(config_file, setup["idle_s"], procs, gate)
         if warm_cfg is None:
             for proc in procs:
                 _send(proc, None, close=True)  # an empty line: the worker leaves quietly

@@ -4,7 +4,8 @@ Started by harness.launch, it reads two JSON lines on stdin: the set-up (a RankS
 device), then the launch (a RankConfig: problem, solution, seeds: stdin is the only place this rank's
 seeds exist), each checked against harness/contracts.py. Between
 the two it imports torch, creates the process group and runs one collective, then writes
-rank{rank}.ready: a warm sandbox started ahead of need waits there for its one launch. It writes into
+rank{rank}.ready: a warm sandbox started ahead of need waits there for its one launch (a gated one
+first writes rank{rank}.staged and waits for a go line before it touches the GPU). It writes into
 the launch directory:
   out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
@@ -271,7 +272,9 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
     cpus = sorted(os.sched_getaffinity(0))  # where the launcher put this rank, before any solution ran
     try:
         stage = "process group"
-        device = _join_group(setup, launch_dir)
+        device = _join_group(setup, launch_dir, next_launch)
+        if device is None:  # a gated warm sandbox that was never used
+            os._exit(0)
         stage = "waiting for the launch"
         launch = next_launch()
         if launch is None:  # a warm sandbox that was never used
@@ -305,30 +308,39 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
         os._exit(3)
 
 
-def _join_group(setup: RankSetup, launch_dir: Path) -> Any:
+def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], object]) -> Any:
     """The process group, with one collective run (communicators, CUDA context and allocator are
-    ready before the launch arrives); then rank{rank}.ready. Returns this rank's device."""
+    ready before the launch arrives); then rank{rank}.ready. Returns this rank's device, or None for
+    a gated sandbox let go without a launch (`next_message` reads the go line)."""
     import torch
     import torch.distributed as dist
 
     rank, world_size = setup["rank"], setup["world_size"]
+    if setup["warm"]:
+        # what a solution's load_inline costs besides its extension: the module and setuptools, a
+        # few tenths of a second a rank. A cold launch leaves it to the solutions that use it.
+        import torch.utils.cpp_extension
+    store = _connect_store(launch_dir, rank, world_size, setup["setup_timeout_s"])
+    if setup.get("gated"):
+        # what needs no GPU is done: the GPU waits for the host (a benchmark may be timing on it)
+        (launch_dir / f"rank{rank}.staged").write_text("")
+        go = next_message()
+        if go is None:
+            return None
+        if go != {"go": True}:
+            raise ContractError(f"a gated rank's second line must be the go line, not {go!r}")
     if setup["device"] == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, setup["threads_per_rank"]))
-    store = _connect_store(launch_dir, rank, world_size, setup["setup_timeout_s"])
     init_kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **init_kwargs)
     dist.all_reduce(torch.ones(1, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize()
-    if setup["warm"]:
-        # what a solution's load_inline costs besides its extension: the module and setuptools, a
-        # few tenths of a second a rank. A cold launch leaves it to the solutions that use it.
-        import torch.utils.cpp_extension
     (launch_dir / f"rank{rank}.ready").write_text("")
     return device
 

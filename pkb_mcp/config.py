@@ -82,13 +82,13 @@ def unseen_sizes() -> bool:
 
 def warm_per_shape(device: str) -> int:
     """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py).
-    On GPUs 4: a check runs two pairs of launches of one shape, its judged trials and then its
-    unseen-size trial, the launches of a pair side by side. On CPU 2: the cores that sandboxes warming
-    up would take are the running launch's."""
+    On GPUs 6: a check runs two pairs of launches of one shape, its judged trials and then its
+    unseen-size trial, the launches of a pair side by side, and a benchmark's pair follows a passing
+    check. On CPU 2: the cores that sandboxes warming up would take are the running launch's."""
     env = os.environ.get("PKB_WARM_PER_SHAPE", "").strip()
     if env and (not env.isdigit() or int(env) < 1):
         raise ValueError(f"PKB_WARM_PER_SHAPE must be a positive integer, not {env!r}")
-    return int(env) if env else 4 if device == "cuda" else 2
+    return int(env) if env else 6 if device == "cuda" else 2
 
 
 def build_slots() -> int:

@@ -192,12 +192,22 @@ def _request_key(request: LaunchRequest) -> WarmKey:
     )
 
 
-def prestart(request: LaunchRequest, backend: Backend, count: int) -> None:
-    """Have `count` warm sandboxes of this request's shape started (a benchmark of several launches a
-    side, before its timing begins); nothing without a warm pool."""
+@contextlib.contextmanager
+def timing_window(request: LaunchRequest, backend: Backend, count: int) -> Iterator[None]:
+    """A benchmark's timing, inside the block: `count` warm sandboxes of this request's shape started
+    and ready before it begins (one for each launch of both sides), and no other sandbox warming up
+    on the GPUs (on a CPU shape none starting at all) until it ends (sandbox/pool.py, `quiet`); the
+    sandboxes of launches that ended early are gone first (settle_ended)."""
     pool = warm_pool(backend)
-    if pool is not None:
-        pool.replenish(_request_key(request), count)
+    if pool is None:
+        settle_ended(backend)
+        yield
+        return
+    key = _request_key(request)
+    pool.replenish(key, count)
+    with pool.quiet(key, count):
+        settle_ended(backend)
+        yield
 
 
 def run_launch(

@@ -90,10 +90,16 @@ def write_config(launch_dir: Path, config: Mapping[str, Any], owner: tuple[int, 
 
 
 def warm_setup(
-    launch_dir: Path | str, world_size: int, device: str, threads: int, cpus: tuple[tuple[int, ...], ...] = ()
+    launch_dir: Path | str,
+    world_size: int,
+    device: str,
+    threads: int,
+    cpus: tuple[tuple[int, ...], ...] = (),
+    gated: bool = False,
 ) -> WarmSetup:
-    """What a warm launcher starts its workers with: nothing secret."""
-    return {
+    """What a warm launcher starts its workers with: nothing secret. `gated`: its ranks touch no GPU
+    until the host opens the sandbox (sandbox/pool.py)."""
+    setup: WarmSetup = {
         "launch_dir": str(launch_dir),
         "world_size": world_size,
         "device": device,
@@ -102,6 +108,9 @@ def warm_setup(
         "setup_timeout_s": 300.0,
         "idle_s": WARM_IDLE_S,
     }
+    if gated:
+        setup["gated"] = True
+    return setup
 
 
 OUTER_GRACE_S = 10.0  # the launcher enforces the deadline itself; this is the backstop

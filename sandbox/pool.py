@@ -7,10 +7,16 @@ threads) is dispatched, it takes a warm sandbox instead of starting one; the poo
 replacement. A sandbox never serves a second launch, so nothing a candidate leaves behind reaches
 another one. Nothing secret is known when a sandbox starts: seeds arrive with the launch.
 
-Benchmarks must have the GPUs to themselves: while one runs (`quiet`), no sandbox is started, and
-before one starts (`settle`) every sandbox still warming up has finished doing so. A benchmark of
-several launches a side has a sandbox started for each of its launches first (`replenish(key, count)`), so
-that none of them starts cold while the other side is timed.
+Benchmarks must have the GPUs to themselves. A sandbox of a GPU shape warms up in two steps (`gated`):
+what needs only the CPU (the container, torch imported: each rank writes rank{r}.staged), then, once
+the pool opens it (GO_NAME in its launch directory, or its launch), what needs the GPUs (the CUDA
+context, the communicators, one collective: rank{r}.ready). While a benchmark times (`quiet(key,
+count)`), sandboxes still start and take their first step, as builds run beside it, but none is
+opened except the `count` that the benchmark's own launches need; on entry it waits (`settle`) for
+every opened sandbox still warming up. A CPU shape's sandboxes are not gated: there, warming up takes
+the cores the benchmark runs on, so none starts while it times. A benchmark of several launches a side
+has a sandbox started for each of its launches first (`replenish(key, count)`), so that none of them
+starts cold while the other side is timed.
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from typing import Any
 import structlog
 
 import sandbox.base as base
+from harness.contracts import GO_NAME
 from sandbox.base import tail, warm_setup
 
 log = structlog.get_logger("sandbox.pool")
 
+GATED_DEVICES = frozenset({"cuda"})  # whose sandboxes warm up in two steps (below)
 SETTLE_S = 120.0
+WATCH_S = 0.01  # how often a gated sandbox's files are looked at while it warms up
 EXPIRY_MARGIN_S = 30.0  # a sandbox this close to exiting on its own (base.WARM_IDLE_S) is not handed out
 
 
@@ -44,6 +53,11 @@ class WarmKey:
     threads: int
     cpus: tuple[tuple[int, ...], ...] = ()  # each rank's CPU cores (sandbox/cpus.py); () = not pinned
 
+    @property
+    def gated(self) -> bool:
+        """Whether its sandboxes use the GPUs only once opened (a GPU shape)."""
+        return self.device in GATED_DEVICES
+
 
 @dataclass
 class WarmSlot:
@@ -52,9 +66,44 @@ class WarmSlot:
     launch_dir: Path
     handle: Any = None
     started: float = field(default_factory=time.monotonic)
+    # a gated sandbox: when the pool saw its ranks staged, opened it, and saw them ready (monotonic)
+    staged_at: float | None = None
+    opened_at: float | None = None
+    ready_at: float | None = None
 
     def ready(self) -> bool:
-        return all((self.launch_dir / f"rank{r}.ready").exists() for r in range(self.key.world_size))
+        return self._all("ready")
+
+    def staged(self) -> bool:
+        return self._all("staged")
+
+    def _all(self, step: str) -> bool:
+        return all((self.launch_dir / f"rank{r}.{step}").exists() for r in range(self.key.world_size))
+
+    def open(self) -> None:
+        """Let its ranks use the GPUs (their launcher sends them the go line)."""
+        if self.opened_at is None:
+            (self.launch_dir / GO_NAME).touch()
+            self.opened_at = time.monotonic()
+
+    def warming_gpus(self) -> bool:
+        """Whether it may be using the GPUs to warm up now (a CPU shape's sandbox: warming up at all)."""
+        return (not self.key.gated or self.opened_at is not None) and not self.ready()
+
+    def readiness(self) -> int:
+        """0 ready, 1 warming up on the GPUs, 2 staged, 3 earlier: which one a launch should take."""
+        if self.ready():
+            return 0
+        if self.opened_at is not None:
+            return 1
+        return 2 if self.key.gated and self.staged() else 3
+
+    def times(self) -> dict[str, float | None]:
+        """When it staged, was opened and was ready, in seconds from its start (as far as seen)."""
+        return {
+            f"{name}_s": None if t is None else round(t - self.started, 2)
+            for name, t in (("staged", self.staged_at), ("opened", self.opened_at), ("ready", self.ready_at))
+        }
 
 
 class WarmPool:
@@ -84,13 +133,15 @@ class WarmPool:
         self._starting = 0
         self._starting_for: dict[WarmKey, int] = {}
         self._quiet = 0
+        self._reserved: dict[WarmKey, int] = {}  # while quiet: how many more the benchmark's launches need
         self._pending: set[WarmKey] = set()
         self._closed = False
 
     def take(self, key: WarmKey) -> WarmSlot | None:
-        """A live warm sandbox of this shape, one that finished warming up if there is one, or None;
+        """A live warm sandbox of this shape, the furthest warmed up (`WarmSlot.readiness`), or None;
         the shape becomes the most recently used. One still warming up is better than none: its
-        launch starts as soon as it is ready, sooner than a cold start."""
+        launch starts as soon as it is ready, sooner than a cold start (a gated one is opened by the
+        launch itself)."""
         stale: list[WarmSlot] = []
         with self._lock:
             slots = self._slots.setdefault(key, [])
@@ -98,7 +149,7 @@ class WarmPool:
             live: list[WarmSlot] = []
             for slot in slots:
                 (live if self._alive(slot.handle) and not self._expiring(slot) else stale).append(slot)
-            taken = next((s for s in live if s.ready()), live[0] if live else None)
+            taken = min(live, key=WarmSlot.readiness) if live else None  # the first of the best
             self._slots[key] = [s for s in live if s is not taken]
         for slot in stale:
             self._report_stale(slot)
@@ -110,6 +161,7 @@ class WarmPool:
             age_s=round(time.monotonic() - taken.started, 1) if taken is not None else None,
             stale=len(stale),
             world_size=key.world_size,
+            **(taken.times() if taken is not None and key.gated else {}),
         )
         return taken
 
@@ -143,11 +195,12 @@ class WarmPool:
 
     def replenish(self, key: WarmKey, count: int = 0) -> None:
         """Start sandboxes of this shape up to `per_key`, or up to `count` when that is more (a
-        benchmark of several launches a side wants one for each), in the background (later if quiet)."""
+        benchmark of several launches a side wants one for each), in the background (while quiet, a
+        CPU shape's only later)."""
         with self._lock:
             if self._closed:
                 return
-            if self._quiet:
+            if self._quiet and not key.gated:
                 self._pending.add(key)
                 return
             self._slots.setdefault(key, [])
@@ -183,24 +236,72 @@ class WarmPool:
             self._starting -= 1
             self._starting_for[key] -= 1
             self._lock.notify_all()
+        if keep and key.gated:
+            self._watch(slot)
+
+    def _watch(self, slot: WarmSlot) -> None:
+        """Open a gated sandbox once its ranks have staged, unless a benchmark is timing and has not
+        reserved it (then as soon as it ends); note when it staged and when it was ready. Ends when
+        it is ready, taken, discarded or about to expire."""
+        while time.monotonic() - slot.started < base.WARM_IDLE_S:
+            with self._lock:
+                if self._closed or slot not in self._slots.get(slot.key, ()):
+                    return
+                if slot.staged_at is None and slot.staged():
+                    slot.staged_at = time.monotonic()
+                if slot.staged_at is not None and slot.opened_at is None and self._may_open(slot.key):
+                    slot.open()
+            if slot.ready():
+                slot.ready_at = time.monotonic()
+                return
+            time.sleep(WATCH_S)
+
+    def _may_open(self, key: WarmKey) -> bool:
+        """Whether a staged sandbox of this shape may use the GPUs now (under the lock)."""
+        if not self._quiet:
+            return True
+        if self._reserved.get(key, 0) > 0:
+            self._reserved[key] -= 1
+            return True
+        return False
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:
-        """Return once no sandbox is still starting or warming up (or at the timeout)."""
+        """Return once no sandbox is warming up on the GPUs, or is about to: none opened and not yet
+        ready, none that a quiet block reserved still to come; of a CPU shape, none starting or warming
+        up at all (or at the timeout)."""
         give_up = time.monotonic() + timeout_s
         while time.monotonic() < give_up:
             with self._lock:
-                busy = self._starting > 0 or any(
-                    not s.ready() and self._alive(s.handle) for slots in self._slots.values() for s in slots
-                )
+                busy = self._busy()
             if not busy:
                 return
             time.sleep(0.02)
 
+    def _busy(self) -> bool:
+        starting = any(n > 0 and not key.gated for key, n in self._starting_for.items())
+        warming = any(
+            s.warming_gpus() and self._alive(s.handle) for slots in self._slots.values() for s in slots
+        )
+        to_come = any(
+            n > 0
+            and (
+                self._starting_for.get(key, 0) > 0
+                or any(s.opened_at is None and self._alive(s.handle) for s in self._slots.get(key, ()))
+            )
+            for key, n in self._reserved.items()
+        )
+        return starting or warming or to_come
+
     @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
-        """No sandbox starts inside this block (a benchmark is timing); postponed ones start after."""
+    def quiet(self, key: WarmKey | None = None, count: int = 0) -> Iterator[None]:
+        """A benchmark is timing inside this block: no sandbox uses the GPUs to warm up, except `count`
+        of shape `key` for its own launches, which are ready (as far as there are sandboxes of that
+        shape) before the block begins; no CPU-shape sandbox starts. What was held back starts after."""
         with self._lock:
             self._quiet += 1
+            if key is not None and key.gated:
+                opened = sum(s.opened_at is not None for s in self._slots.get(key, ()))
+                self._reserved[key] = max(0, count - opened)
         self.settle()
         try:
             yield
@@ -210,8 +311,9 @@ class WarmPool:
                 pending = list(self._pending) if not self._quiet else []
                 if not self._quiet:
                     self._pending.clear()
-            for key in pending:
-                self.replenish(key)
+                    self._reserved.clear()
+            for k in pending:
+                self.replenish(k)
 
     def close(self, timeout_s: float = SETTLE_S) -> None:
         """Stop every warm sandbox, waiting for those still starting, and remove what they left."""
@@ -265,7 +367,7 @@ class Pooled:
     def _start_warm(self, slot: WarmSlot) -> Any:
         k = slot.key
         assert self._harness_root is not None
-        setup = warm_setup(slot.launch_dir, k.world_size, k.device, k.threads, k.cpus)
+        setup = warm_setup(slot.launch_dir, k.world_size, k.device, k.threads, k.cpus, gated=k.gated)
         return self._start(  # type: ignore[attr-defined]
             slot.launch_id,
             slot.launch_dir,

@@ -256,3 +256,14 @@ def test_a_warm_container_that_died_is_reported_with_how_it_ended(isolated_dirs)
 
     run_died_report(DockerBackend(CLIENT), isolated_dirs, stop, "exit code 137")
     assert_clean(isolated_dirs)
+
+
+def test_gated_containers_wait_before_the_process_group_and_serve_their_launch(isolated_dirs, monkeypatch):
+    """A GPU shape's containers warm up in two steps (sandbox/pool.py): the host's go file reaches the
+    launcher inside the container, and the launch alone opens one that is still closed."""
+    from sandbox.docker import DockerBackend
+
+    from .test_warm_pool import run_gated
+
+    run_gated(DockerBackend(CLIENT), isolated_dirs, monkeypatch)
+    assert_clean(isolated_dirs)

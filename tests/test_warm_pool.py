@@ -69,7 +69,9 @@ def test_unused_warm_sandbox_expires(isolated_dirs, monkeypatch):
         handles = [s.handle for s in pool._slots[key]]
         assert len(handles) == 2
         for h in handles:
-            h.wait(timeout=120)  # the launcher gave up waiting for a launch
+            # the launcher gave up waiting for a launch and its ranks left at once: each reads the end
+            # of its input (no sibling holds its pipe open; before that the launcher waited 30 s a rank)
+            h.wait(timeout=25)
             assert h.returncode == 0
         assert pool.take(key) is None, "an expired sandbox is never handed out"
     finally:
@@ -139,8 +141,8 @@ def test_a_benchmark_of_several_jobs_gets_a_sandbox_for_each(isolated_dirs):
 
 def test_a_check_on_gpus_finds_both_its_pairs_warm(isolated_dirs, monkeypatch):
     """A check runs two pairs of launches of one shape (its trials, then its unseen-size trial), each
-    pair side by side: the server's pool keeps four of a GPU shape ready, two of a CPU shape, and
-    PKB_WARM_PER_SHAPE sets both."""
+    pair side by side, and a benchmark's pair follows: the server's pool keeps six of a GPU shape
+    ready, two of a CPU shape, and PKB_WARM_PER_SHAPE sets both."""
     from pkb_mcp import config
 
     started: list = []
@@ -149,9 +151,9 @@ def test_a_check_on_gpus_finds_both_its_pairs_warm(isolated_dirs, monkeypatch):
     for key in (gpu, cpu):
         pool.replenish(key)
     pool.settle()
-    assert started.count(gpu) == 4 and started.count(cpu) == 2
-    taken = [pool.take(gpu) for _ in range(4)]
-    assert all(t is not None and t.ready() for t in taken), "both pairs of a check start warm"
+    assert started.count(gpu) == 6 and started.count(cpu) == 2
+    taken = [pool.take(gpu) for _ in range(6)]
+    assert all(t is not None and t.ready() for t in taken), "a check's pairs and a benchmark's start warm"
     monkeypatch.setenv("PKB_WARM_PER_SHAPE", "3")
     assert (pool.wanted(gpu), pool.wanted(cpu)) == (3, 3)
     monkeypatch.setenv("PKB_WARM_PER_SHAPE", "0")
@@ -262,6 +264,170 @@ def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
     assert pool.take(key) is second, "the ready one, though it is second"
     assert pool.take(key) is first, "then the one still warming up"
     assert pool.take(key) is None
+
+
+def two_steps(opened: list, stage_after_s: float = 0.0):
+    """A fake start of a gated sandbox: its ranks stage (after `stage_after_s`), then wait for the
+    pool to open it (GO_NAME) and are ready 50 ms later; `opened` records each one opened, in order."""
+    import threading
+
+    from harness.contracts import GO_NAME
+
+    def warm_up(slot):
+        time.sleep(stage_after_s)
+        for r in range(slot.key.world_size):
+            (slot.launch_dir / f"rank{r}.staged").touch()
+        while not (slot.launch_dir / GO_NAME).exists():
+            time.sleep(0.005)
+        opened.append(slot.launch_id)
+        time.sleep(0.05)
+        for r in range(slot.key.world_size):
+            (slot.launch_dir / f"rank{r}.ready").touch()
+
+    def start(slot):
+        slot.launch_dir.mkdir()
+        threading.Thread(target=warm_up, args=(slot,), daemon=True).start()
+        return "handle"
+
+    return start
+
+
+GPU = WarmKey("cuda", (0, 1), 2, 1)
+
+
+def all_ready(pool, key, count, timeout_s=10.0):
+    """Wait until `count` sandboxes of the shape are ready, as the pool has seen (settle does not wait
+    for closed ones)."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        slots = list(pool._slots.get(key, ()))
+        if len(slots) == count and all(s.ready_at is not None for s in slots):
+            return slots
+        time.sleep(0.01)
+    raise AssertionError(f"not {count} ready: {pool._slots.get(key)}")
+
+
+def test_a_gpu_sandbox_uses_the_gpus_once_opened_and_the_pool_opens_it_when_no_benchmark_times(
+    isolated_dirs,
+):
+    opened: list = []
+    pool = fake_pool(isolated_dirs, two_steps(opened), per_key=2)
+    pool.replenish(GPU)
+    slots = all_ready(pool, GPU, 2)  # opened as soon as staged, then ready
+    assert sorted(opened) == sorted(s.launch_id for s in slots)
+    for s in slots:
+        t = s.times()
+        assert 0 <= t["staged_s"] <= t["opened_s"] <= t["ready_s"], t
+    pool.close()
+
+
+def test_while_a_benchmark_times_gpu_sandboxes_start_but_only_its_own_are_opened(isolated_dirs):
+    """Sandboxes taken by a check are replaced at once; a benchmark that begins before they staged
+    has the two its launches need opened and ready before its timing, and the others stay closed (no
+    GPU work) until it ends; sandboxes started while it times stay closed too."""
+    opened: list = []
+    pool = fake_pool(isolated_dirs, two_steps(opened, stage_after_s=0.3), per_key=3)
+    pool.replenish(GPU)
+    all_ready(pool, GPU, 3)
+    assert len(opened) == 3
+    for _ in range(3):  # a check's launches take them; the pool starts three more
+        assert pool.take(GPU) is not None
+        pool.replenish(GPU)
+    t0 = time.monotonic()
+    with pool.quiet(GPU, 2):
+        waited = time.monotonic() - t0
+        ready = [s for s in pool._slots[GPU] if s.ready()]
+        assert len(ready) == 2 and len(opened) == 5, "the benchmark's two, opened once staged, are ready"
+        assert waited >= 0.3, "which took their staging and warm-up"
+        mine = [pool.take(GPU) for _ in range(2)]
+        assert all(s is not None and s.ready() for s in mine), "its launches take those"
+        pool.replenish(GPU)  # as its launches end: two more start
+        time.sleep(0.6)
+        assert len(opened) == 5, "none other is opened while it times"
+        closed = list(pool._slots[GPU])
+        assert len(closed) == 3 and all(s.staged() and s.opened_at is None for s in closed), (
+            "though they started and staged"
+        )
+    all_ready(pool, GPU, 3)
+    assert len(opened) == 8, "opened once it ended"
+    pool.close()
+
+
+def test_a_cpu_sandbox_is_not_gated(isolated_dirs):
+    """On CPU warming up takes the cores a benchmark times on: nothing starts while it times (above),
+    and a sandbox is never gated."""
+    from sandbox.base import warm_setup
+
+    assert not WarmKey("cpu", (), 2, 1).gated and GPU.gated
+    assert "gated" not in warm_setup(isolated_dirs, 2, "cpu", 1)
+    assert warm_setup(isolated_dirs, 2, "cuda", 1, gated=True)["gated"] is True
+
+
+def run_gated(backend, isolated_dirs, monkeypatch):
+    """The launcher and worker side of gating, with real ranks (CPU standing in for the GPUs): staged
+    ranks have no process group until opened; one opened for a benchmark is ready and serves a launch
+    warm; one still closed is opened by its launch and serves it too; their outputs are a cold
+    launch's."""
+    import sandbox.pool
+
+    monkeypatch.setattr(sandbox.pool, "GATED_DEVICES", frozenset({"cuda", "cpu"}))
+    key = WarmKey("cpu", (), 2, 1)
+    seeds = [secrets.randbits(62)]
+    cold = run_launch(request(seeds), backend)
+    pool = enable_warm_pool(backend)
+    assert pool is not None and key.gated
+    try:
+        with pool.quiet(key, 1):  # a benchmark of one launch is timing
+            pool.replenish(key)  # gated sandboxes start all the same
+            give_up = time.monotonic() + 120
+            while not (len(pool._slots[key]) == 2 and all(s.staged() for s in pool._slots[key])):
+                assert time.monotonic() < give_up, "never staged"
+                time.sleep(0.05)
+            while not any(s.ready() for s in pool._slots[key]):
+                assert time.monotonic() < give_up, "the reserved one never got ready"
+                time.sleep(0.05)
+            time.sleep(1.0)
+            closed = [s for s in pool._slots[key] if not s.ready()]
+            # staged with the other, it would have been ready as soon, had it not waited for the go line
+            assert len(closed) == 1 and closed[0].opened_at is None, "the other stays closed"
+            first = run_launch(request(seeds), backend)  # takes the ready one
+            second = run_launch(request(seeds), backend)  # takes the closed one: its launch opens it
+        assert first.ok and first.warm and second.ok and second.warm, (first.ranks, second.ranks)
+        same_outputs(cold, first)
+        same_outputs(cold, second)
+    finally:
+        pool.close()
+    assert list(isolated_dirs.iterdir()) == [] and launch_processes(isolated_dirs) == []
+
+
+@pytest.mark.integration
+def test_gated_sandboxes_wait_before_the_process_group_and_serve_their_launch(isolated_dirs, monkeypatch):
+    run_gated(ProcessBackend(), isolated_dirs, monkeypatch)
+
+
+@pytest.mark.integration
+def test_a_gated_sandbox_never_opened_leaves_quietly(isolated_dirs, monkeypatch):
+    import sandbox.pool
+
+    monkeypatch.setattr(sandbox.pool, "GATED_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(sandbox.base, "WARM_IDLE_S", 4.0)
+    backend = ProcessBackend()
+    pool = enable_warm_pool(backend)
+    key = WarmKey("cpu", (), 2, 1)
+    try:
+        with pool.quiet():
+            pool.replenish(key)
+            give_up = time.monotonic() + 60
+            while len(pool._slots[key]) < 2:
+                assert time.monotonic() < give_up
+                time.sleep(0.05)
+            for slot in list(pool._slots[key]):
+                slot.handle.wait(timeout=25)  # the launcher gave up waiting, and its ranks left at once
+                assert slot.handle.returncode == 0
+                assert slot.staged() and not slot.ready(), "staged, never opened"
+    finally:
+        pool.close()
+    assert list(isolated_dirs.iterdir()) == [] and launch_processes(isolated_dirs) == []
 
 
 IMPORT_PROBE = """

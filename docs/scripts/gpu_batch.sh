@@ -56,7 +56,8 @@
 #              docs/scripts/launch_steps.py sums up where the warm launches' time went; $TAG names it
 #   nvcc-phases issue 32: where a CUDA unit's build time goes (nvcc -time, per phase) and the same unit
 #              through harness/nvcc.py (host and device front ends at once), side by side, $REPEATS
-#              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox)
+#              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox);
+#              $NVCC_FILE: another solution's kernel, the string $NVCC_VARIABLE (else CUDA_SRC); $TAG names it
 #   nvlink-probe issue 34 (docs/nvlink-counters.md), before the profiles: ncu's path, version and metric
 #              names of interest (nvl, peer, aperture, tma), the driver's profiling setting, NVML's NVLink
 #              counters around peer copies of known size (docs/scripts/nvlink_probe.py), and ncu's CSV of
@@ -237,8 +238,9 @@ for part in "$@"; do
       grep -E '"launch\.end"' "$OUT/${name}_log.jsonl" | cut -c1-400 | tail -8
       python3 docs/scripts/launch_steps.py "$OUT/${name}_log.jsonl" | tee "$OUT/${name}_steps.json" ;;
     nvcc-phases)
-      timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/nvcc_phases.jsonl" \
-        --repeats "${REPEATS:-2}" > "$OUT/nvcc_phases.log" 2>&1
+      timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/nvcc_phases${TAG:+_$TAG}.jsonl" \
+        --repeats "${REPEATS:-2}" ${NVCC_FILE:+--file "$NVCC_FILE" --variable "${NVCC_VARIABLE:-CUDA_SRC}"} \
+        > "$OUT/nvcc_phases.log" 2>&1
       tail -6 "$OUT/nvcc_phases.log" | cut -c1-400 ;;
     nvlink-probe) nvlink_probe ;;
     nvlink-oneshot) for size in pkb large; do nvlink_profile "p1_oneshot_$size" examples/001_allreduce_cuda_oneshot.py "$size"; done ;;

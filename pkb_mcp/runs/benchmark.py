@@ -3,7 +3,6 @@ output re-checked, the speedup credited only where the guards allow (docs/measur
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import threading
 from typing import Any, cast
@@ -12,7 +11,7 @@ from harness import tensorfile
 from harness.contracts import TimingConfig, TimingRecord
 from pkb_mcp import roofline
 from pkb_mcp.errors import UserError
-from pkb_mcp.launches import LaunchOutcome, prestart, run_launch, settle_ended, warm_pool
+from pkb_mcp.launches import LaunchOutcome, run_launch, timing_window, warm_pool
 from pkb_mcp.models import BenchResult, RunRequest, TimingStats
 from pkb_mcp.runs import conventions, protections, stats
 from pkb_mcp.runs.run import Progress, Run, no_progress, reference_failed
@@ -170,10 +169,8 @@ def _time_sides(
         else ""
     )
     progress(0, steps, f"{ahead}timing the reference{_launch_of(0, launches)}")
-    prestart(ref_request, run.backend, 2 * launches)
-    # no sandbox warms up on the GPUs while any of them is timed (this waits for those starting)
-    with pool.quiet() if pool is not None else contextlib.nullcontext():
-        settle_ended(run.backend)  # a check's containers still ending (one just before, on these GPUs)
+    # no sandbox warms up on the GPUs while any launch is timed (this waits for those warming up)
+    with timing_window(ref_request, run.backend, 2 * launches):
         for launch in range(launches):
             if launch:
                 progress(2 * launch, steps, f"timing the reference{_launch_of(launch, launches)}")
