@@ -66,7 +66,9 @@ class WarmSlot:
     launch_dir: Path
     handle: Any = None
     started: float = field(default_factory=time.monotonic)
-    # a gated sandbox: when the pool saw its ranks staged, opened it, and saw them ready (monotonic)
+    # when its start returned (the engine runs it); a gated sandbox's: when the pool saw its ranks
+    # staged, opened it, and saw them ready (monotonic)
+    running_at: float | None = None
     staged_at: float | None = None
     opened_at: float | None = None
     ready_at: float | None = None
@@ -99,11 +101,14 @@ class WarmSlot:
         return 2 if self.key.gated and self.staged() else 3
 
     def times(self) -> dict[str, float | None]:
-        """When it staged, was opened and was ready, in seconds from its start (as far as seen)."""
-        return {
-            f"{name}_s": None if t is None else round(t - self.started, 2)
-            for name, t in (("staged", self.staged_at), ("opened", self.opened_at), ("ready", self.ready_at))
-        }
+        """When it ran, staged, was opened and was ready, in seconds from its start (as far as seen)."""
+        steps = (
+            ("running", self.running_at),
+            ("staged", self.staged_at),
+            ("opened", self.opened_at),
+            ("ready", self.ready_at),
+        )
+        return {f"{name}_s": None if t is None else round(t - self.started, 2) for name, t in steps}
 
 
 class WarmPool:
@@ -222,6 +227,7 @@ class WarmPool:
         slot = WarmSlot(key=key, launch_id=launch_id, launch_dir=self._new_dir(launch_id))
         try:
             slot.handle = self._start(slot)
+            slot.running_at = time.monotonic()
             started = True
         except Exception as exc:
             log.warning("warm.start_failed", launch=launch_id, error=repr(exc)[:500])

@@ -317,7 +317,7 @@ def test_a_gpu_sandbox_uses_the_gpus_once_opened_and_the_pool_opens_it_when_no_b
     assert sorted(opened) == sorted(s.launch_id for s in slots)
     for s in slots:
         t = s.times()
-        assert 0 <= t["staged_s"] <= t["opened_s"] <= t["ready_s"], t
+        assert 0 <= t["running_s"] <= t["staged_s"] <= t["opened_s"] <= t["ready_s"], t
     pool.close()
 
 

@@ -6,7 +6,9 @@ build_speed.py: JSON lines).
 For each log, over its warm launches (`--all`: every launch): the launch's wall time, the time until
 the launcher saw its last rank end (`ranks_ended_s`), and what is left (the hand-over, the launcher's
 record, the sandbox's end, the host's reading), as median, quartiles and range; and each sandbox step
-(`sandbox_steps_s`: handed_over, ended_cleanly or exited, logs_read, removed) as a median. Prints one
+(`sandbox_steps_s`: handed_over, ended_cleanly or exited, logs_read, removed) as a median; and how
+the warm sandboxes taken had warmed up (`warm.take` of a gated shape: when each ran, staged, was
+opened and was ready, from its start), and how many were taken before they were ready. Prints one
 JSON line per log.
 """
 
@@ -32,7 +34,7 @@ def spread(values: list[float]) -> dict[str, float] | None:
 
 
 def summarize(path: Path, every: bool) -> dict:
-    ends = []
+    ends, takes = [], []
     for line in path.read_text().splitlines():
         try:
             event = json.loads(line)
@@ -40,6 +42,8 @@ def summarize(path: Path, every: bool) -> dict:
             continue
         if event.get("event") == "launch.end" and (every or event.get("warm")):
             ends.append(event)
+        if event.get("event") == "warm.take" and event.get("hit"):
+            takes.append(event)
     steps: dict[str, list[float]] = {}
     for e in ends:
         for name, seconds in (e.get("sandbox_steps_s") or {}).items():
@@ -51,6 +55,12 @@ def summarize(path: Path, every: bool) -> dict:
         "ranks_ended_s": spread([e["ranks_ended_s"] for e in ends if "ranks_ended_s" in e]),
         "outside_ranks_s": spread([e["wall_s"] - e["ranks_ended_s"] for e in ends if "ranks_ended_s" in e]),
         "sandbox_steps_s": {k: round(statistics.median(v), 3) for k, v in steps.items()},
+        "warm_taken": len(takes),
+        "warm_taken_unready": sum(not t.get("ready") for t in takes),
+        "warm_up_s": {
+            step: spread([t[f"{step}_s"] for t in takes if t.get(f"{step}_s") is not None])
+            for step in ("running", "staged", "opened", "ready")
+        },
     }
 
 
