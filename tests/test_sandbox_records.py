@@ -124,8 +124,11 @@ def test_a_warm_sandbox_set_up_from_the_host_is_read_and_handed_on_without_its_o
     setup = contracts.read_warm_setup(json.loads(json.dumps(warm_setup(tmp_path, 2, "cpu", 1, ((0,), (1,))))))
     assert setup["idle_s"] > 0
     line = launch.rank_setup(setup, 1)
-    assert "idle_s" not in line
+    assert "idle_s" not in line and "gated" not in line
     assert contracts.read_rank_setup(line)["rank_cpus"] == [[0], [1]]
+    gated = contracts.read_warm_setup(json.loads(json.dumps(warm_setup(tmp_path, 2, "cuda", 1, gated=True))))
+    assert gated["gated"] is True
+    assert contracts.read_rank_setup(launch.rank_setup(gated, 0, gated=True))["gated"] is True
 
 
 LAUNCHER_END = """
