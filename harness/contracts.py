@@ -136,6 +136,7 @@ class WorkerSetup(TypedDict):
 
 
 GO_NAME = ".warm-go"  # in a gated warm sandbox's launch directory: the host lets its ranks use the GPUs
+GO_LINE = {"go": True}  # then the launcher tells each rank so: its second line on stdin
 
 
 class WarmSetup(WorkerSetup):

@@ -39,6 +39,7 @@ from typing import cast
 
 from harness import counters, forking
 from harness.contracts import (
+    GO_LINE,
     GO_NAME,
     ContractError,
     CounterPlan,
@@ -172,9 +173,6 @@ def spawn(
         _send(proc, rank_setup(setup, rank, gated), close=False)
         procs.append(proc)
     return procs
-
-
-GO_LINE = {"go": True}  # a gated rank's second line: it may use the GPU now
 
 
 def _send(proc: Worker, message: RankSetup | RankConfig | dict[str, bool] | None, close: bool) -> None:

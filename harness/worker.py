@@ -34,6 +34,7 @@ from typing import Any, cast
 from harness import forking
 from harness.calls import Calls, SolutionError, snapshot
 from harness.contracts import (
+    GO_LINE,
     ContractError,
     RankConfig,
     RankRecord,
@@ -327,7 +328,7 @@ def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], o
         go = next_message()
         if go is None:
             return None
-        if go != {"go": True}:
+        if go != GO_LINE:
             raise ContractError(f"a gated rank's second line must be the go line, not {go!r}")
     if setup["device"] == "cuda":
         torch.cuda.set_device(rank)
