@@ -220,7 +220,7 @@ class _Queue:
     def __init__(self) -> None:
         self.submitted: list[tuple[str, int, bool]] = []
 
-    def submit(self, kind: str, request, first: bool = False) -> str:
+    def submit(self, kind: str, request, first: bool = False, then=None) -> str:
         self.submitted.append((kind, request.problem, first))
         return f"job{len(self.submitted)}"
 
@@ -259,6 +259,16 @@ def test_eval_of_the_example_directory_gives_the_right_verdicts_and_resumes(tmp_
     assert (s.geomean_speedup is None) == (not credited)
     assert set(report.reports) == {"json", "csv", "md", "png"} or report.notes == [eval_report.NO_MATPLOTLIB]
     assert "| 008_alltoall_torch.py | 8 alltoall | original | timeout |" in (out / "report.md").read_text()
+    # a file that passed was benchmarked next, ahead of the checks still queued (the check's `then`)
+    from pkb_mcp.jobs.store import JobStore
+
+    jobs = JobStore(store)
+    records = [jobs.get(j) for r in report.results for j in (r.check_job, r.bench_job) if j]
+    started = [rec.id for rec in sorted(records, key=lambda rec: rec.started or 0.0)]
+    benched = [r for r in report.results if r.bench_job]
+    assert len(benched) == 3
+    for r in benched:
+        assert started[started.index(r.bench_job) - 1] == r.check_job, (r.file, started)
 
     again = evaluate([EXAMPLES], **kwargs)
     assert again.resumed == 6 and all(r.reused for r in again.results)

@@ -101,7 +101,7 @@ class _Scheduler:
     def __init__(self) -> None:
         self.submitted: list[tuple[str, RunRequest]] = []
 
-    def submit(self, kind: str, request: RunRequest, first: bool = False) -> str:
+    def submit(self, kind: str, request: RunRequest, first: bool = False, then=None) -> str:
         self.submitted.append((kind, request))
         return f"job{len(self.submitted)}"
 

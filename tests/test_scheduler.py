@@ -120,6 +120,35 @@ def test_a_job_submitted_first_goes_ahead_of_the_queued_ones(node):
     assert starts == ["running", "bench", "check0", "check1", "check2"]
 
 
+def test_a_jobs_then_runs_before_its_gpus_go_to_the_next_job(node):
+    """What a job's `then` submits first runs before the jobs queued behind it: a batch's benchmark
+    follows its own check, though the next file's check was queued long before. A `then` that fails
+    is logged and changes nothing of the job."""
+    s = node()
+    ended: list[str] = []
+
+    def bench_next(job_id):
+        ended.append(s.get(job_id).state)
+        submit(s, "bench0", world_size=4, seconds=0.05, kind="bench", first=True)
+
+    SECONDS["check0"] = 0.3
+    params = RunRequest(path="stand-in.py", problem="check0", world_size=4, device="cuda", timeout_s=30)
+    check0 = s.submit("check", params, then=bench_next)
+    time.sleep(0.1)
+    check1 = submit(s, "check1", world_size=4, seconds=0.05)
+    SECONDS["broken"] = 0.05
+    params = params.model_copy(update={"problem": "broken"})
+    broken = s.submit("check", params, then=lambda job_id: 1 / 0)
+    wait_all(s, [check0, check1, broken])
+    deadline = time.monotonic() + 30
+    while len([e for e in LOG if e[0] == "end"]) < 4 and time.monotonic() < deadline:  # bench0 too
+        time.sleep(0.02)
+    starts = [n for e, n, _, _ in LOG if e == "start"]
+    assert starts == ["check0", "bench0", "check1", "broken"]
+    assert ended == ["done"], "it runs once the job has ended"
+    assert s.get(broken).state == "done"
+
+
 def test_forty_jobs_from_eight_clients_none_lost_none_starved(node):
     s = node()
     ids: dict[int, list[str]] = {c: [] for c in range(8)}

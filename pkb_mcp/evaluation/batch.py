@@ -24,9 +24,11 @@ import contextlib
 import glob
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +197,7 @@ class _Entry:
     result: FileResult | None = None
     checked: FileResult | None = None  # the check's result while its benchmark runs
     extra: dict[str, Any] = field(default_factory=dict)
+    bench_job: str | None = None  # submitted at its check's end, before the batch's loop saw that end
 
 
 class _Batch:
@@ -210,6 +213,7 @@ class _Batch:
         self.store = store
         self.rerun = rerun
         self.progress = progress
+        self._follow = threading.Lock()  # the scheduler's hook (follow_up) and the loop's advance
 
     def request(self, path: Path, pid: int, kind: str) -> RunRequest:
         check = kind == "check"
@@ -285,8 +289,24 @@ class _Batch:
 
     def _submit_check(self, entry: _Entry, pid: int) -> None:
         entry.stage = "checking"
-        entry.job = self.scheduler.submit("check", self.request(entry.path, pid, "check"))
+        entry.job = self.scheduler.submit(
+            "check", self.request(entry.path, pid, "check"), then=partial(self.follow_up, entry)
+        )
         self.store.put(entry.key, str(entry.path), "checking", check_job=entry.job)
+
+    def follow_up(self, entry: _Entry, job: str) -> None:
+        """At the end of an entry's check, in the scheduler's thread before its GPUs go to the next
+        job: a file that passed has its benchmark queued first now. By the time the batch's loop sees
+        the check's end, the next file's check would have taken the GPUs."""
+        with self._follow:
+            if entry.stage != "checking" or entry.job != job or entry.bench_job is not None:
+                return
+            raw = self.scheduler.result(job) if self.scheduler.get(job).state == "done" else None
+            if raw is None or not self.s.bench:
+                return
+            checked = _from_check(entry.base, CheckResult.model_validate(raw), job)
+            if checked.outcome == "pass":
+                entry.bench_job = self._submit_bench(entry, checked)
 
     def _adoptable(self, job: str | None) -> bool:
         """A job of an earlier run that is still queued or running (re-queued on restart), or done."""
@@ -315,10 +335,9 @@ class _Batch:
                 self.finish(entry, checked)
                 return True
             entry.checked = checked
-            entry.stage = "benchmarking"
-            entry.job = self.scheduler.submit(
-                "bench", self.request(entry.path, checked.problem_id or 0, "bench"), first=True
-            )
+            with self._follow:
+                entry.job = entry.bench_job or self._submit_bench(entry, checked)
+                entry.stage = "benchmarking"
             self.store.put(
                 entry.key,
                 str(entry.path),
@@ -333,6 +352,11 @@ class _Batch:
             entry, _from_bench(entry.checked, BenchResult.model_validate(raw), entry.job, self.s.device)
         )
         return True
+
+    def _submit_bench(self, entry: _Entry, checked: FileResult) -> str:
+        return self.scheduler.submit(
+            "bench", self.request(entry.path, checked.problem_id or 0, "bench"), first=True
+        )
 
     def finish(self, entry: _Entry, result: FileResult) -> None:
         entry.result, entry.stage, entry.job = result, "done", None

@@ -20,6 +20,7 @@ import concurrent.futures
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ class _Live:
     cancel: threading.Event = field(default_factory=threading.Event)
     reason: str = ""
     result: BaseModel | None = None
+    then: Callable[[str], None] | None = None  # called at its end, before its resources are given back
 
 
 class Scheduler:
@@ -91,14 +93,21 @@ class Scheduler:
 
     # ------------------------------------------------------------ public
 
-    def submit(self, kind: Kind, request: RunRequest, first: bool = False) -> str:
+    def submit(
+        self, kind: Kind, request: RunRequest, first: bool = False, then: Callable[[str], None] | None = None
+    ) -> str:
         """Queue a job; `first` puts it ahead of every queued job (a batch's benchmarks, so that an
-        interrupted batch has speedups for the files it checked)."""
+        interrupted batch has speedups for the files it checked). `then(job_id)` runs in the job's
+        thread once it has ended (in whatever state; not when it is re-queued), before its GPUs go to
+        the next job: a job submitted there `first` runs next (a batch's benchmark after its check)."""
         if kind not in VERBS:
             raise UserError(f"unknown job kind {kind!r}")
         if self.cluster is not None and VERBS[kind].remote:
             self.cluster.admit(kind, request)
         job_id = uuid.uuid4().hex[:12]
+        if then is not None:
+            with self._cond:
+                self._live[job_id] = _Live(then=then)
         self.store.create(job_id, kind, request.model_dump(mode="json"))
         self._enqueue(job_id, first)
         log.info("job.submitted", job=job_id, kind=kind)
@@ -305,8 +314,18 @@ class Scheduler:
         finally:
             if watchdog is not None:
                 watchdog.cancel()
+            self._then(record.id, live)
             self._give(need, taken)
             log.info("job.finished", job=record.id, state=self.get(record.id).state)
+
+    def _then(self, job_id: str, live: _Live) -> None:
+        """The job's `then`, where it has ended; a failure of it is logged, never the job's."""
+        if live.then is None or not self.get(job_id).terminal:
+            return
+        try:
+            live.then(job_id)
+        except Exception:
+            log.exception("job.then_failed", job=job_id)
 
     def _run_remote(self, record: JobRecord, need: tuple[str, int], taken: list[int]) -> None:
         """A job on the Ray cluster: attach to its actor or start one, follow it, store how it ended."""
@@ -372,6 +391,7 @@ class Scheduler:
         finally:
             for watchdog in watchdogs:
                 watchdog.cancel()
+            self._then(record.id, live)
             if requeue and not self._stopped:
                 self._enqueue(record.id)
             log.info("job.finished", job=record.id, state=self.get(record.id).state)
