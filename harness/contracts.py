@@ -133,6 +133,9 @@ class WorkerSetup(TypedDict):
     threads_per_rank: int
     rank_cpus: list[list[int]]
     setup_timeout_s: float  # how long the ranks may take to find each other
+    # a warm sandbox's ranks touch no GPU until the host opens it (GO_NAME in the launch directory, or
+    # the launch itself): each writes rank{rank}.staged, then waits for a go line (sandbox/pool.py)
+    gated: NotRequired[bool]
 
 
 GO_NAME = ".warm-go"  # in a gated warm sandbox's launch directory: the host lets its ranks use the GPUs
@@ -143,9 +146,6 @@ class WarmSetup(WorkerSetup):
     """A warm sandbox's start (`harness.launch --warm`): its ranks' set-up, and how long it waits."""
 
     idle_s: float  # no launch by then: the sandbox exits and writes nothing
-    # its ranks touch no GPU until the host opens the sandbox (GO_NAME in the launch directory, or the
-    # launch itself): a sandbox may warm up on the CPU beside a benchmark being timed (sandbox/pool.py)
-    gated: NotRequired[bool]
 
 
 class RankSetup(WorkerSetup):
@@ -153,7 +153,6 @@ class RankSetup(WorkerSetup):
 
     rank: int
     warm: bool  # started ahead of its launch: it prepares, while it waits, what launches often need
-    gated: NotRequired[bool]  # writes rank{rank}.staged, then touches the GPU only after a go line
 
 
 class TimingRecord(TypedDict, total=False):

@@ -92,7 +92,7 @@ def setup_of(cfg: LaunchConfig) -> WorkerSetup:
     }
 
 
-def rank_setup(setup: WorkerSetup, rank: int, gated: bool = False) -> RankSetup:
+def rank_setup(setup: WorkerSetup, rank: int) -> RankSetup:
     """Rank `rank`'s set-up line: a warm sandbox's own keys (idle_s) stay with the launcher, which
     tells the rank only that it is warm, and whether it waits for a go line before using the GPU."""
     line: RankSetup = {
@@ -105,7 +105,7 @@ def rank_setup(setup: WorkerSetup, rank: int, gated: bool = False) -> RankSetup:
         "rank": rank,
         "warm": "idle_s" in setup,
     }
-    if gated:
+    if setup.get("gated"):
         line["gated"] = True
     return line
 
@@ -125,11 +125,9 @@ def _run_worker() -> None:
     worker.main()
 
 
-def spawn(
-    setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = None, gated: bool = False
-) -> list[Worker]:
-    """One worker per rank, each sent its set-up line; their stdin stays open for the launch (and,
-    `gated`, for the go line before it: see wait_for_launch).
+def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = None) -> list[Worker]:
+    """One worker per rank, each sent its set-up line; their stdin stays open for the launch (and, in
+    a gated sandbox, for the go line before it: see wait_for_launch).
     Rank r runs on the CPUs `rank_cpus[r]` when the setup names them (sandbox/cpus.py). With `fork`
     (a launcher forked from the fork server, torch already imported) each rank is a fork of this
     process instead of a new interpreter. With a counter `plan` each rank is a new interpreter started
@@ -170,7 +168,7 @@ def spawn(
                 preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
             )
         log.close()
-        _send(proc, rank_setup(setup, rank, gated), close=False)
+        _send(proc, rank_setup(setup, rank), close=False)
         procs.append(proc)
     return procs
 
@@ -381,10 +379,9 @@ def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRe
     that was never used."""
     if "--warm" in args:
         setup = read_warm_setup(_json(args["--warm"], "the warm set-up"))
-        gated = setup.get("gated", False)
-        procs = spawn(setup, fork, gated=gated)
+        procs = spawn(setup, fork)
         config_file = Path(args["--config-file"])
-        gate = config_file.parent / GO_NAME if gated else None
+        gate = config_file.parent / GO_NAME if setup.get("gated") else None
         warm_cfg = wait_for_launch(config_file, setup["idle_s"], procs, gate)
         if warm_cfg is None:
             for proc in procs:

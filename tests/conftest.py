@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,16 @@ def small_docker_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
     monkeypatch.setenv("PKB_SANDBOX_PIDS", "256")
     monkeypatch.setenv("PKB_SANDBOX_SHM", "256m")
+
+
+def wait_for(
+    predicate: Callable[[], object], timeout_s: float = 120, what: str = "", poll_s: float = 0.2
+) -> None:
+    """Return once `predicate()` is true; fail the test, naming `what`, after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)
 
 
 def launch_processes(launches_dir: Path) -> list[int]:

@@ -24,6 +24,8 @@ from pkb_mcp.errors import UserError
 from pkb_mcp.jobs import scheduler as sched
 from pkb_mcp.jobs.store import JobStore
 
+from .conftest import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "original"
 CANDIDATES = ROOT / "tests" / "candidates"
@@ -87,13 +89,6 @@ def check_params(path: Path, world_size: int = 2, trials: int = 1, timeout_s: fl
         sandbox="process",
         trials=trials,
     )
-
-
-def wait_for(predicate, timeout_s: float = 120, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def processes_under(folder: Path) -> list[int]:

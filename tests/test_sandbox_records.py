@@ -128,7 +128,7 @@ def test_a_warm_sandbox_set_up_from_the_host_is_read_and_handed_on_without_its_o
     assert contracts.read_rank_setup(line)["rank_cpus"] == [[0], [1]]
     gated = contracts.read_warm_setup(json.loads(json.dumps(warm_setup(tmp_path, 2, "cuda", 1, gated=True))))
     assert gated["gated"] is True
-    assert contracts.read_rank_setup(launch.rank_setup(gated, 0, gated=True))["gated"] is True
+    assert contracts.read_rank_setup(launch.rank_setup(gated, 0))["gated"] is True
 
 
 LAUNCHER_END = """

@@ -21,6 +21,8 @@ import sandbox.base
 from sandbox import SandboxUnavailable, base, select_backend
 from sandbox.pool import WarmKey, WarmPool
 
+from .conftest import wait_for
+
 # ---------------------------------------------------------------- base
 
 
@@ -115,9 +117,7 @@ def test_only_the_most_recently_used_shapes_stay_warm(isolated_dirs):
     pool = handles.pool(isolated_dirs, per_key=1, max_keys=2)
     for key in (CPU2, CPU4, GPU01):
         pool.replenish(key)
-        give_up = time.monotonic() + 5
-        while pool._starting and time.monotonic() < give_up:  # settle waits for no closed GPU sandbox
-            time.sleep(0.01)
+        wait_for(lambda: not pool._starting, 5, "its start", poll_s=0.01)  # settle: not for GPU ones
     assert handles.discarded == [1], "the oldest shape's sandbox is stopped"
     assert pool.take(CPU2) is None and pool.take(CPU4) is not None and pool.take(GPU01) is not None
 

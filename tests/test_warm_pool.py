@@ -14,7 +14,7 @@ from pkb_mcp.models import RunRequest
 from sandbox.pool import WarmKey
 from sandbox.process import ProcessBackend
 
-from .conftest import cpu_launch, launch_processes
+from .conftest import cpu_launch, launch_processes, wait_for
 
 
 def request(seeds, world_size=2):
@@ -295,16 +295,21 @@ def two_steps(opened: list, stage_after_s: float = 0.0):
 GPU = WarmKey("cuda", (0, 1), 2, 1)
 
 
+def staged(pool, key, count) -> bool:
+    slots = list(pool._slots.get(key, ()))
+    return len(slots) == count and all(s.staged() for s in slots)
+
+
 def all_ready(pool, key, count, timeout_s=10.0):
     """Wait until `count` sandboxes of the shape are ready, as the pool has seen (settle does not wait
     for closed ones)."""
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
+
+    def ready() -> bool:
         slots = list(pool._slots.get(key, ()))
-        if len(slots) == count and all(s.ready_at is not None for s in slots):
-            return slots
-        time.sleep(0.01)
-    raise AssertionError(f"not {count} ready: {pool._slots.get(key)}")
+        return len(slots) == count and all(s.ready_at is not None for s in slots)
+
+    wait_for(ready, timeout_s, f"{count} ready", poll_s=0.01)
+    return list(pool._slots[key])
 
 
 def test_a_gpu_sandbox_uses_the_gpus_once_opened_and_the_pool_opens_it_when_no_benchmark_times(
@@ -342,10 +347,7 @@ def test_while_a_benchmark_times_gpu_sandboxes_start_but_only_its_own_are_opened
         mine = [pool.take(GPU) for _ in range(2)]
         assert all(s is not None and s.ready() for s in mine), "its launches take those"
         pool.replenish(GPU)  # as its launches end: two more start
-        give_up = time.monotonic() + 10
-        while not (len(pool._slots[GPU]) == 3 and all(s.staged() for s in pool._slots[GPU])):
-            assert time.monotonic() < give_up, "they start and stage all the same"
-            time.sleep(0.01)
+        wait_for(lambda: staged(pool, GPU, 3), 10, "they start and stage all the same", poll_s=0.01)
         time.sleep(0.1)  # ten of the pool's looks at them
         assert len(opened) == 5, "none other is opened while it times"
         assert all(s.opened_at is None for s in pool._slots[GPU]), "though they staged"
@@ -380,13 +382,8 @@ def run_gated(backend, isolated_dirs, monkeypatch):
     try:
         with pool.quiet(key, 1):  # a benchmark of one launch is timing
             pool.replenish(key)  # gated sandboxes start all the same
-            give_up = time.monotonic() + 120
-            while not (len(pool._slots[key]) == 2 and all(s.staged() for s in pool._slots[key])):
-                assert time.monotonic() < give_up, "never staged"
-                time.sleep(0.05)
-            while not any(s.ready() for s in pool._slots[key]):
-                assert time.monotonic() < give_up, "the reserved one never got ready"
-                time.sleep(0.05)
+            wait_for(lambda: staged(pool, key, 2), 120, "both staged", poll_s=0.05)
+            wait_for(lambda: any(s.ready() for s in pool._slots[key]), 120, "the reserved one ready", 0.05)
             time.sleep(1.0)
             closed = [s for s in pool._slots[key] if not s.ready()]
             # staged with the other, it would have been ready as soon, had it not waited for the go line
@@ -418,10 +415,7 @@ def test_a_gated_sandbox_never_opened_leaves_quietly(isolated_dirs, monkeypatch)
     try:
         with pool.quiet():
             pool.replenish(key)
-            give_up = time.monotonic() + 60
-            while len(pool._slots[key]) < 2:
-                assert time.monotonic() < give_up
-                time.sleep(0.05)
+            wait_for(lambda: len(pool._slots[key]) == 2, 60, "both started", poll_s=0.05)
             for slot in list(pool._slots[key]):
                 slot.handle.wait(timeout=25)  # the launcher gave up waiting, and its ranks left at once
                 assert slot.handle.returncode == 0
