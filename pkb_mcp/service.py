@@ -250,7 +250,7 @@ def check(
 ) -> CheckResult:
     """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
     run = Run(request)
-    p, world_size, trials = run.problem, run.world_size, request.trials
+    trials = request.trials
     if not 1 <= trials <= MAX_TRIALS:
         raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
 
@@ -275,11 +275,36 @@ def check(
     if (cannot := run.cannot_run()) is not None:
         return result("fail", *cannot)
     run.prepare_extensions(progress, cancel)
+    trial = unseen.Trial(run, cancel) if request.unseen else None
+    try:
+        return _judged_check(run, trials, trial, progress, cancel, result)
+    finally:
+        if trial is not None:  # nothing of the check outlives it
+            trial.discard()
+
+
+def _judged_check(
+    run: Run,
+    trials: int,
+    trial: unseen.Trial | None,
+    progress: Progress,
+    cancel: threading.Event | None,
+    result: Callable[..., CheckResult],
+) -> CheckResult:
+    """The judged trials, then the unseen-size trial's result where they pass (started beside them
+    where it may be: `unseen.Trial`)."""
+    p, world_size = run.problem, run.world_size
     seeds = [secrets.randbits(62) for _ in range(trials)]
-    steps = 4 if request.unseen else 3
+    steps = 4 if trial is not None else 3
+    beside = trial is not None and trial.side_by_side
     progress(
-        0, steps, f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})"
+        0,
+        steps,
+        f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})"
+        + (", and one trial at a size never shown" if beside else ""),
     )
+    if trial is not None:
+        trial.start()
     ref_outcome, cand_outcome = run.launch_pair(
         run.launch("outputs", p.path, seeds), run.launch("outputs", run.solution, seeds), cancel
     )
@@ -302,9 +327,10 @@ def check(
     if found:
         message = protections.message(found)
     generalization = unseen.NOT_JUDGED
-    if verdict == "pass" and request.unseen:
-        progress(3, steps, "judged: pass; running one trial at a size it was never shown")
-        generalization = unseen.judge(run, cancel)
+    if verdict == "pass" and trial is not None:
+        doing = "judging" if beside else "running"
+        progress(3, steps, f"judged: pass; {doing} one trial at a size it was never shown")
+        generalization = trial.judge()
         progress(steps, steps, f"judged: pass; generalizes: {generalization.generalizes or 'not judged'}")
     else:  # the message itself is the result's headline, said once
         progress(steps, steps, f"judged: {verdict}")

@@ -47,11 +47,15 @@ def hostile(tmp_path, body):
 
 
 def test_reference_and_wrong_candidate_in_docker(isolated_dirs):
-    ok = check(ROOT / "problems" / "001_allreduce.py", trials=2)
+    """With the unseen-size trial, which runs beside the judged trials in isolated launches: the
+    reference generalizes; a failed check kills the trial's containers or waits for their end."""
+    ok = check(ROOT / "problems" / "001_allreduce.py", trials=2, unseen=True)
     assert ok.verdict == "pass" and ok.sandbox.backend == "docker" and ok.sandbox.isolated
+    assert ok.generalizes == "yes", ok.unseen
     assert not any("not isolated" in w or "without isolation" in w for w in ok.warnings)
-    bad = check(ROOT / "examples" / "wrong_allreduce_half.py")
+    bad = check(ROOT / "examples" / "wrong_allreduce_half.py", unseen=True)
     assert bad.verdict == "fail" and bad.ranks[0].first_mismatch.index[0] == 512  # the first unreduced row
+    assert bad.generalizes is None and bad.unseen is None
     assert_clean(isolated_dirs)
 
 

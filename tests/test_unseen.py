@@ -1,15 +1,18 @@
-"""The unseen-size trial (pkb_mcp/runs/unseen.py): after a passing check, one trial at a size the
+"""The unseen-size trial (pkb_mcp/runs/unseen.py): with each check, one trial at a size the
 candidate was never shown, reported as `generalizes` apart from the verdict.
 
 Fast: the draw's rules, and every problem's declared sizes drawn many times at world sizes 2 to 8 and
 built on `meta`. Integration: every reference run at a drawn size in one process group per world size
 (cheaper than a launch per problem), and the check itself through the harness: a solution tuned to
-the shown shapes passes and does not generalize; the reference does."""
+the shown shapes passes and does not generalize; the reference does; where launches are isolated,
+the trial runs beside the judged ones and a failed check discards it."""
 
 from __future__ import annotations
 
 import datetime
 import random
+import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -19,8 +22,11 @@ import torch
 from harness.context import ProblemContext
 from pkb_mcp import problems, service
 from pkb_mcp.models import RunRequest
+from pkb_mcp.runs import run as run_module
 from pkb_mcp.runs import unseen
+from pkb_mcp.runs.run import Run
 from pkb_mcp.runs.unseen import Draw
+from sandbox.process import ProcessBackend
 
 from .conftest import CANDIDATES
 
@@ -180,3 +186,62 @@ def test_the_reference_generalizes_and_the_trial_can_be_turned_off(isolated_dirs
 def test_a_failed_check_runs_no_unseen_trial(isolated_dirs):
     r = check(CANDIDATES / "wrong_scale.py", unseen=True)
     assert r.verdict == "fail" and r.generalizes is None and r.unseen is None
+
+
+# ---------------------------------------------------------------- beside the judged trials
+
+
+def _timed_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict, float, float]]:
+    """Each launch's size, start and end, as the check's launches run."""
+    spans: list[tuple[dict, float, float]] = []
+    real = run_module.run_launch
+
+    def timed(request, backend, cancel=None):
+        start = time.monotonic()
+        try:
+            return real(request, backend, cancel)
+        finally:
+            spans.append((request.settings["size"], start, time.monotonic()))
+
+    monkeypatch.setattr(run_module, "run_launch", timed)
+    return spans
+
+
+def test_the_trial_runs_beside_the_judged_ones_only_where_launches_are_isolated_and_small(monkeypatch):
+    def trial(size: str, isolated: bool) -> unseen.Trial:
+        monkeypatch.setattr(ProcessBackend, "isolated", isolated)  # the class: backends are shared
+        run = Run(
+            RunRequest(
+                problem=1, path=SUITE[1].path, world_size=2, device="cpu", size=size, sandbox="process"
+            )
+        )
+        return unseen.Trial(run)
+
+    assert trial("pkb", isolated=True).side_by_side
+    assert not trial("pkb", isolated=False).side_by_side  # the candidate could read the reference's files
+    assert not trial("large", isolated=True).side_by_side  # four launches' memory at once
+
+
+@pytest.mark.integration
+def test_where_launches_are_isolated_the_trial_starts_with_the_judged_ones(isolated_dirs, monkeypatch):
+    monkeypatch.setattr(ProcessBackend, "isolated", True)  # as Docker's; the process backend stands in
+    spans = _timed_launches(monkeypatch)
+    r = check(SUITE[1].path, unseen=True)
+    assert r.verdict == "pass" and r.generalizes == "yes", r
+    shown = SUITE[1].size("pkb")
+    judged = [s for s in spans if s[0] == shown]
+    drawn = [s for s in spans if s[0] != shown]
+    assert len(judged) == 2 and len(drawn) == 2, spans
+    assert max(start for _, start, _ in drawn) < min(end for _, _, end in judged)
+    assert list(isolated_dirs.iterdir()) == []
+
+
+@pytest.mark.integration
+def test_a_failed_check_discards_the_trial_started_beside_it(isolated_dirs, monkeypatch):
+    monkeypatch.setattr(ProcessBackend, "isolated", True)
+    spans = _timed_launches(monkeypatch)
+    r = check(CANDIDATES / "wrong_scale.py", unseen=True)
+    assert r.verdict == "fail" and r.generalizes is None and r.unseen is None
+    assert len(spans) == 4  # the drawn pair ran (or was killed) and ended with the check
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("unseen")]
+    assert list(isolated_dirs.iterdir()) == []

@@ -2,15 +2,16 @@
 
 An agent reads a problem's size presets (`pkb show`) and can write a kernel that works only there: a
 shape test that skips the exchange elsewhere passes every judged trial. So each problem declares the
-sizes it also runs at, `unseen_size(draw, world_size)` (docs/problem-format.md), and a check that
-passed draws one of them per request, a value no preset uses for each key the hook draws, within the
+sizes it also runs at, `unseen_size(draw, world_size)` (docs/problem-format.md), and each check
+draws one of them per request, a value no preset uses for each key the hook draws, within the
 problem's rules (its `check_world_size`). Where the run has more than two ranks, the trial also moves
 to a smaller world size the problem allows (W = 4 runs it at 3, else 2: a kernel written for one W
 fails), within the GPUs the run holds.
 
-The reference and the candidate each run one trial there in launches of their own, after the judged
-trials: nothing at the unseen size changes the verdict. The result says apart whether the candidate
-`generalizes`. The original variant judges the original's shapes only, as the original benchmark
+The reference and the candidate each run one trial there in launches of their own (`Trial`), beside
+the judged trials' where the sandbox isolates launches, else after them: nothing at the unseen size
+changes the verdict, and only a check that passed reads it. The result says apart whether the
+candidate `generalizes`. The original variant judges the original's shapes only, as the original benchmark
 does: it has no unseen sizes.
 """
 
@@ -19,11 +20,13 @@ from __future__ import annotations
 import random
 import secrets
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness import tensorfile
 from pkb_mcp import problems
+from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import UnseenResult
 from pkb_mcp.runs.run import Run
 from pkb_mcp.runs.verdicts import decide, judge_ranks
@@ -97,46 +100,104 @@ class Generalization:
 NOT_JUDGED = Generalization(None, None)
 
 
-def judge(run: Run, cancel: threading.Event | None = None) -> Generalization:
-    """One trial of the reference and the candidate at a size it was never shown."""
-    p = run.problem
-    if not declares(p):
-        why = (
-            "the original variant judges the original's shapes only"
-            if p.variant != "pkb"
-            else f"problem {p.id} declares no unseen sizes"
+class _Linked(threading.Event):
+    """An event set by its own `set()` or by its parent's: the launches poll `is_set()` only."""
+
+    def __init__(self, parent: threading.Event | None) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self.parent is not None and self.parent.is_set())
+
+
+class Trial:
+    """One trial of the reference and the candidate at a size the candidate was never shown.
+
+    Drawn before the judged trials. Where the sandbox isolates launches and the run is at the
+    problem's own size, its two launches start beside the judged trials' (`start`), since a warm
+    check is mostly waiting for launches; otherwise, as on the process backend and at `large` (four
+    launches' memory at once), they run after a pass. Only a passing check's result reads it (`judge`);
+    `discard`, which every check calls at its end, kills launches still running."""
+
+    def __init__(self, run: Run, cancel: threading.Event | None = None) -> None:
+        self.run = run
+        self._cancel = _Linked(cancel)
+        self._pool: ThreadPoolExecutor | None = None
+        self._future: Future[tuple[LaunchOutcome, LaunchOutcome | None]] | None = None
+        self._skip = ""  # why no trial: a note (nothing to judge) or a warning (a problem's fault)
+        self._skip_is_warning = False
+        self.placed: tuple[int, dict[str, Any]] | None = None
+        self.seeds = [secrets.randbits(62)]
+        p = run.problem
+        if not declares(p):
+            self._skip = (
+                "no unseen-size trial: the original variant judges the original's shapes only"
+                if p.variant != "pkb"
+                else f"no unseen-size trial: problem {p.id} declares no unseen sizes"
+            )
+            return
+        self._skip_is_warning = True
+        try:
+            self.placed = placement(p, run.world_size, run.size, random.Random(secrets.randbits(64)))
+        except ValueError as exc:  # nothing left to draw (tests/test_unseen.py rules it out)
+            self._skip = f"problem {p.id}'s unseen sizes cannot be drawn ({exc}): not judged"
+            return
+        if self.placed is None:
+            self._skip = f"no unseen size of problem {p.id} suits world size {run.world_size}: not judged"
+
+    @property
+    def side_by_side(self) -> bool:
+        """Whether the trial may run beside the judged trials."""
+        run = self.run
+        small = run.size == "pkb" and not run.problem.lean_inputs
+        return self.placed is not None and run.backend.isolated and small
+
+    def start(self) -> None:
+        """Launch the trial now, beside the judged trials, where that is allowed (else `judge` runs it)."""
+        if self.side_by_side and self._future is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unseen")
+            self._future = self._pool.submit(self._launch)
+
+    def _launch(self) -> tuple[LaunchOutcome, LaunchOutcome | None]:
+        assert self.placed is not None
+        world_size, size = self.placed
+        run = self.run
+        return run.launch_pair(
+            run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size),
+            run.launch("outputs", run.solution, self.seeds, size=size, world_size=world_size),
+            self._cancel,
         )
-        run.notes.append(f"no unseen-size trial: {why}")
-        return NOT_JUDGED
-    rng = random.Random(secrets.randbits(64))
-    try:
-        placed = placement(p, run.world_size, run.size, rng)
-    except ValueError as exc:  # the hook's ranges leave nothing to draw (tests/test_unseen.py rules it out)
-        run.warnings.append(f"problem {p.id}'s unseen sizes cannot be drawn ({exc}): not judged")
-        return NOT_JUDGED
-    if placed is None:
-        run.warnings.append(f"no unseen size of problem {p.id} suits world size {run.world_size}: not judged")
-        return NOT_JUDGED
-    world_size, size = placed
-    seeds = [secrets.randbits(62)]
-    ref, cand = run.launch_pair(
-        run.launch("outputs", p.path, seeds, size=size, world_size=world_size),
-        run.launch("outputs", run.solution, seeds, size=size, world_size=world_size),
-        cancel,
-    )
-    where = f"world size {world_size}, size {shown_size(p, size)}"
-    if not ref.ok or cand is None:
-        bad = next(r for r in ref.ranks if r.state != "ok")
-        run.warnings.append(
-            f"the reference failed at the unseen {where} (rank {bad.rank}: {bad.error or bad.state}): "
-            "not judged; this is pkb's fault, please report it"
-        )
-        return NOT_JUDGED
-    ranks = judge_ranks(p, world_size, [0], cand, ref, tensorfile.result_key(seeds), sources=run.sources)
-    verdict, why = decide(ranks)
-    generalizes: Literal["yes", "no"] = "yes" if verdict == "pass" else "no"
-    message = f"matches the reference at {where}" if verdict == "pass" else f"at {where}: {why}"
-    return Generalization(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
+
+    def discard(self) -> None:
+        """Kill the trial's launches if they still run, and wait for them to end."""
+        self._cancel.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def judge(self) -> Generalization:
+        """The trial's outcome for a check that passed: its launches' (started, or run now), judged."""
+        run = self.run
+        if self.placed is None:
+            (run.warnings if self._skip_is_warning else run.notes).append(self._skip)
+            return NOT_JUDGED
+        ref, cand = self._future.result() if self._future is not None else self._launch()
+        world_size, size = self.placed
+        where = f"world size {world_size}, size {shown_size(run.problem, size)}"
+        if not ref.ok or cand is None:
+            bad = next(r for r in ref.ranks if r.state != "ok")
+            run.warnings.append(
+                f"the reference failed at the unseen {where} (rank {bad.rank}: {bad.error or bad.state}): "
+                "not judged; this is pkb's fault, please report it"
+            )
+            return NOT_JUDGED
+        key = tensorfile.result_key(self.seeds)
+        ranks = judge_ranks(run.problem, world_size, [0], cand, ref, key, sources=run.sources)
+        verdict, why = decide(ranks)
+        generalizes: Literal["yes", "no"] = "yes" if verdict == "pass" else "no"
+        message = f"matches the reference at {where}" if verdict == "pass" else f"at {where}: {why}"
+        return Generalization(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
 
 
 def shown_size(problem: problems.Problem, size: dict[str, Any]) -> str:
