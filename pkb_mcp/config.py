@@ -82,13 +82,23 @@ def unseen_sizes() -> bool:
 
 def warm_per_shape(device: str) -> int:
     """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py).
-    On GPUs 6: a check runs two pairs of launches of one shape, its judged trials and then its
-    unseen-size trial, the launches of a pair side by side, and a benchmark's pair follows a passing
-    check. On CPU 2: the cores that sandboxes warming up would take are the running launch's."""
+    On GPUs 6: a check runs two pairs of launches of one shape, its judged trials and its unseen-size
+    trial (at once in isolated sandboxes), and a benchmark's pair follows a passing check. On CPU 2:
+    the cores that sandboxes warming up would take are the running launch's."""
     env = os.environ.get("PKB_WARM_PER_SHAPE", "").strip()
     if env and (not env.isdigit() or int(env) < 1):
         raise ValueError(f"PKB_WARM_PER_SHAPE must be a positive integer, not {env!r}")
     return int(env) if env else 6 if device == "cuda" else 2
+
+
+def warm_spare(device: str) -> int:
+    """How many more sandboxes of a GPU shape the pool keeps staged but closed (PKB_WARM_SPARE;
+    sandbox/pool.py): 6, a check's four launches and a benchmark's two, so that a file checked right
+    after another waits only for their GPU step. Staged sandboxes hold no GPU memory. None on CPU."""
+    env = os.environ.get("PKB_WARM_SPARE", "").strip()
+    if env and not env.isdigit():
+        raise ValueError(f"PKB_WARM_SPARE must be a whole number, not {env!r}")
+    return int(env) if env else 6 if device == "cuda" else 0
 
 
 def build_slots() -> int:

@@ -133,7 +133,12 @@ def enable_warm_pool(backend: Backend, first: WarmKey | None = None) -> WarmPool
     enable = getattr(backend, "enable_pool", None)
     _use_extension_cache(backend)
     pool: WarmPool | None = (
-        enable(new_launch_dir, config.HARNESS_ROOT, lambda key: config.warm_per_shape(key.device))
+        enable(
+            new_launch_dir,
+            config.HARNESS_ROOT,
+            lambda key: config.warm_per_shape(key.device),
+            lambda key: config.warm_spare(key.device),
+        )
         if enable
         else None
     )

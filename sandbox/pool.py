@@ -17,6 +17,11 @@ every opened sandbox still warming up. A CPU shape's sandboxes are not gated: th
 the cores the benchmark runs on, so none starts while it times. A benchmark of several launches a side
 has a sandbox started for each of its launches first (`replenish(key, count)`), so that none of them
 starts cold while the other side is timed.
+
+Of a GPU shape the pool also keeps `spare` sandboxes staged but closed: they hold no GPU memory, and
+when launches take more than `per_key` at once (a check's four, then a benchmark's two), the next
+ones need only their GPU step. A staged sandbox is opened as soon as fewer than `per_key` of its
+shape are open and untaken.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ class WarmSlot:
 
 class WarmPool:
     """Up to `per_key` warm sandboxes (a number, or one for each shape) for each of the `max_keys` most
-    recently used launch shapes.
+    recently used launch shapes, and of a gated shape `spare` more, staged but not opened.
 
     `start(slot)` starts a sandbox for the slot and returns its handle; `alive(handle)` says whether
     it still runs; `discard(slot)` stops it and removes what it left; `describe(slot)` says how a
@@ -129,10 +134,11 @@ class WarmPool:
         describe: Callable[[WarmSlot], str] = lambda slot: "",
         per_key: int | Callable[[WarmKey], int] = 2,
         max_keys: int = 2,
+        spare: int | Callable[[WarmKey], int] = 0,
     ):
         self._new_dir, self._start, self._alive, self._discard = new_dir, start, alive, discard
         self._describe = describe
-        self.per_key, self.max_keys = per_key, max_keys
+        self.per_key, self.max_keys, self.spare = per_key, max_keys, spare
         self._lock = threading.Condition()
         self._slots: OrderedDict[WarmKey, list[WarmSlot]] = OrderedDict()
         self._starting = 0
@@ -195,13 +201,19 @@ class WarmPool:
         )
 
     def wanted(self, key: WarmKey) -> int:
-        """How many sandboxes of this shape the pool keeps warm."""
+        """How many sandboxes of this shape the pool keeps warm (of a gated shape: open)."""
         return self.per_key(key) if callable(self.per_key) else self.per_key
 
+    def spares(self, key: WarmKey) -> int:
+        """How many more of a gated shape the pool keeps staged but closed."""
+        if not key.gated:
+            return 0
+        return self.spare(key) if callable(self.spare) else self.spare
+
     def replenish(self, key: WarmKey, count: int = 0) -> None:
-        """Start sandboxes of this shape up to `per_key`, or up to `count` when that is more (a
-        benchmark of several launches a side wants one for each), in the background (while quiet, a
-        CPU shape's only later)."""
+        """Start sandboxes of this shape up to `per_key` (and its spares), or up to `count` when that
+        is more (a benchmark of several launches a side wants one for each), in the background (while
+        quiet, a CPU shape's only later)."""
         with self._lock:
             if self._closed:
                 return
@@ -214,7 +226,8 @@ class WarmPool:
             while len(self._slots) > self.max_keys:
                 _, old = self._slots.popitem(last=False)
                 evicted.extend(old)
-            missing = max(self.wanted(key), count) - len(self._slots[key]) - self._starting_for.get(key, 0)
+            kept = self.wanted(key) + self.spares(key)
+            missing = max(kept, count) - len(self._slots[key]) - self._starting_for.get(key, 0)
             self._starting += max(missing, 0)
             self._starting_for[key] = self._starting_for.get(key, 0) + max(missing, 0)
         for slot in evicted:
@@ -263,13 +276,14 @@ class WarmPool:
             time.sleep(WATCH_S)
 
     def _may_open(self, key: WarmKey) -> bool:
-        """Whether a staged sandbox of this shape may use the GPUs now (under the lock)."""
-        if not self._quiet:
-            return True
-        if self._reserved.get(key, 0) > 0:
-            self._reserved[key] -= 1
-            return True
-        return False
+        """Whether a staged sandbox of this shape may use the GPUs now (under the lock): while a
+        benchmark times, only those it reserved; else while fewer than `per_key` are open."""
+        if self._quiet:
+            if self._reserved.get(key, 0) > 0:
+                self._reserved[key] -= 1
+                return True
+            return False
+        return sum(s.opened_at is not None for s in self._slots.get(key, ())) < self.wanted(key)
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:
         """Return once no sandbox is warming up on the GPUs, or is about to: none opened and not yet
@@ -349,9 +363,14 @@ class Pooled:
     extensions_dir: Path | None = None
 
     def enable_pool(
-        self, new_dir: Callable[[str], Path], harness_root: Path, per_key: int | Callable[[WarmKey], int] = 2
+        self,
+        new_dir: Callable[[str], Path],
+        harness_root: Path,
+        per_key: int | Callable[[WarmKey], int] = 2,
+        spare: int | Callable[[WarmKey], int] = 0,
     ) -> WarmPool:
-        """Keep sandboxes started ahead of need, `per_key` of each launch shape (WarmPool)."""
+        """Keep sandboxes started ahead of need, `per_key` of each launch shape and `spare` staged
+        more of a GPU shape (WarmPool)."""
         if self.pool is None:
             self._harness_root = harness_root
             self.pool = WarmPool(
@@ -361,6 +380,7 @@ class Pooled:
                 self._discard,  # type: ignore[attr-defined]
                 self._describe,  # type: ignore[attr-defined]
                 per_key=per_key,
+                spare=spare,
             )
         return self.pool
 

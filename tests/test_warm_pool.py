@@ -80,7 +80,7 @@ def test_unused_warm_sandbox_expires(isolated_dirs, monkeypatch):
     assert launch_processes(isolated_dirs) == []
 
 
-def fake_pool(launches_dir, start, per_key):
+def fake_pool(launches_dir, start, per_key, spare=0):
     """A pool whose sandboxes are whatever `start` makes of them: always alive, nothing to discard."""
     from sandbox.pool import WarmPool
 
@@ -90,6 +90,7 @@ def fake_pool(launches_dir, start, per_key):
         alive=lambda handle: True,
         discard=lambda slot: None,
         per_key=per_key,
+        spare=spare,
     )
 
 
@@ -354,6 +355,33 @@ def test_while_a_benchmark_times_gpu_sandboxes_start_but_only_its_own_are_opened
     all_ready(pool, GPU, 3)
     assert len(opened) == 8, "opened once it ended"
     pool.close()
+
+
+def test_spare_gpu_sandboxes_stay_staged_until_fewer_than_per_key_are_open(isolated_dirs, monkeypatch):
+    """Of a GPU shape the pool keeps `spare` more staged and closed; when a launch takes an open one,
+    a spare is opened and a new one starts. A CPU shape has no spares. PKB_WARM_SPARE: 6 on GPUs."""
+    from pkb_mcp import config
+
+    opened: list = []
+    pool = fake_pool(isolated_dirs, two_steps(opened), per_key=2, spare=2)
+    pool.replenish(GPU)
+    wait_for(lambda: len(pool._slots[GPU]) == 4 and len(opened) == 2, 10, "four started, two opened", 0.01)
+    time.sleep(0.1)
+    assert staged(pool, GPU, 4) and len(opened) == 2, "the spares stage and stay closed"
+    first = [s for s in pool._slots[GPU] if s.opened_at is not None]
+    wait_for(lambda: all(s.ready() for s in first), 10, "the open ones ready", 0.01)
+    assert pool.take(GPU) in first, "a launch takes an open one"
+    wait_for(lambda: len(opened) == 3, 10, "a spare opened in its place", 0.01)
+    pool.replenish(GPU)
+    wait_for(lambda: staged(pool, GPU, 4), 10, "and a new one staged", 0.01)
+    time.sleep(0.1)
+    assert len(opened) == 3 and sum(s.opened_at is not None for s in pool._slots[GPU]) == 2
+    assert pool.spares(WarmKey("cpu", (), 2, 1)) == 0
+    pool.close()
+    assert (config.warm_spare("cuda"), config.warm_spare("cpu")) == (6, 0)
+    monkeypatch.setenv("PKB_WARM_SPARE", "x")
+    with pytest.raises(ValueError, match="PKB_WARM_SPARE"):
+        config.warm_spare("cuda")
 
 
 def test_a_cpu_sandbox_is_not_gated(isolated_dirs):
