@@ -80,6 +80,16 @@ def unseen_sizes() -> bool:
     return env != "0"
 
 
+def unseen_beside() -> str:
+    """When a check's unseen-size trial starts beside its judged trials (PKB_UNSEEN_BESIDE;
+    pkb_mcp/runs/unseen.py): "auto" (the default) where the solution sets up kernels of its own, "1"
+    always, "0" never; in isolated sandboxes at the `pkb` size only, whatever this says."""
+    env = os.environ.get("PKB_UNSEEN_BESIDE", "").strip() or "auto"
+    if env not in ("auto", "0", "1"):
+        raise ValueError(f"PKB_UNSEEN_BESIDE must be auto, 0 or 1, not {env!r}")
+    return env
+
+
 def warm_per_shape(device: str) -> int:
     """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py).
     On GPUs 6: a check runs two pairs of launches of one shape, its judged trials and its unseen-size

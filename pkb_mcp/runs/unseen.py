@@ -8,11 +8,11 @@ problem's rules (its `check_world_size`). Where the run has more than two ranks,
 to a smaller world size the problem allows (W = 4 runs it at 3, else 2: a kernel written for one W
 fails), within the GPUs the run holds.
 
-The reference and the candidate each run one trial there in launches of their own (`Trial`), beside
-the judged trials' where the sandbox isolates launches, else after them: nothing at the unseen size
-changes the verdict, and only a check that passed reads it. The result says apart whether the
-candidate `generalizes`. The original variant judges the original's shapes only, as the original benchmark
-does: it has no unseen sizes.
+The reference and the candidate each run one trial there in launches of their own (`Trial`): beside
+the judged trials' for a solution with kernels of its own in isolated sandboxes, else after them.
+Nothing at the unseen size changes the verdict, and only a check that passed reads it. The result
+says apart whether the candidate `generalizes`. The original variant judges the original's shapes
+only, as the original benchmark does: it has no unseen sizes.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness import tensorfile
-from pkb_mcp import problems
+from pkb_mcp import config, problems
+from pkb_mcp.compile import extensions
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import UnseenResult
 from pkb_mcp.runs.run import Run
+from pkb_mcp.runs.static_report import gpu_only
 from pkb_mcp.runs.verdicts import decide, judge_ranks
 
 DRAWS = 32  # sizes drawn until one satisfies the problem's rules
@@ -114,9 +116,8 @@ class _Linked(threading.Event):
 class Trial:
     """One trial of the reference and the candidate at a size the candidate was never shown.
 
-    Drawn before the judged trials. Where the sandbox isolates launches and the run is at the
-    problem's own size, its two launches start beside the judged trials' (`start`), since a warm
-    check is mostly waiting for launches; otherwise, as on the process backend and at `large` (four
+    Drawn before the judged trials. Its two launches start beside the judged trials' (`start`) where
+    that saves time (`side_by_side`); otherwise, as on the process backend and at `large` (four
     launches' memory at once), they run after a pass. Only a passing check's result reads it (`judge`);
     `discard`, which every check calls at its end, kills launches still running."""
 
@@ -148,10 +149,18 @@ class Trial:
 
     @property
     def side_by_side(self) -> bool:
-        """Whether the trial may run beside the judged trials."""
+        """Whether the trial runs beside the judged trials: in isolated sandboxes, at the `pkb` size,
+        for a solution that sets up kernels of its own (PKB_UNSEEN_BESIDE=auto; 1: any solution). Such
+        a launch spends seconds before its first call (symmetric memory exchanged, an extension
+        loaded); a plain one well under a second, where four launches at once on the GPUs cost more
+        than they save (docs/gpu-results.md, "Warm checks")."""
         run = self.run
         small = run.size == "pkb" and not run.problem.lean_inputs
-        return self.placed is not None and run.backend.isolated and small
+        if self.placed is None or not run.backend.isolated or not small:
+            return False
+        mode = config.unseen_beside()
+        text = run.sources.text
+        return mode == "1" or (mode == "auto" and bool(gpu_only(text) or extensions.may_build(text)))
 
     def start(self) -> None:
         """Launch the trial now, beside the judged trials, where that is allowed (else `judge` runs it)."""
