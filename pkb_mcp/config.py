@@ -101,14 +101,16 @@ def warm_per_shape(device: str) -> int:
     return int(env) if env else 6 if device == "cuda" else 2
 
 
-def warm_spare(device: str) -> int:
+def warm_spare(device: str, batch: bool) -> int:
     """How many more sandboxes of a GPU shape the pool keeps staged but closed (PKB_WARM_SPARE;
-    sandbox/pool.py): 6, a check's four launches and a benchmark's two, so that a file checked right
-    after another waits only for their GPU step. Staged sandboxes hold no GPU memory. None on CPU."""
+    sandbox/pool.py). In a batch 6, a check's four launches and a benchmark's two, so that a file
+    checked right after another waits only for their GPU step; staged sandboxes hold no GPU memory.
+    Elsewhere (`pkb serve`) and on CPU none: a spare opened while a check runs slows it (2 H200s: a
+    lone plain check 1.28 s with spares, 1.13 s without; docs/gpu-results.md)."""
     env = os.environ.get("PKB_WARM_SPARE", "").strip()
     if env and not env.isdigit():
         raise ValueError(f"PKB_WARM_SPARE must be a whole number, not {env!r}")
-    return int(env) if env else 6 if device == "cuda" else 0
+    return int(env) if env else 6 if device == "cuda" and batch else 0
 
 
 def build_slots() -> int:

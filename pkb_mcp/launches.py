@@ -127,9 +127,10 @@ def new_launch_dir(launch_id: str) -> Path:
     return launch_dir
 
 
-def enable_warm_pool(backend: Backend, first: WarmKey | None = None) -> WarmPool | None:
+def enable_warm_pool(backend: Backend, first: WarmKey | None = None, batch: bool = False) -> WarmPool | None:
     """Start sandboxes ahead of need for this backend (a long-running server or a batch wants this; a
-    one-shot CLI command does not), the shape `first` at once when given. None when the backend cannot."""
+    one-shot CLI command does not), the shape `first` at once when given; a `batch`, whose jobs follow
+    each other, keeps spares (config.warm_spare). None when the backend cannot."""
     enable = getattr(backend, "enable_pool", None)
     _use_extension_cache(backend)
     pool: WarmPool | None = (
@@ -137,7 +138,7 @@ def enable_warm_pool(backend: Backend, first: WarmKey | None = None) -> WarmPool
             new_launch_dir,
             config.HARNESS_ROOT,
             lambda key: config.warm_per_shape(key.device),
-            lambda key: config.warm_spare(key.device),
+            lambda key: config.warm_spare(key.device, batch),
         )
         if enable
         else None
@@ -151,7 +152,7 @@ def enable_warm_pool(backend: Backend, first: WarmKey | None = None) -> WarmPool
 def kept_warm(backend: Backend, first: WarmKey | None = None) -> Iterator[None]:
     """Sandboxes started ahead of need while the block runs (a batch), stopped when it ends however it
     ends; a backend that keeps a pool already (its owner's) or cannot keep one is left as it is."""
-    if warm_pool(backend) is not None or enable_warm_pool(backend, first) is None:
+    if warm_pool(backend) is not None or enable_warm_pool(backend, first, batch=True) is None:
         yield
         return
     try:

@@ -359,7 +359,8 @@ def test_while_a_benchmark_times_gpu_sandboxes_start_but_only_its_own_are_opened
 
 def test_spare_gpu_sandboxes_stay_staged_until_fewer_than_per_key_are_open(isolated_dirs, monkeypatch):
     """Of a GPU shape the pool keeps `spare` more staged and closed; when a launch takes an open one,
-    a spare is opened and a new one starts. A CPU shape has no spares. PKB_WARM_SPARE: 6 on GPUs."""
+    a spare is opened and a new one starts. A CPU shape has no spares. PKB_WARM_SPARE: 6 on GPUs in
+    a batch, else none."""
     from pkb_mcp import config
 
     opened: list = []
@@ -378,10 +379,13 @@ def test_spare_gpu_sandboxes_stay_staged_until_fewer_than_per_key_are_open(isola
     assert len(opened) == 3 and sum(s.opened_at is not None for s in pool._slots[GPU]) == 2
     assert pool.spares(WarmKey("cpu", (), 2, 1)) == 0
     pool.close()
-    assert (config.warm_spare("cuda"), config.warm_spare("cpu")) == (6, 0)
+    spares = [config.warm_spare(device, batch) for device, batch in (("cuda", True), ("cuda", False), ("cpu", True))]
+    assert spares == [6, 0, 0], "a batch's GPU shapes only"
+    monkeypatch.setenv("PKB_WARM_SPARE", "2")
+    assert config.warm_spare("cuda", False) == 2
     monkeypatch.setenv("PKB_WARM_SPARE", "x")
     with pytest.raises(ValueError, match="PKB_WARM_SPARE"):
-        config.warm_spare("cuda")
+        config.warm_spare("cuda", True)
 
 
 def test_a_cpu_sandbox_is_not_gated(isolated_dirs):

@@ -183,7 +183,7 @@ class NodeActor:
         with self.lock:  # once per backend, before any job of this actor uses it
             if id(backend) in self.backends:
                 return backend
-            enable_warm_pool(backend)
+            enable_warm_pool(backend, batch=True)  # a node's jobs are a batch's, back to back
             run_sandbox = backend.run
 
             def counted(launch: Any, cancel: threading.Event | None = None) -> Any:
