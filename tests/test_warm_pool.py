@@ -379,7 +379,8 @@ def test_spare_gpu_sandboxes_stay_staged_until_fewer_than_per_key_are_open(isola
     assert len(opened) == 3 and sum(s.opened_at is not None for s in pool._slots[GPU]) == 2
     assert pool.spares(WarmKey("cpu", (), 2, 1)) == 0
     pool.close()
-    spares = [config.warm_spare(device, batch) for device, batch in (("cuda", True), ("cuda", False), ("cpu", True))]
+    shapes = (("cuda", True), ("cuda", False), ("cpu", True))
+    spares = [config.warm_spare(device, batch) for device, batch in shapes]
     assert spares == [6, 0, 0], "a batch's GPU shapes only"
     monkeypatch.setenv("PKB_WARM_SPARE", "2")
     assert config.warm_spare("cuda", False) == 2
