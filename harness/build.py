@@ -6,21 +6,25 @@ passed the same allow-list). This program only runs them, side by side, and writ
 BuildRecord (harness/contracts.py):
 
   {"commands": [{"returncode", "output", "elapsed_s"}],
-   "extensions": [{"key", "name", "ok", "log", "elapsed_s"}]}
+   "extensions": [{"key", "name", "ok", "log", "elapsed_s"}],
+   "headers": [{"key", "ok", "cached", "log", "elapsed_s"}]}
 
 `returncode` is None for a command killed at the deadline. Paths of the launch directory in outputs are
 written as `<build>`, so the host can map them back whatever the sandbox mounted the launch at. Built
-extensions are left in `extensions/<key>/` for the host to move into the node's cache; nothing here
-loads them (their initializers are candidate code). Stdlib + torch only.
+extensions are left in `extensions/<key>/`, precompiled headers (harness/headers.py, asked for
+with no other work in the launch) in `headers/<key>/`, for the host to move into the node's cache;
+nothing here loads them (their initializers are candidate code). Stdlib + torch only.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,8 +33,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import extensions, objects
-from harness.contracts import BuildRecord, CommandResult, ExtensionBuild, ToolConfig, read_tool_config
+from harness import extensions, headers, objects
+from harness.contracts import (
+    BuildRecord,
+    CommandResult,
+    ExtensionBuild,
+    HeaderBuild,
+    ToolConfig,
+    read_tool_config,
+)
 
 MAX_OUTPUT_BYTES = 1 << 20
 PARALLEL = 4
@@ -101,26 +112,85 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
     return entry
 
 
+def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
+    """Make the header for a request's flags (`data`: `extra_cflags`, `with_cuda`; allow-listed by the
+    host) into `launch_dir`/headers, unless `cache` has it. What happened: key, ok, cached, log."""
+    start = time.monotonic()
+    entry: HeaderBuild = {"key": None, "ok": False, "cached": False, "log": "", "elapsed_s": 0.0}
+    try:
+        request = extensions.Request(
+            name="pkb_headers",
+            cpp_sources=("",),
+            extra_cflags=tuple(str(f) for f in data.get("extra_cflags", ())),
+            with_cuda=bool(data.get("with_cuda", True)),
+        )
+        scratch = launch_dir / "headers-scratch" / hashlib.sha256(repr(request).encode()).hexdigest()[:16]
+        steps = extensions.build_steps(request, extensions.source_files(request, scratch), scratch)
+        step = next((s for s in steps or () if s.rule == "compile"), None)
+        unit_flags = headers.flags(step) if step is not None else None
+        if unit_flags is None:
+            raise RuntimeError("torch's build file has no C++ step this module knows")
+        chain = extensions.toolchain()
+        header_key = headers.key(unit_flags, chain)
+        entry["key"] = header_key
+        if cache is not None and headers.path(cache, header_key).is_file():
+            entry["ok"] = entry["cached"] = True
+            return entry
+        target = headers.path(launch_dir / headers.HEADERS, header_key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source = _torch_header()
+        argv = [*unit_flags, "-x", "c++-header", str(source), "-o", str(target)]
+        env = compiler_env(launch_dir)
+        proc = subprocess.run(
+            argv, cwd=scratch, env=env, capture_output=True, check=False, stdin=subprocess.DEVNULL
+        )
+        entry["ok"] = proc.returncode == 0 and target.is_file()
+        output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+        entry["log"] = output[-extensions.FAILURE_LOG_CHARS :]
+        if not entry["ok"]:
+            shutil.rmtree(target.parent.parent, ignore_errors=True)
+    except Exception as exc:
+        entry["log"] = str(exc)[-extensions.FAILURE_LOG_CHARS :]
+    finally:
+        entry["elapsed_s"] = round(time.monotonic() - start, 3)
+        shutil.rmtree(launch_dir / "headers-scratch", ignore_errors=True)
+    return entry
+
+
+def _torch_header() -> Path:
+    from torch.utils import cpp_extension
+
+    for include in cpp_extension.include_paths():
+        candidate = Path(include) / headers.HEADER
+        if candidate.is_file():
+            return candidate
+    raise RuntimeError(f"{headers.HEADER} is not in torch's include paths")
+
+
 def main(cfg: ToolConfig) -> BuildRecord:
     launch_dir = Path(cfg["launch_dir"])
     deadline = time.monotonic() + float(cfg["timeout_s"])
     env = compiler_env(launch_dir)
     commands = cfg.get("commands", [])
     requests = cfg.get("extensions", [])
+    cache = os.environ.get(extensions.CACHE_ENV)
+    header_cache = Path(cache) / objects.OBJECTS / headers.HEADERS if cache else None
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         ran = [
             pool.submit(run_command, list(c["argv"]), Path(c.get("cwd") or launch_dir), env, deadline)
             for c in commands
         ]
         built = [pool.submit(_build_extension, r, launch_dir) for r in requests]
+        made = [pool.submit(make_header, h, launch_dir, header_cache) for h in cfg.get("headers", [])]
         results = [f.result() for f in ran]
         built_results = [f.result() for f in built]
+        made_results = [f.result() for f in made]
     prefix = str(launch_dir)
     for r in results:
         r["output"] = r["output"].replace(prefix, "<build>")
     for b in built_results:
         b["log"] = b["log"].replace(prefix, "<build>")
-    return {"commands": results, "extensions": built_results}
+    return {"commands": results, "extensions": built_results, "headers": made_results}
 
 
 if __name__ == "__main__":

@@ -122,6 +122,7 @@ class ToolConfig(TypedDict):
     solution_path: NotRequired[str]  # discover: the file to import
     commands: NotRequired[list[BuildCommand]]  # build: compiler runs
     extensions: NotRequired[list[dict[str, Any]]]  # build: harness.extensions.Request.to_json()
+    headers: NotRequired[list[dict[str, Any]]]  # build: {extra_cflags, with_cuda} (harness/headers.py)
 
 
 class WorkerSetup(TypedDict):
@@ -268,11 +269,22 @@ class ExtensionBuild(TypedDict):
     elapsed_s: float
 
 
+class HeaderBuild(TypedDict):
+    """One precompiled header a build launch made (or found in the cache): headers/<key>/."""
+
+    key: str | None
+    ok: bool
+    cached: bool
+    log: str
+    elapsed_s: float
+
+
 class BuildRecord(TypedDict):
     """build.json (harness/build.py)."""
 
     commands: list[CommandResult]
     extensions: list[ExtensionBuild]
+    headers: NotRequired[list[HeaderBuild]]
 
 
 # ------------------------------------------------------------------ readers

@@ -302,9 +302,8 @@ def build(request: Request, directory: Path, verbose: bool = False, store: Path 
             )
         except RuntimeError as exc:
             raise RuntimeError(f"Error building extension '{request.name}': {exc}") from None
-        write_mark(
-            directory, UNITS_MARK, {"cached": done.cached, "compiled": done.compiled, "seconds": done.seconds}
-        )
+        mark = {"cached": done.cached, "compiled": done.compiled, "seconds": done.seconds}
+        write_mark(directory, UNITS_MARK, {**mark, "precompiled": done.precompiled})
     library = directory / f"{request.name}.so"
     if not library.is_file():
         raise RuntimeError(f"building extension {request.name} left no {library.name}")

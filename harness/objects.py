@@ -162,6 +162,7 @@ class Outcome:
     compiled: list[str]
     stored: list[str]
     seconds: dict[str, float] = field(default_factory=dict)
+    precompiled: list[str] = field(default_factory=list)  # units compiled with torch's header precompiled
 
 
 LINK = "(link)"
@@ -176,13 +177,13 @@ def _run(command: str, directory: Path, output_name: str) -> None:
         raise RuntimeError(f"FAILED: {output_name}\n{command}\n{output}")
 
 
-def _compile(step: Step, directory: Path) -> float:
-    """A CUDA unit through harness/nvcc.py (its front ends side by side) where nvcc's plan allows;
-    the seconds it took."""
+def _compile(step: Step, directory: Path, command: str | None = None) -> float:
+    """A CUDA unit through harness/nvcc.py (its front ends side by side) where nvcc's plan allows, else
+    `command` (the step's own, or it with a precompiled header: harness/headers.py); the seconds it took."""
     start = time.monotonic()
     source = Path(step.inputs[0])
     if not (step.rule == "cuda_compile" and nvcc.compile_unit(step.command, directory, source, step.output)):
-        _run(step.command, directory, step.output)
+        _run(command or step.command, directory, step.output)
     return round(time.monotonic() - start, 3)
 
 
@@ -194,7 +195,11 @@ def run(
     store: Path | None,
 ) -> Outcome:
     """Run a plan in `directory`: cached objects from `cache` (read-only), the other compile steps in
-    parallel, objects of those whose dependencies the key covers written to `store`, then the link."""
+    parallel (a C++ unit with the precompiled header the cache may hold), objects of those whose
+    dependencies the key covers written to `store`, then the link. An object's key is its own
+    command's, with or without the header: its output is the same."""
+    from harness import headers
+
     outcome = Outcome([], [], [])
     todo: list[tuple[Step, str]] = []
     for step in steps[:-1]:
@@ -205,8 +210,14 @@ def run(
             outcome.cached.append(step.inputs[0])
         else:
             todo.append((step, key))
+    header_root = cache / headers.HEADERS if cache is not None else None
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(todo), 1)) as pool:
-        futures = [(step, pool.submit(_compile, step, directory)) for step, _ in todo]
+        futures = []
+        for step, _ in todo:
+            command = headers.command_with(step, header_root, toolchain)
+            if command is not None:
+                outcome.precompiled.append(step.inputs[0])
+            futures.append((step, pool.submit(_compile, step, directory, command)))
         for step, future in futures:
             outcome.seconds[Path(step.inputs[0]).name] = future.result()
     for step, key in todo:

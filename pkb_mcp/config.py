@@ -90,6 +90,16 @@ def unseen_beside() -> str:
     return env
 
 
+def precompiled_headers() -> str:
+    """Whether extension builds get torch's header precompiled (PKB_PRECOMPILED_HEADERS;
+    pkb_mcp/compile/headers.py): "auto" (the default) where torch is built with CUDA, "1" also
+    elsewhere (tests), "0" never."""
+    env = os.environ.get("PKB_PRECOMPILED_HEADERS", "").strip() or "auto"
+    if env not in ("auto", "0", "1"):
+        raise ValueError(f"PKB_PRECOMPILED_HEADERS must be auto, 0 or 1, not {env!r}")
+    return env
+
+
 def warm_per_shape(device: str) -> int:
     """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py).
     On GPUs 6: a check runs two pairs of launches of one shape, its judged trials and its unseen-size

@@ -235,3 +235,55 @@ def test_a_units_mark_too_large_or_not_json_is_no_report(tmp_path):
     (tmp_path / "units.json").write_text("not json")
     assert extensions.unit_seconds(tmp_path) == {}
     assert extensions.unit_seconds(tmp_path / "missing") == {}
+
+
+def test_a_header_a_build_launch_made_is_installed_only_as_a_plain_file_under_its_key(tmp_path, monkeypatch):
+    from harness import headers as made_headers
+    from pkb_mcp.compile import headers
+
+    made = tmp_path / "headers"
+    good, link, big = "a" * 64, "b" * 64, "c" * 64
+    for key in (good, big, "not-a-key"):
+        path = made_headers.path(made, key)
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"gch" * (10 if key == big else 1))
+    made_headers.path(made, link).parent.mkdir(parents=True)
+    made_headers.path(made, link).symlink_to("/etc/passwd")
+    monkeypatch.setattr(headers, "MAX_HEADER_BYTES", 20)
+    assert headers.install(made) == 1
+    installed = sorted(p.name for p in headers.cache_root().iterdir())
+    assert installed == [good] and made_headers.path(headers.cache_root(), good).read_bytes() == b"gch"
+    assert headers.install(made) == 0, "a header already there stays"
+
+
+def test_a_flag_set_s_header_is_asked_for_once_in_isolated_sandboxes_only(monkeypatch):
+    from pkb_mcp.compile import headers
+
+    asked: list = []
+
+    class Tools:
+        isolated = True
+
+        def new_dir(self) -> Path:
+            path = Path(config.launches_dir()) / f"tool-{os.urandom(4).hex()}"
+            path.mkdir()
+            return path
+
+        def run(self, mode, launch_dir, params, timeout_s):
+            asked.append(params)
+            (launch_dir / "build.json").write_text(json.dumps({"headers": [{"key": "k", "ok": True}]}))
+
+    monkeypatch.setattr(headers, "_asked", set())
+    wanted = [{"extra_cflags": ["-O3"], "with_cuda": False}]
+    monkeypatch.setenv("PKB_PRECOMPILED_HEADERS", "0")
+    assert headers.prepare_soon(wanted, Tools()) is None, "turned off"
+    monkeypatch.setenv("PKB_PRECOMPILED_HEADERS", "1")
+    thread = headers.prepare_soon(wanted, Tools())
+    assert thread is not None
+    thread.join(10)
+    assert asked == [{"headers": wanted}]
+    assert headers.prepare_soon(wanted, Tools()) is None, "asked once per process"
+    unisolated = Tools()
+    unisolated.isolated = False
+    assert headers.prepare_soon([{"extra_cflags": [], "with_cuda": True}], unisolated) is None
+    assert list(Path(config.launches_dir()).iterdir()) == []

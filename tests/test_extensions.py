@@ -243,3 +243,40 @@ def test_original_benchmark_helper_imports_in_the_sandbox() -> None:
         )
     )
     assert result.verdict == "pass", (result.message, [r.log_tail for r in result.ranks])
+
+
+def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_it(monkeypatch) -> None:
+    """The first build asks for its flags' header in a build launch of its own (no candidate source);
+    the next build's C++ unit compiles with it, and its object equals one compiled without it."""
+    import threading
+
+    from pkb_mcp.compile import extensions, headers
+
+    monkeypatch.setenv("PKB_PRECOMPILED_HEADERS", "1")  # by default only where torch has CUDA
+    tools = ToolLaunches(select_backend("docker"))
+
+    def request(name: str) -> requests.Request:
+        source = "int twice(int x) { return 2 * x; }"
+        return requests.Request(name=name, cpp_sources=(source,), functions=("twice",))
+
+    first, _ = extensions.build_requests([request("pkb_test_one")], tools, 600)
+    assert first.built == ["pkb_test_one"], first
+    for thread in [t for t in threading.enumerate() if t.name == "headers"]:
+        thread.join(600)
+    made = list(headers.cache_root().glob("*/torch/extension.h.gch"))
+    assert len(made) == 1 and made[0].stat().st_size > 1 << 20, made
+    second, _ = extensions.build_requests([request("pkb_test_two")], tools, 600)
+    assert second.built == ["pkb_test_two"], second
+    chain = extensions.toolchain()
+    names = ("pkb_test_one", "pkb_test_two")
+    entries = {name: config.extensions_dir() / request(name).key(chain) for name in names}
+    units = json.loads((entries["pkb_test_two"] / requests.UNITS_MARK).read_text())
+    assert [Path(p).name for p in units["precompiled"]] == ["main.cpp"], units
+    assert json.loads((entries["pkb_test_one"] / requests.UNITS_MARK).read_text())["precompiled"] == []
+
+    def symbols(name: str) -> list[str]:
+        nm = ["nm", str(entries[name] / "main.o")]
+        out = subprocess.run(nm, capture_output=True, text=True, check=True)
+        return sorted(line.split()[-1].replace(name, "NAME") for line in out.stdout.splitlines())
+
+    assert symbols("pkb_test_one") == symbols("pkb_test_two")

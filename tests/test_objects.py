@@ -147,3 +147,43 @@ def test_a_launch_imports_cpp_extension_only_when_the_solution_does():
         [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True, timeout=120
     ).stdout.split()
     assert out == ["False", "_Loader", "_Loader"]
+
+
+# ---------------------------------------------------------------- torch's header precompiled (headers.py)
+
+
+def cxx_step(tmp_path: Path, opening: str = "#include <torch/extension.h>") -> objects.Step:
+    source = tmp_path / "main.cpp"
+    source.write_text(f"{opening}\nint f() {{ return 1; }}\n")
+    flags = "-DTORCH_EXTENSION_NAME=ext1 -DX=1 -isystem /inc -fPIC"
+    command = f"c++ -MMD -MF main.o.d {flags} -c {source} -o main.o"
+    return objects.Step("compile", "main.o", (str(source),), command)
+
+
+def test_a_header_s_flags_leave_out_the_source_output_dependency_file_and_extension_name(tmp_path):
+    from harness import headers
+
+    step = cxx_step(tmp_path)
+    assert headers.flags(step) == ["c++", "-DX=1", "-isystem", "/inc", "-fPIC"]
+    other = objects.Step("compile", "main.o", step.inputs, step.command.replace("ext1", "ext2"))
+    assert headers.key(headers.flags(other), TOOLCHAIN) == headers.key(headers.flags(step), TOOLCHAIN)
+    assert headers.key(["c++", "-DX=2"], TOOLCHAIN) != headers.key(["c++", "-DX=1"], TOOLCHAIN)
+    assert headers.flags(cxx_step(tmp_path, "#include <vector>")) is None, "a source that opens otherwise"
+    assert headers.flags(objects.Step("cuda_compile", "x.o", step.inputs, step.command)) is None
+
+
+def test_a_build_finds_the_header_in_the_cache_or_compiles_as_before(tmp_path):
+    from harness import headers
+
+    step = cxx_step(tmp_path)
+    root = tmp_path / "cache" / "headers"
+    assert headers.command_with(step, root, TOOLCHAIN) is None, "none made yet"
+    found = headers.path(root, headers.key(headers.flags(step), TOOLCHAIN))
+    found.parent.mkdir(parents=True)
+    found.write_bytes(b"gch")
+    command = headers.command_with(step, root, TOOLCHAIN)
+    assert command is not None and command.startswith(f"c++ -I{root / found.parent.parent.name} -MMD ")
+    assert command.endswith(step.command.split(" ", 1)[1]), "the step's own command otherwise"
+    found.unlink()
+    found.symlink_to(tmp_path / "main.cpp")
+    assert headers.command_with(step, root, TOOLCHAIN) is None, "a link is not a header"

@@ -5,6 +5,9 @@
 With an empty cache (a fresh PKB_CACHE_DIR) and through the service layer, as the MCP server and the
 CLI call it (the Docker sandbox when an engine answers, else the process backend), in order:
 
+  headers      torch's header precompiled for extension builds with default flags, in a build
+               launch of its own (pkb_mcp/compile/headers.py), as `pkb serve` does when it starts:
+               its wall (without this stage the first build compiles its C++ unit in full)
   first_build  check of an agent-style solution: discovery, the build launch, the check
   kernel_edit  check after an edit of the kernel's source alone (its cuda_sources; a C++-only
                solution has one unit, so on CPU the edit compiles everything again)
@@ -121,7 +124,9 @@ def main() -> None:
     ap.add_argument(
         "--opener", default='CUDA_SRC = r"""', help="the line that opens --solution's kernel source string"
     )
-    ap.add_argument("--stages", nargs="+", default=["first_build", "kernel_edit", "cached", "plain", "batch"])
+    ap.add_argument(
+        "--stages", nargs="+", default=["headers", "first_build", "kernel_edit", "cached", "plain", "batch"]
+    )
     ap.add_argument("--log", type=Path, help="write the service's info-level logs (JSON lines) here")
     args = ap.parse_args()
     if args.log:
@@ -138,6 +143,15 @@ def main() -> None:
     solution.write_text(edited(source.read_text(), opener, "iteration 0"))
     base = {"device": args.device, "world_size": args.world_size, "solution": str(source.relative_to(ROOT))}
 
+    if "headers" in args.stages:
+        from pkb_mcp.compile import headers
+        from pkb_mcp.launches import ToolLaunches
+        from sandbox import select_backend
+
+        os.environ.setdefault("PKB_PRECOMPILED_HEADERS", "1")
+        t0 = time.monotonic()
+        made = headers.prepare(headers.DEFAULT_SETS, ToolLaunches(select_backend("auto")))
+        emit(args.out, {**base, "stage": "headers", "wall_s": round(time.monotonic() - t0, 3), "made": made})
     if "first_build" in args.stages:
         emit(args.out, {**base, "stage": "first_build", **check(solution, args)})
     if "kernel_edit" in args.stages:

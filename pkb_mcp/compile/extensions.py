@@ -23,8 +23,9 @@ compiler's output), so a re-check of a source that does not compile does not com
 Offers `prepare` (steps 1 to 3 for a run; `may_build` says whether a text needs it), `Prepared` (what
 it did), and the steps themselves for compile_kernel, which adds its compiler runs to the build launch:
 `discover`, `parse_requests`, `build_requests`, `toolchain`. `ToolRunner` is what runs the discovery and
-build launches (pkb_mcp.launches.ToolLaunches). Imports pkb_mcp.config, log, launches and
-compile.flags, literal_calls, parse, harness.extensions, objects and sandbox.toolchain.
+build launches (pkb_mcp.launches.ToolLaunches). A build also asks for its flags' precompiled torch
+header, for the builds after it (compile/headers.py). Imports pkb_mcp.config, log, launches and
+compile.flags, headers, literal_calls, parse, harness.extensions, objects and sandbox.toolchain.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from harness import extensions as requests
 from harness import objects
 from pkb_mcp import config
 from pkb_mcp.compile.flags import prebuild_refusal
+from pkb_mcp.compile.headers import flag_set, prepare_soon
 from pkb_mcp.compile.literal_calls import literal_calls
 from pkb_mcp.compile.parse import first_errors
 from pkb_mcp.launches import read_result
@@ -229,6 +231,8 @@ def build_requests(
                 f"extension {request.name} is built inside the launch: the cache is filled only by isolated "
                 "build launches (Docker)"
             )
+    # this flag set's precompiled header, for the builds after this one (compile/headers.py)
+    prepare_soon([flag_set(r) for _, r in todo], tools)
     if not todo and not (extra and extra.get("commands")):
         return prepared, None
     own_dir = launch_dir is None

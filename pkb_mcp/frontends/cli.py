@@ -219,9 +219,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         # the most likely first job: every GPU of the node (world size 4 where there are more)
         n = 4 if gpus >= 4 else gpus
-        pool = enable_warm_pool(
-            select_backend("auto"), warm_key("cuda", list(range(n)), n, 1) if n >= 2 else None
-        )
+        backend = select_backend("auto")
+        pool = enable_warm_pool(backend, warm_key("cuda", list(range(n)), n, 1) if n >= 2 else None)
+        # and torch's header precompiled for extension builds with default flags (compile/headers.py)
+        from pkb_mcp.compile import headers
+        from pkb_mcp.launches import ToolLaunches
+
+        headers.prepare_soon(headers.DEFAULT_SETS, ToolLaunches(backend))
     try:
         if args.transport == "stdio":
             anyio.run(server.run_stdio_async)

@@ -1,0 +1,86 @@
+"""A precompiled `torch/extension.h` for the C++ unit of extension builds.
+
+`load_inline`'s `main.cpp` opens with `#include <torch/extension.h>` (all of torch's C++ API and
+pybind11), and parsing it is most of that unit's compile: about 35 s on a 2-core machine, 8 s with a
+precompiled header (the same object, symbol for symbol). GCC looks for `torch/extension.h.gch` in
+each include directory before the header itself and uses it only where the flags it was made with
+suit the compile (else it reads the header: the result is the same either way).
+
+A header is keyed by everything that enters its compile: the C++ unit's flags as torch's build file
+gives them, less the source, the output, the dependency file and the extension's name (which the
+header never reads), and the toolchain. It is made by a build launch that holds no candidate
+source (harness/build.py `make_header`: the host asks for one per set of a request's allow-listed
+flags), and found by later builds in the node's cache, read-only (`command_with`). Stdlib only: runs
+inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from pathlib import Path
+from typing import Protocol
+
+
+class Step(Protocol):  # harness/objects.py's Step, as far as this module reads it
+    @property
+    def rule(self) -> str: ...
+    @property
+    def inputs(self) -> tuple[str, ...]: ...
+    @property
+    def command(self) -> str: ...
+
+
+SCHEMA = 1
+HEADERS = "headers"  # the folder of headers under the node's object cache, and in a build launch
+HEADER = "torch/extension.h"
+OPENING = "#include <torch/extension.h>"  # what load_inline writes first in main.cpp
+_DROPPED_WITH_VALUE = ("-MF", "-c", "-o")
+_DROPPED = ("-MMD", "-MD")
+
+
+def flags(step: Step) -> list[str] | None:
+    """The C++ unit's compiler and flags that a header made for it must share, or None for a step
+    that cannot use one (not a C++ compile, a source that does not open with torch's header)."""
+    if step.rule != "compile" or not step.inputs:
+        return None
+    try:
+        with open(step.inputs[0], errors="replace") as f:
+            if f.readline().strip() != OPENING:
+                return None
+        argv = shlex.split(step.command)
+    except (OSError, ValueError):
+        return None
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _DROPPED_WITH_VALUE:
+            skip = True
+        elif arg not in _DROPPED and not arg.startswith("-DTORCH_EXTENSION_NAME="):
+            kept.append(arg)
+    return kept if len(kept) > 1 and "-c" in argv and "-o" in argv else None
+
+
+def key(unit_flags: list[str], toolchain: dict[str, str]) -> str:
+    material = {"schema": SCHEMA, "flags": unit_flags, "toolchain": toolchain}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def path(root: Path, header_key: str) -> Path:
+    """Where a header of this key lies under `root` (a cache's or a launch's headers folder)."""
+    return root / header_key / f"{HEADER}.gch"
+
+
+def command_with(step: Step, root: Path | None, toolchain: dict[str, str]) -> str | None:
+    """The step's command finding its precompiled header in `root`, or None when there is none."""
+    unit_flags = flags(step)
+    if root is None or unit_flags is None:
+        return None
+    found = path(root, key(unit_flags, toolchain))
+    if not found.is_file() or found.is_symlink():
+        return None
+    argv = shlex.split(step.command)
+    return shlex.join([argv[0], f"-I{found.parent.parent}", *argv[1:]])

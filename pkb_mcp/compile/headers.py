@@ -1,0 +1,143 @@
+"""Precompiled torch headers in the node's cache, for the C++ unit of extension builds (harness/headers.py).
+
+The first time this process builds an extension with a given set of C++ flags (a request's allow-listed
+`extra_cflags`, with CUDA or without), it asks for that set's header in a build launch of its own, in
+the background: a launch that holds no candidate source, so the header is a function of torch's
+headers, those flags and the toolchain alone, as its key says. Builds after it find the header in
+the cache (read-only) and compile `main.cpp` in a fraction of the time; a build before it compiles as
+it always did. `pkb serve` asks for the default flags' headers when it starts (DEFAULT_SETS).
+
+What the launch leaves is untrusted: only `headers/<64 hex>/torch/extension.h.gch`, a plain file of at
+most MAX_HEADER_BYTES, is copied into the cache. PKB_PRECOMPILED_HEADERS (`enabled`) turns it off,
+or on where torch has no CUDA (tests). Imports pkb_mcp.config, log and harness.headers, objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from harness import extensions as requests
+from harness import headers, objects
+from pkb_mcp import config
+from pkb_mcp.log import get
+
+log = get(__name__)
+
+# a request's flags when it sets none of its own: with CUDA sources, and C++ alone
+DEFAULT_SETS = [{"extra_cflags": [], "with_cuda": True}, {"extra_cflags": [], "with_cuda": False}]
+MAX_HEADER_BYTES = 2 << 30  # torch 2.11's, with its flags: about 0.8 GB
+TIMEOUT_S = 600.0
+_KEY = re.compile(r"[0-9a-f]{64}")
+_asked: set[tuple[tuple[str, ...], bool]] = set()
+_lock = threading.Lock()
+
+
+def flag_set(request: requests.Request) -> dict[str, Any]:
+    """What of a request decides its C++ unit's flags, as a build launch's `headers` entry takes it."""
+    with_cuda = request.with_cuda if request.with_cuda is not None else bool(request.cuda_sources)
+    return {"extra_cflags": list(request.extra_cflags), "with_cuda": with_cuda}
+
+
+def enabled() -> bool:
+    """PKB_PRECOMPILED_HEADERS: "auto" (the default) where torch is built with CUDA, else 0 or 1."""
+    mode = config.precompiled_headers()
+    if mode == "auto":
+        import torch
+
+        return torch.version.cuda is not None
+    return mode == "1"
+
+
+def cache_root() -> Path:
+    return config.extensions_dir() / objects.OBJECTS / headers.HEADERS
+
+
+def prepare(sets: list[dict[str, Any]], tools: Any, timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Make these flag sets' headers in one build launch and install them; the launch's entries."""
+    with _lock:
+        _asked.update((tuple(s["extra_cflags"]), bool(s["with_cuda"])) for s in sets)
+    launch_dir = tools.new_dir()
+    try:
+        start = time.monotonic()
+        tools.run("build", launch_dir, {"headers": sets}, timeout_s)
+        made = _entries(launch_dir / "build.json")
+        installed = install(launch_dir / headers.HEADERS)
+        log.info("headers.made", wall_s=round(time.monotonic() - start, 2), installed=installed, made=made)
+        return made
+    finally:
+        shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def prepare_soon(sets: Iterable[dict[str, Any]], tools: Any) -> threading.Thread | None:
+    """`prepare` in the background for the sets this process has not asked for yet (isolated sandboxes
+    only: the cache is filled by build launches); the thread, or None when there is nothing to do."""
+    if not tools.isolated or not enabled():
+        return None
+    fresh = []
+    with _lock:
+        for s in sets:
+            ident = (tuple(s["extra_cflags"]), bool(s["with_cuda"]))
+            if ident not in _asked:
+                _asked.add(ident)
+                fresh.append(s)
+    if not fresh:
+        return None
+
+    def run() -> None:
+        try:
+            made = prepare(fresh, tools)
+        except Exception as exc:  # a header is an acceleration: its failure is logged, never raised
+            log.warning("headers.failed", error=repr(exc)[:500])
+            made = []
+        if not any(m.get("ok") for m in made):
+            with _lock:  # asked again by the next build
+                _asked.difference_update((tuple(s["extra_cflags"]), bool(s["with_cuda"])) for s in fresh)
+
+    thread = threading.Thread(target=run, name="headers", daemon=True)
+    thread.start()
+    return thread
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    from pkb_mcp.launches import read_result
+
+    found = read_result(path, 1 << 20)
+    entries = found.get("headers") if isinstance(found, dict) else None
+    if not isinstance(entries, list):
+        return []
+    keep = ("key", "ok", "cached", "elapsed_s")
+    return [{k: e.get(k) for k in keep} for e in entries[:16] if isinstance(e, dict)]
+
+
+def install(made: Path) -> int:
+    """Copy the headers a build launch made (`made`: its headers folder) into the node's cache; how many."""
+    if made.is_symlink() or not made.is_dir():
+        return 0
+    target_root = cache_root()
+    installed = 0
+    for folder in sorted(made.iterdir())[:16]:
+        found = headers.path(made, folder.name)
+        if not _KEY.fullmatch(folder.name) or folder.is_symlink() or found.parent.is_symlink():
+            continue
+        if found.is_symlink() or not found.is_file() or found.stat().st_size > MAX_HEADER_BYTES:
+            continue
+        target = headers.path(target_root, folder.name)
+        if target.is_file():
+            continue
+        staging = target_root / f".{folder.name}.{os.getpid()}.{time.monotonic_ns()}"
+        try:
+            placed = staging / f"{headers.HEADER}.gch"
+            placed.parent.mkdir(parents=True)
+            shutil.copyfile(found, placed, follow_symlinks=False)
+            os.replace(staging, target_root / folder.name)
+            installed += 1
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return installed
