@@ -58,12 +58,12 @@ __all__ = [
     "VERBS",
     "Progress",
     "bench",
-    "builds_extensions",
     "calibrate",
     "check",
     "compile_file",
     "default_device",
     "list_problems",
+    "needs_build",
     "prebuild",
     "preflight",
     "problem_page",
@@ -232,9 +232,10 @@ def compile_file(
     return result.model_copy(update={"sandbox": backend.name, "notes": [*notes, *result.notes]})
 
 
-def builds_extensions(text: str) -> bool:
-    """Whether a solution's text could build load_inline extensions (a batch prebuilds those)."""
-    return nvcc.extensions.may_build(text)
+def needs_build(text: str) -> bool:
+    """Whether a solution's text could build load_inline extensions not yet in the node's cache (a
+    batch prebuilds those; a benchmark after its file's check finds them built)."""
+    return nvcc.extensions.may_build(text) and not nvcc.extensions.built_already(text)
 
 
 def prebuild(request: RunRequest, cancel: threading.Event | None = None) -> list[str]:

@@ -121,6 +121,18 @@ def test_a_build_lands_in_the_cache_once_without_links_and_the_discovery_is_kept
     assert list(Path(config.launches_dir()).iterdir()) == [], "tool launch directories are removed"
 
 
+def test_a_text_whose_builds_are_all_in_the_cache_is_built_already():
+    tools = StandInTools([call()])
+    assert not extensions.built_already(SOLUTION), "nothing discovered or built yet"
+    assert not extensions.built_already("def solution(x):\n    return x\n"), "nothing to build"
+    extensions.prepare(SOLUTION, tools, 10.0)
+    assert extensions.built_already(SOLUTION), "its kept discovery names builds all in the cache"
+    failing = StandInTools([call("other")], build={"other": "failed"})
+    other = SOLUTION.replace("twice", "other")
+    extensions.prepare(other, failing, 10.0)
+    assert extensions.built_already(other), "a failure kept is not built again either"
+
+
 def test_a_build_launch_s_objects_land_in_the_object_cache_by_key_only():
     extensions.prepare(SOLUTION, StandInTools([call()]), 10.0)
     stored = sorted(p.name for p in (config.extensions_dir() / "objects").iterdir())

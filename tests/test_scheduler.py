@@ -312,7 +312,7 @@ def test_the_reaper_kills_only_sessions_still_alive(monkeypatch):
 def test_a_gpu_job_that_builds_extensions_is_built_before_it_takes_gpus(node, tmp_path, monkeypatch):
     """Its build runs in the build pool, holding no GPU and no place in the queue: a later job takes
     the GPUs meanwhile; it runs once built. A CPU job builds as it runs (its build would take the CPU
-    jobs' cores)."""
+    jobs' cores); a job whose extensions are built already skips the pool."""
     release, built = threading.Event(), []
 
     def prebuild(request, cancel=None):
@@ -342,3 +342,9 @@ def test_a_gpu_job_that_builds_extensions_is_built_before_it_takes_gpus(node, tm
     assert [name for name, _ in built] == ["k"] and span("k")[0] >= built[0][1]
     wait_all(s, [job(kernel, "c", device="cpu")])
     assert [name for name, _ in built] == ["k"], "a CPU job builds as it runs"
+    # a benchmark after its file's check: its extensions are in the cache, so it does not queue in the
+    # build pool behind other files' builds
+    monkeypatch.setattr(service.nvcc.extensions, "built_already", lambda text: True)
+    release.clear()
+    wait_all(s, [job(kernel, "b")])
+    assert [name for name, _ in built] == ["k"], "built already: no build"

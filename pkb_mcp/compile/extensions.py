@@ -20,7 +20,8 @@ So a candidate's own launch never writes to the cache, and another tenant's laun
 launch made from the request that names it (docs/sandbox.md). Failed builds are kept too (with the
 compiler's output), so a re-check of a source that does not compile does not compile it again.
 
-Offers `prepare` (steps 1 to 3 for a run; `may_build` says whether a text needs it), `Prepared` (what
+Offers `prepare` (steps 1 to 3 for a run; `may_build` says whether a text needs it, `built_already`
+whether its text names only builds in the cache), `Prepared` (what
 it did), and the steps themselves for compile_kernel, which adds its compiler runs to the build launch:
 `discover`, `parse_requests`, `build_requests`, `toolchain`. `ToolRunner` is what runs the discovery and
 build launches (pkb_mcp.launches.ToolLaunches). A build also asks for its flags' precompiled torch
@@ -165,11 +166,16 @@ def parse_requests(calls: Any) -> tuple[list[requests.Request], list[str]]:
     return found[:MAX_REQUESTS], why
 
 
-def discover(text: str, tools: ToolRunner, timeout_s: float) -> dict[str, Any] | str:
-    """The discovery of a solution's text (kept per text); a string says why it failed."""
+def _kept_discovery(text: str) -> tuple[Path, Any]:
+    """Where a text's discovery is kept, and what is kept there (None: nothing readable)."""
     digest = hashlib.sha256(json.dumps([DISCOVERY_SCHEMA, text, toolchain()]).encode()).hexdigest()
     kept = config.cache_dir() / "discovery" / f"{digest}.json"
-    found = read_result(kept, DISCOVERY_CAP)
+    return kept, read_result(kept, DISCOVERY_CAP)
+
+
+def discover(text: str, tools: ToolRunner, timeout_s: float) -> dict[str, Any] | str:
+    """The discovery of a solution's text (kept per text); a string says why it failed."""
+    kept, found = _kept_discovery(text)
     if isinstance(found, dict):
         return found
     launch_dir = tools.new_dir()
@@ -343,6 +349,23 @@ def _record_failure(key: str, log_text: str) -> None:
 def may_build(text: str) -> bool:
     """Whether a solution's text could build an extension (the import of one is the tell)."""
     return "load_inline" in text or "cuda_helpers" in text
+
+
+def built_already(text: str) -> bool:
+    """Whether every extension the text builds is in the cache already (built, or failed and kept),
+    as its text says (module-level literals: compile/literal_calls.py) or its kept discovery does;
+    False when neither says, without a launch."""
+    if not may_build(text):
+        return False
+    calls = literal_calls(text)
+    if calls is None:
+        found = _kept_discovery(text)[1]
+        calls = found.get("calls") if isinstance(found, dict) else None
+    if not calls:
+        return False
+    wanted, why = parse_requests(calls)
+    chain = toolchain()
+    return not why and all(_entry_state(r.key(chain)) in ("ok", "failed") for r in wanted)
 
 
 def prepare(text: str, tools: ToolRunner, timeout_s: float) -> Prepared:

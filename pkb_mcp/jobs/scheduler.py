@@ -172,7 +172,7 @@ class Scheduler:
             return  # the job fails as it runs, saying why
         if verb is None or not verb.gpus or (request.device or service.default_device()) != "cuda":
             return
-        if not text or not service.builds_extensions(text):
+        if not text or not service.needs_build(text):  # a benchmark after its check: built already
             return
         if self._builds is None:
             self._builds = concurrent.futures.ThreadPoolExecutor(config.build_slots(), "pkb-build")
