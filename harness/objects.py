@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import nvcc
+from harness import headers, nvcc
 
 SCHEMA = 1
 OBJECTS = "objects"  # the folder of objects in the node's extension cache and in a build launch
@@ -198,8 +198,6 @@ def run(
     parallel (a C++ unit with the precompiled header the cache may hold), objects of those whose
     dependencies the key covers written to `store`, then the link. An object's key is its own
     command's, with or without the header: its output is the same."""
-    from harness import headers
-
     outcome = Outcome([], [], [])
     todo: list[tuple[Step, str]] = []
     for step in steps[:-1]:

@@ -153,7 +153,7 @@ class Trial:
         for a solution that sets up kernels of its own (PKB_UNSEEN_BESIDE=auto; 1: any solution). Such
         a launch spends seconds before its first call (symmetric memory exchanged, an extension
         loaded); a plain one well under a second, where four launches at once on the GPUs cost more
-        than they save (docs/gpu-results.md, "Warm checks")."""
+        than they save (docs/gpu-results.md, "Custom CUDA: turnaround")."""
         run = self.run
         small = run.size == "pkb" and not run.problem.lean_inputs
         if self.placed is None or not run.backend.isolated or not small:
