@@ -403,8 +403,9 @@ class _PooledStandIn:
         self.first: list[object] = []
         self.closed = 0
 
-    def enable_pool(self, new_dir, harness_root, per_key=2):
+    def enable_pool(self, new_dir, harness_root, per_key=2, spare=0):
         outer = self
+        self.spare = spare
 
         class Pool:
             def replenish(self, key, count=0):
@@ -450,6 +451,7 @@ def test_a_batch_on_gpus_keeps_warm_sandboxes_while_it_runs(tmp_path, monkeypatc
         assert during[0] is not None, "no warm pool while the batch ran"
         (key,) = backend.first
         assert (key.device, key.gpus, key.world_size) == ("cuda", (0, 1), 2)
+        assert backend.spare(key) == 6, "a batch keeps spare GPU sandboxes"
         assert backend.closed == 1 and backend.pool is None
     else:
         assert during == [None] and backend.first == [] and backend.closed == 0
