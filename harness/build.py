@@ -117,14 +117,15 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     host) into `launch_dir`/headers, unless `cache` has it. What happened: key, ok, cached, log."""
     start = time.monotonic()
     entry: HeaderBuild = {"key": None, "ok": False, "cached": False, "log": "", "elapsed_s": 0.0}
+    request = extensions.Request(
+        name="pkb_headers",
+        cpp_sources=("",),
+        extra_cflags=tuple(str(f) for f in data.get("extra_cflags", ())),
+        with_cuda=bool(data.get("with_cuda", True)),
+    )
+    # this set's own folder: sets are made side by side, and each removes only its own
+    scratch = launch_dir / "headers-scratch" / hashlib.sha256(repr(request).encode()).hexdigest()[:16]
     try:
-        request = extensions.Request(
-            name="pkb_headers",
-            cpp_sources=("",),
-            extra_cflags=tuple(str(f) for f in data.get("extra_cflags", ())),
-            with_cuda=bool(data.get("with_cuda", True)),
-        )
-        scratch = launch_dir / "headers-scratch" / hashlib.sha256(repr(request).encode()).hexdigest()[:16]
         steps = extensions.build_steps(request, extensions.source_files(request, scratch), scratch)
         step = next((s for s in steps or () if s.rule == "compile"), None)
         unit_flags = headers.flags(step) if step is not None else None
@@ -153,7 +154,9 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
         entry["log"] = str(exc)[-extensions.FAILURE_LOG_CHARS :]
     finally:
         entry["elapsed_s"] = round(time.monotonic() - start, 3)
-        shutil.rmtree(launch_dir / "headers-scratch", ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            scratch.parent.rmdir()  # the last set to end
     return entry
 
 

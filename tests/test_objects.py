@@ -187,3 +187,35 @@ def test_a_build_finds_the_header_in_the_cache_or_compiles_as_before(tmp_path):
     found.unlink()
     found.symlink_to(tmp_path / "main.cpp")
     assert headers.command_with(step, root, TOOLCHAIN) is None, "a link is not a header"
+
+
+def test_header_sets_made_side_by_side_keep_their_own_folders(tmp_path, monkeypatch):
+    """A set that fails at once (CUDA asked of a torch without it) leaves the other's work alone."""
+    import concurrent.futures
+    import subprocess as real_subprocess
+    import time
+
+    from harness import build
+
+    real_steps = extensions.build_steps
+
+    def steps(request, sources, directory):
+        if request.with_cuda:
+            raise OSError("no CUDA here")
+        time.sleep(0.3)  # the other set has failed and cleaned up by now
+        return real_steps(request, sources, directory)
+
+    def compile_header(argv, cwd, **kwargs):
+        assert Path(cwd).is_dir(), "its folder is still there"
+        Path(argv[argv.index("-o") + 1]).write_bytes(b"gch")
+        return real_subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setattr(extensions, "build_steps", steps)
+    monkeypatch.setattr(build.subprocess, "run", compile_header)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        sets = [{"extra_cflags": [], "with_cuda": cuda} for cuda in (True, False)]
+        failed, made = pool.map(lambda data: build.make_header(data, tmp_path, None), sets)
+    assert not failed["ok"] and "no CUDA here" in failed["log"]
+    assert made["ok"] and not made["cached"] and made["key"], made
+    assert (tmp_path / "headers" / made["key"] / "torch" / "extension.h.gch").read_bytes() == b"gch"
+    assert not (tmp_path / "headers-scratch").exists(), "both folders removed"

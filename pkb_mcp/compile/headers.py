@@ -113,7 +113,11 @@ def _entries(path: Path) -> list[dict[str, Any]]:
     if not isinstance(entries, list):
         return []
     keep = ("key", "ok", "cached", "elapsed_s")
-    return [{k: e.get(k) for k in keep} for e in entries[:16] if isinstance(e, dict)]
+    made = [{k: e.get(k) for k in keep} for e in entries[:16] if isinstance(e, dict)]
+    for m, e in zip(made, entries, strict=False):
+        if m.get("ok") is not True:  # why, for the log: the compiler's last words
+            m["log"] = str(e.get("log", ""))[-300:]
+    return made
 
 
 def install(made: Path) -> int:
