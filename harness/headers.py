@@ -3,8 +3,9 @@
 `load_inline`'s `main.cpp` opens with `#include <torch/extension.h>` (all of torch's C++ API and
 pybind11), and parsing it is most of that unit's compile: about 35 s on a 2-core machine, 8 s with a
 precompiled header (the same object, symbol for symbol). GCC looks for `torch/extension.h.gch` in
-each include directory before the header itself and uses it only where the flags it was made with
-suit the compile (else it reads the header: the result is the same either way).
+each include directory before the header itself and uses it for a unit's first `#include` where the
+flags it was made with suit the compile; otherwise it reads the header beside it, a stub that
+includes torch's own (`stub_text`): the result is the same either way.
 
 A header is keyed by everything that enters its compile: the C++ unit's flags as torch's build file
 gives them, less the source, the output, the dependency file and the extension's name (which the
@@ -74,13 +75,21 @@ def path(root: Path, header_key: str) -> Path:
     return root / header_key / f"{HEADER}.gch"
 
 
+def stub_text(real: Path) -> str:
+    """What lies beside a precompiled header as `torch/extension.h`: GCC reads the file beside the
+    `.gch` where it does not use it (a second `#include` of the header, flags it does not suit), so
+    that file includes torch's own (whose `#pragma once` the precompiled state keeps)."""
+    return f'#include "{real}"\n'
+
+
 def command_with(step: Step, root: Path | None, toolchain: dict[str, str]) -> str | None:
     """The step's command finding its precompiled header in `root`, or None when there is none."""
     unit_flags = flags(step)
     if root is None or unit_flags is None:
         return None
     found = path(root, key(unit_flags, toolchain))
-    if not found.is_file() or found.is_symlink():
+    beside = found.with_suffix("")  # the stub, for what does not use the header
+    if not found.is_file() or found.is_symlink() or not beside.is_file() or beside.is_symlink():
         return None
     argv = shlex.split(step.command)
     return shlex.join([argv[0], f"-I{found.parent.parent}", *argv[1:]])

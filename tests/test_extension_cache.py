@@ -264,7 +264,10 @@ def test_a_header_a_build_launch_made_is_installed_only_as_a_plain_file_under_it
     monkeypatch.setattr(headers, "MAX_HEADER_BYTES", 20)
     assert headers.install(made) == 1
     installed = sorted(p.name for p in headers.cache_root().iterdir())
-    assert installed == [good] and made_headers.path(headers.cache_root(), good).read_bytes() == b"gch"
+    placed = made_headers.path(headers.cache_root(), good)
+    assert installed == [good] and placed.read_bytes() == b"gch"
+    stub = placed.with_suffix("").read_text()  # written by the host, not taken from the launch
+    assert stub.startswith('#include "/') and stub.rstrip().endswith('/torch/extension.h"'), stub
     assert headers.install(made) == 0, "a header already there stays"
 
 

@@ -247,7 +247,8 @@ def test_original_benchmark_helper_imports_in_the_sandbox() -> None:
 
 def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_it(monkeypatch) -> None:
     """The first build asks for its flags' header in a build launch of its own (no candidate source);
-    the next build's C++ unit compiles with it, and its object equals one compiled without it."""
+    the next build's C++ unit compiles with it (its source includes the header a second time, as
+    agents' often do), and its object equals one compiled without it."""
     import threading
 
     from pkb_mcp.compile import extensions, headers
@@ -256,7 +257,7 @@ def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_
     tools = ToolLaunches(select_backend("docker"))
 
     def request(name: str) -> requests.Request:
-        source = "int twice(int x) { return 2 * x; }"
+        source = "#include <torch/extension.h>\nint twice(int x) { return 2 * x; }"  # the header again
         return requests.Request(name=name, cpp_sources=(source,), functions=("twice",))
 
     first, _ = extensions.build_requests([request("pkb_test_one")], tools, 600)

@@ -181,6 +181,8 @@ def test_a_build_finds_the_header_in_the_cache_or_compiles_as_before(tmp_path):
     found = headers.path(root, headers.key(headers.flags(step), TOOLCHAIN))
     found.parent.mkdir(parents=True)
     found.write_bytes(b"gch")
+    assert headers.command_with(step, root, TOOLCHAIN) is None, "no stub beside it: GCC could not fall back"
+    found.with_suffix("").write_text(headers.stub_text(Path("/torch/include/torch/extension.h")))
     command = headers.command_with(step, root, TOOLCHAIN)
     assert command is not None and command.startswith(f"c++ -I{root / found.parent.parent.name} -MMD ")
     assert command.endswith(step.command.split(" ", 1)[1]), "the step's own command otherwise"

@@ -8,7 +8,8 @@ the cache (read-only) and compile `main.cpp` in a fraction of the time; a build 
 it always did. `pkb serve` asks for the default flags' headers when it starts (DEFAULT_SETS).
 
 What the launch leaves is untrusted: only `headers/<64 hex>/torch/extension.h.gch`, a plain file of at
-most MAX_HEADER_BYTES, is copied into the cache. PKB_PRECOMPILED_HEADERS (`enabled`) turns it off,
+most MAX_HEADER_BYTES, is copied into the cache, and the host writes the stub header beside it
+(harness/headers.py `stub_text`). PKB_PRECOMPILED_HEADERS (`enabled`) turns it off,
 or on where torch has no CUDA (tests). Imports pkb_mcp.config, log and harness.headers, objects.
 """
 
@@ -120,6 +121,13 @@ def _entries(path: Path) -> list[dict[str, Any]]:
     return made
 
 
+def _torch_header() -> Path:
+    """torch's own header, at the path every sandbox sees too (the interpreter is mounted as it is)."""
+    import torch
+
+    return Path(torch.__file__).resolve().parent / "include" / headers.HEADER
+
+
 def install(made: Path) -> int:
     """Copy the headers a build launch made (`made`: its headers folder) into the node's cache; how many."""
     if made.is_symlink() or not made.is_dir():
@@ -140,6 +148,7 @@ def install(made: Path) -> int:
             placed = staging / f"{headers.HEADER}.gch"
             placed.parent.mkdir(parents=True)
             shutil.copyfile(found, placed, follow_symlinks=False)
+            (staging / headers.HEADER).write_text(headers.stub_text(_torch_header()))
             os.replace(staging, target_root / folder.name)
             installed += 1
         except OSError:
