@@ -97,8 +97,9 @@ def prepare_soon(sets: Iterable[dict[str, Any]], tools: Any) -> threading.Thread
         except Exception as exc:  # a header is an acceleration: its failure is logged, never raised
             log.warning("headers.failed", error=repr(exc)[:500])
             made = []
-        if not any(m.get("ok") for m in made):
-            with _lock:  # asked again by the next build
+        if not made:  # no launch result (cancelled, failed to start): asked again by the next build;
+            # a set the compiler refused is not, since it would be refused again
+            with _lock:
                 _asked.difference_update((tuple(s["extra_cflags"]), bool(s["with_cuda"])) for s in fresh)
 
     thread = threading.Thread(target=run, name="headers", daemon=True)
