@@ -226,7 +226,9 @@ def test_an_error_in_a_small_output_is_not_hidden_by_a_large_one(pid, candidate,
         assert r.ranks[0].first_mismatch.output == output and "rtol 2e-06" in r.message
     else:  # the gradients: a share of elements beyond their own rtol, and 1.2% in norm (bound 0.007)
         assert r.ranks[0].first_mismatch.output >= 1 and "rtol 0.01)" in r.message, r.message
-        assert 0.011 < r.ranks[0].rel_norm_error < 0.013, "the worst output's norm: a gradient's"
+        # 1.2% by construction, give or take the rounding of the problem's dtype at random inputs
+        # (0.0132 seen once in CI, 2026-11-27)
+        assert 0.011 < r.ranks[0].rel_norm_error < 0.014, "the worst output's norm: a gradient's"
 
 
 def test_problem_86_in_lower_precision_than_its_contract_fails(isolated_dirs):
