@@ -139,7 +139,7 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
             return entry
         target = headers.path(launch_dir / headers.HEADERS, header_key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        source = _torch_header()
+        source = torch_header()
         argv = [*unit_flags, "-x", "c++-header", str(source), "-o", str(target)]
         env = compiler_env(launch_dir)
         proc = subprocess.run(
@@ -160,7 +160,8 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     return entry
 
 
-def _torch_header() -> Path:
+def torch_header() -> Path:
+    """torch's own `torch/extension.h`, at the path every sandbox sees too (the host's stub names it)."""
     from torch.utils import cpp_extension
 
     for include in cpp_extension.include_paths():

@@ -10,7 +10,7 @@ it always did. `pkb serve` asks for the default flags' headers when it starts (D
 What the launch leaves is untrusted: only `headers/<64 hex>/torch/extension.h.gch`, a plain file of at
 most MAX_HEADER_BYTES, is copied into the cache, and the host writes the stub header beside it
 (harness/headers.py `stub_text`). PKB_PRECOMPILED_HEADERS (`enabled`) turns it off,
-or on where torch has no CUDA (tests). Imports pkb_mcp.config, log and harness.headers, objects.
+or on where torch has no CUDA (tests). Imports pkb_mcp.config, log and harness.build, headers, objects.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 from harness import extensions as requests
 from harness import headers, objects
+from harness.build import torch_header
 from pkb_mcp import config
 from pkb_mcp.log import get
 
@@ -56,6 +57,10 @@ def enabled() -> bool:
     return mode == "1"
 
 
+def _ident(flag_set: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
+    return tuple(flag_set["extra_cflags"]), bool(flag_set["with_cuda"])
+
+
 def cache_root() -> Path:
     return config.extensions_dir() / objects.OBJECTS / headers.HEADERS
 
@@ -63,7 +68,7 @@ def cache_root() -> Path:
 def prepare(sets: list[dict[str, Any]], tools: Any, timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
     """Make these flag sets' headers in one build launch and install them; the launch's entries."""
     with _lock:
-        _asked.update((tuple(s["extra_cflags"]), bool(s["with_cuda"])) for s in sets)
+        _asked.update(_ident(s) for s in sets)
     launch_dir = tools.new_dir()
     try:
         start = time.monotonic()
@@ -84,9 +89,8 @@ def prepare_soon(sets: Iterable[dict[str, Any]], tools: Any) -> threading.Thread
     fresh = []
     with _lock:
         for s in sets:
-            ident = (tuple(s["extra_cflags"]), bool(s["with_cuda"]))
-            if ident not in _asked:
-                _asked.add(ident)
+            if _ident(s) not in _asked:
+                _asked.add(_ident(s))
                 fresh.append(s)
     if not fresh:
         return None
@@ -100,7 +104,7 @@ def prepare_soon(sets: Iterable[dict[str, Any]], tools: Any) -> threading.Thread
         if not made:  # no launch result (cancelled, failed to start): asked again by the next build;
             # a set the compiler refused is not, since it would be refused again
             with _lock:
-                _asked.difference_update((tuple(s["extra_cflags"]), bool(s["with_cuda"])) for s in fresh)
+                _asked.difference_update(_ident(s) for s in fresh)
 
     thread = threading.Thread(target=run, name="headers", daemon=True)
     thread.start()
@@ -120,13 +124,6 @@ def _entries(path: Path) -> list[dict[str, Any]]:
         if m.get("ok") is not True:  # why, for the log: the compiler's last words
             m["log"] = str(e.get("log", ""))[-300:]
     return made
-
-
-def _torch_header() -> Path:
-    """torch's own header, at the path every sandbox sees too (the interpreter is mounted as it is)."""
-    import torch
-
-    return Path(torch.__file__).resolve().parent / "include" / headers.HEADER
 
 
 def install(made: Path) -> int:
@@ -149,7 +146,7 @@ def install(made: Path) -> int:
             placed = staging / f"{headers.HEADER}.gch"
             placed.parent.mkdir(parents=True)
             shutil.copyfile(found, placed, follow_symlinks=False)
-            (staging / headers.HEADER).write_text(headers.stub_text(_torch_header()))
+            (staging / headers.HEADER).write_text(headers.stub_text(torch_header()))
             os.replace(staging, target_root / folder.name)
             installed += 1
         except OSError:
