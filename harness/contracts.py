@@ -206,7 +206,7 @@ class LaunchRecord(TypedDict):
     ranks: list[RankRecord]
     wall_s: float
     timed_out: bool
-    end_token: NotRequired[str]  # the configuration's, once every process of the ranks is gone
+    end_token: NotRequired[str]  # the configuration's, once nothing of the ranks can run any more
 
 
 class ToolRecord(TypedDict):

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import BinaryIO
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -50,11 +50,12 @@ def children() -> list[int]:
     return pids
 
 
-def reap_descendants() -> int:
-    """Kill every child left (orphans came to this process as the subreaper), and theirs; how many."""
+def reap_descendants(leaving: Collection[int] = ()) -> int:
+    """Kill every child left (orphans came to this process as the subreaper), and theirs; how many.
+    Children in `leaving` (already exiting: see `gone`) are not waited for; the others are."""
     killed = 0
     for _ in range(100):
-        pids = children()
+        pids = [p for p in children() if p not in leaving]
         if not pids:
             break
         for pid in pids:
@@ -65,6 +66,69 @@ def reap_descendants() -> int:
             with contextlib.suppress(OSError):
                 os.waitpid(pid, 0)
     return killed
+
+
+PF_EXITING = 0x4  # include/linux/sched.h: set as a thread enters do_exit, never cleared
+
+
+def stat_state(text: str) -> tuple[str, int]:
+    """A /proc/PID/stat line's state letter and kernel flags (the fields after the command's name,
+    which may itself hold spaces and parentheses)."""
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[6])
+
+
+def exiting(pid: int) -> bool:
+    """Whether no thread of process `pid` will run its own code again: each is in the kernel's exit,
+    or gone (Linux). A process's exit can take a while after that: the CUDA driver frees its contexts
+    then, 0.1-0.3 s with communicators (docs/sandbox.md, "A launch's end")."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True  # reaped already
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state, flags = stat_state(f.read())
+        except (OSError, ValueError, IndexError):
+            continue  # that thread is gone
+        if state not in ("Z", "X") and not flags & PF_EXITING:
+            return False
+    return True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children of each of its threads, theirs, ...)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as f:
+                    kids = [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether nothing of process `pid` can run again: it is exiting (`exiting`), and so is every
+    process below it, each of which this kills first. A process that is exiting forks no more, so
+    once every one found is exiting, none is left to be found."""
+    if not exiting(pid):
+        return False
+    below = descendants(pid)
+    for child in below:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    return all(exiting(child) for child in below)
 
 
 def _exit_code(code: object) -> int:

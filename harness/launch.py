@@ -223,16 +223,22 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
         _send(proc, rank_cfg, close=True)
 
     ended: dict[int, float] = {}
+    leaving: set[int] = set()  # ranks whose record is written while the kernel ends their process
     first_failure: float | None = None
     timed_out = False
     while len(ended) < world_size:
         now = time.monotonic()
         for rank, proc in enumerate(procs):
-            if rank not in ended and proc.poll() is not None:
+            if rank in ended:
+                continue
+            if proc.poll() is not None:
                 ended[rank] = now - t0
                 finished = proc.returncode == 0 and _read_status(launch_dir, rank).get("state") == "ok"
                 if not finished and first_failure is None:
                     first_failure = now
+            elif token is not None and _leaving_ok(launch_dir, rank, proc.pid):
+                ended[rank] = now - t0
+                leaving.add(rank)
         if len(ended) == world_size:
             break
         if now > deadline:
@@ -256,7 +262,7 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
     ranks = [
         rank_record(
             rank,
-            proc.returncode,
+            0 if rank in leaving and proc.poll() is None else proc.returncode,
             ended.get(rank, 0.0),
             _read_status(launch_dir, rank),
             timed_out,
@@ -265,11 +271,22 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
         for rank, proc in enumerate(procs)
     ]
     record: LaunchRecord = {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
-    # what a rank's processes left came to this process (the subreaper): none may outlive the record
-    forking.reap_descendants()
+    # what a rank's processes left came to this process (the subreaper): none may run past the record
+    forking.reap_descendants(leaving={procs[r].pid for r in leaving})
     if token is not None:
         record["end_token"] = token
     return record
+
+
+def _leaving_ok(launch_dir: Path, rank: int, pid: int) -> bool:
+    """Whether a rank that has not exited yet is over, as far as its launch goes: its status says ok
+    and nothing of it can run again (forking.gone). The worker exits 0 right after writing that
+    status; the kernel's end of its process, which frees its CUDA context and communicators, takes
+    0.1-0.3 s more on GPUs, and a check's launch need not wait for it (docs/sandbox.md, "A launch's
+    end")."""
+    if not (launch_dir / f"rank{rank}.status.json").exists():
+        return False
+    return _read_status(launch_dir, rank).get("state") == "ok" and forking.gone(pid)
 
 
 def rank_record(
@@ -372,6 +389,7 @@ def main(argv: list[str], fork_workers: bool = False) -> None:
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, path)
+    forking.reap_descendants()  # ranks whose exit the record did not wait for
 
 
 def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRecord | ToolRecord | None]:
