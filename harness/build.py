@@ -6,8 +6,12 @@ passed the same allow-list). This program only runs them, side by side, and writ
 BuildRecord (harness/contracts.py):
 
   {"commands": [{"returncode", "output", "elapsed_s"}],
-   "extensions": [{"key", "name", "ok", "log", "elapsed_s"}],
-   "headers": [{"key", "ok", "cached", "log", "elapsed_s"}]}
+   "extensions": [{"key", "name", "ok", "log", "elapsed_s", "steps_s"}],
+   "headers": [{"key", "ok", "cached", "log", "elapsed_s"}],
+   "import_s"}
+
+`steps_s` splits an extension's time into its plan and its compiles and link; `import_s` is torch's
+import, before any of them.
 
 `returncode` is None for a command killed at the deadline. Paths of the launch directory in outputs are
 written as `<build>`, so the host can map them back whatever the sandbox mounted the launch at. Built
@@ -95,6 +99,7 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
         "ok": False,
         "log": "",
         "elapsed_s": 0.0,
+        "steps_s": {},
     }
     try:
         request = extensions.Request.from_json(data)
@@ -103,7 +108,8 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
         directory = launch_dir / "extensions" / key
         # quiet: a failed build raises with the compiler's output, which is all the host needs
         with contextlib.redirect_stdout(io.StringIO()):
-            extensions.build(request, directory, verbose=False, store=launch_dir / objects.OBJECTS)
+            store = launch_dir / objects.OBJECTS
+            extensions.build(request, directory, verbose=False, store=store, steps_s=entry["steps_s"])
         extensions.write_mark(directory, extensions.OK_MARK, {"name": request.name})
         entry["ok"] = True
     except Exception as exc:
@@ -179,6 +185,10 @@ def main(cfg: ToolConfig) -> BuildRecord:
     requests = cfg.get("extensions", [])
     cache = os.environ.get(extensions.CACHE_ENV)
     header_cache = Path(cache) / objects.OBJECTS / headers.HEADERS if cache else None
+    start = time.monotonic()
+    if requests or cfg.get("headers"):
+        import torch.utils.cpp_extension  # noqa: F401 - every build and header needs it: timed alone
+    import_s = round(time.monotonic() - start, 3)
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         ran = [
             pool.submit(run_command, list(c["argv"]), Path(c.get("cwd") or launch_dir), env, deadline)
@@ -194,7 +204,7 @@ def main(cfg: ToolConfig) -> BuildRecord:
         r["output"] = r["output"].replace(prefix, "<build>")
     for b in built_results:
         b["log"] = b["log"].replace(prefix, "<build>")
-    return {"commands": results, "extensions": built_results, "headers": made_results}
+    return {"commands": results, "extensions": built_results, "headers": made_results, "import_s": import_s}
 
 
 if __name__ == "__main__":

@@ -267,6 +267,7 @@ class ExtensionBuild(TypedDict):
     ok: bool
     log: str
     elapsed_s: float
+    steps_s: NotRequired[dict[str, float]]  # "plan", "compile" (harness/extensions.py build)
 
 
 class HeaderBuild(TypedDict):
@@ -285,6 +286,7 @@ class BuildRecord(TypedDict):
     commands: list[CommandResult]
     extensions: list[ExtensionBuild]
     headers: NotRequired[list[HeaderBuild]]
+    import_s: NotRequired[float]  # torch's import, before the builds
 
 
 # ------------------------------------------------------------------ readers

@@ -28,6 +28,7 @@ import platform
 import re
 import shutil
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -284,14 +285,25 @@ def build_steps(request: Request, sources: list[str], directory: Path) -> list[o
         return None
 
 
-def build(request: Request, directory: Path, verbose: bool = False, store: Path | None = None) -> Path:
+def build(
+    request: Request,
+    directory: Path,
+    verbose: bool = False,
+    store: Path | None = None,
+    steps_s: dict[str, float] | None = None,
+) -> Path:
     """Compile and link the request in `directory` without loading it; the shared library's path.
 
     Each unit's object comes from the node's object cache when it is there (harness/objects.py);
     `store` (a build launch's) receives the objects compiled here. Raises RuntimeError with the
-    compiler's output when the build fails."""
+    compiler's output when the build fails. `steps_s` receives how long the plan took (the sources
+    and torch's build file written, read back) and the compiles and link after it."""
+    start = time.monotonic()
     sources = source_files(request, directory)
     steps = build_steps(request, sources, directory)
+    planned = time.monotonic()
+    if steps_s is not None:
+        steps_s["plan"] = round(planned - start, 3)
     if steps is None:
         _build_with_torch(request, sources, directory, verbose)
     else:
@@ -304,6 +316,8 @@ def build(request: Request, directory: Path, verbose: bool = False, store: Path 
             raise RuntimeError(f"Error building extension '{request.name}': {exc}") from None
         mark = {"cached": done.cached, "compiled": done.compiled, "seconds": done.seconds}
         write_mark(directory, UNITS_MARK, {**mark, "precompiled": done.precompiled})
+    if steps_s is not None:
+        steps_s["compile"] = round(time.monotonic() - planned, 3)
     library = directory / f"{request.name}.so"
     if not library.is_file():
         raise RuntimeError(f"building extension {request.name} left no {library.name}")

@@ -480,12 +480,20 @@ class ToolLaunches:
             raise Cancelled("cancelled while running; every process of the launch was killed")
         try:
             record = json.loads((launch_dir / "launch.json").read_text())
-            exit_code = record.get("exit_code") if isinstance(record, dict) else None
         except (OSError, ValueError):
-            exit_code = None
+            record = None
+        exit_code = record.get("exit_code") if isinstance(record, dict) else None
+        inside = record.get("wall_s") if isinstance(record, dict) else None  # the tool's own run
         timed_out = run.killed_at_deadline or (exit_code is None and mode == "discover")
         own_log = tail(launch_dir / f"{mode}.log", 4000)
-        log.info("tool.end", launch=launch_id, tool=mode, wall_s=round(run.wall_s, 3), exit_code=exit_code)
+        log.info(
+            "tool.end",
+            launch=launch_id,
+            tool=mode,
+            wall_s=round(run.wall_s, 3),
+            tool_s=inside if isinstance(inside, int | float) and not isinstance(inside, bool) else None,
+            exit_code=exit_code,
+        )
         return ToolOutcome(
             exit_code=exit_code if isinstance(exit_code, int) else None,
             timed_out=timed_out,

@@ -302,3 +302,25 @@ def test_a_flag_set_s_header_is_asked_for_once_in_isolated_sandboxes_only(monkey
     unisolated.isolated = False
     assert headers.prepare_soon([{"extra_cflags": [], "with_cuda": True}], unisolated) is None
     assert list(Path(config.launches_dir()).iterdir()) == []
+
+
+def test_a_build_launchs_steps_are_logged_from_its_record_with_limits() -> None:
+    """Where a build launch's time went comes from build.json, written in the sandbox: numbers out
+    of range, wrong types and extra keys are dropped."""
+    record = {
+        "import_s": 2.5,
+        "extensions": [
+            {"name": "ext", "elapsed_s": 18.0, "steps_s": {"plan": 0.4, "compile": 17.5, "x": 1}},
+            {"name": "odd", "elapsed_s": True, "steps_s": {"plan": -1, "compile": "9"}},
+            "not an entry",
+        ],
+    }
+    steps = extensions.build_steps(record, 21.25)
+    assert steps == {
+        "launch": 21.25,
+        "import": 2.5,
+        "ext": {"plan": 0.4, "compile": 17.5, "elapsed": 18.0},
+        "odd": {},
+    }
+    assert extensions.build_steps(None, 3.0) == {"launch": 3.0}
+    assert extensions.build_steps({"import_s": 1e9, "extensions": {}}, 3.0) == {"launch": 3.0}

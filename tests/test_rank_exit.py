@@ -83,7 +83,8 @@ def test_a_process_is_not_exiting_while_one_of_its_threads_still_runs() -> None:
 
 
 def test_gone_leaves_a_running_process_and_its_children_alone() -> None:
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    sleep = "import time; time.sleep(60)"
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {sleep!r}]); time.sleep(9)"
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
         give_up = time.monotonic() + 20
@@ -134,7 +135,9 @@ print(json.dumps({"record": record, "took_s": time.monotonic() - t0}))
 
 
 @pytest.mark.parametrize("token", ["5c" * 16, None])
-def test_a_checks_launch_writes_its_record_while_its_ranks_exits_finish(tmp_path: Path, token: str | None) -> None:
+def test_a_checks_launch_writes_its_record_while_its_ranks_exits_finish(
+    tmp_path: Path, token: str | None
+) -> None:
     """With an end token (a check's launch) ranks whose status is ok and whose processes are exiting
     are ended ok at once; without one (a benchmark's next launch is timed) the launcher waits for
     their exit, here to its deadline."""

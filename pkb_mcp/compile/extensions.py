@@ -260,8 +260,36 @@ def build_requests(
         failed=prepared.failed,
         wall_s=round(prepared.build_s, 2),
         units_s=prepared.units,
+        steps_s=build_steps(result, prepared.build_s),
     )
     return prepared, result if isinstance(result, dict) else None
+
+
+def _seconds(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e5
+    return round(float(value), 3) if ok else None
+
+
+def build_steps(result: Any, launch_s: float) -> dict[str, Any]:
+    """Where a build launch's time went, for the log: the launch as the host saw it (the sandbox's
+    start and end included), torch's import in it, and each extension's plan, compiles and link
+    (harness/build.py). Written in the sandbox, so only plausible numbers are kept."""
+    steps: dict[str, Any] = {"launch": round(launch_s, 3)}
+    if not isinstance(result, dict):
+        return steps
+    if (imported := _seconds(result.get("import_s"))) is not None:
+        steps["import"] = imported
+    entries = result.get("extensions")
+    for entry in entries[:16] if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        parts = entry.get("steps_s")
+        parts = parts if isinstance(parts, dict) else {}
+        kept = {k: v for k in ("plan", "compile") if (v := _seconds(parts.get(k))) is not None}
+        if (elapsed := _seconds(entry.get("elapsed_s"))) is not None:
+            kept["elapsed"] = elapsed
+        steps[str(entry.get("name", ""))[:80]] = kept
+    return steps
 
 
 def _install_results(
