@@ -12,6 +12,8 @@ Warm start: `--warm SETUP --config-file PATH` starts the workers at once from SE
 size, device, nothing secret), lets them import torch and create the process group, and only then waits
 for PATH to appear (the launch, written by the host when one is dispatched to this sandbox). A warm
 sandbox serves exactly one launch; if none arrives within SETUP's `idle_s` it exits and writes nothing.
+Of world size 0 it is a tool sandbox: no workers; the launcher imports torch and the build program,
+then runs the tool launch that arrives.
 A gated one (SETUP's `gated`) lets its workers go only as far as needs no GPU (torch imported, each
 writes rank{rank}.staged); they get a go line once the host writes GO_NAME beside PATH, or with the
 launch.
@@ -187,7 +189,7 @@ def _send(proc: Worker, message: RankSetup | RankConfig | dict[str, bool] | None
 
 def wait_for_launch(
     path: Path, idle_s: float, procs: list[Worker], gate: Path | None = None
-) -> LaunchConfig | None:
+) -> LaunchConfig | ToolConfig | None:
     """A warm sandbox's launch: the file the host writes into the launch directory; None at idle_s, or as
     soon as a worker has died (a sandbox that cannot serve a launch must not look ready for one).
     With `gate` (a gated sandbox), the ranks get their go line once the host has written that file, or
@@ -199,9 +201,7 @@ def wait_for_launch(
                 _send(proc, GO_LINE, close=False)
             gate = None
         if path.exists():
-            text = path.read_text()
-            path.unlink()
-            return read_launch_config(_json(text, "the launch configuration"))
+            return read_config(path)
         time.sleep(0.002)
     return None
 
@@ -358,6 +358,22 @@ def run_tool(cfg: ToolConfig) -> ToolRecord:
     return {"tool": "build", "exit_code": 0, "wall_s": round(time.monotonic() - t0, 3)}
 
 
+def _warm_tool(config_file: Path, idle_s: float) -> tuple[str | None, ToolRecord | None]:
+    """A warm tool sandbox (world size 0): torch and the build program imported ahead (3-3.5 s of
+    a build launch on a GPU node, 2026-11-27), then the tool launch the host writes, run."""
+    import torch.utils.cpp_extension  # noqa: F401 - what every build needs first
+
+    from harness import build  # noqa: F401
+
+    cfg = wait_for_launch(config_file, idle_s, [])
+    if cfg is None:
+        return None, None
+    if cfg["mode"] not in TOOL_MODES:
+        sys.exit("harness.launch: a launch of ranks does not fit a warm tool sandbox")
+    tool_cfg = cast(ToolConfig, cfg)
+    return tool_cfg["launch_dir"], run_tool(tool_cfg)
+
+
 def _json(text: str, what: str) -> object:
     try:
         return json.loads(text)
@@ -397,8 +413,10 @@ def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRe
     that was never used."""
     if "--warm" in args:
         setup = read_warm_setup(_json(args["--warm"], "the warm set-up"))
-        procs = spawn(setup, fork)
         config_file = Path(args["--config-file"])
+        if setup["world_size"] == 0:  # a tool sandbox: no ranks
+            return _warm_tool(config_file, setup["idle_s"])
+        procs = spawn(setup, fork)
         gate = config_file.parent / GO_NAME if setup.get("gated") else None
         warm_cfg = wait_for_launch(config_file, setup["idle_s"], procs, gate)
         if warm_cfg is None:
@@ -410,10 +428,13 @@ def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRe
                 except subprocess.TimeoutExpired:
                     proc.kill()
             return None, None
-        mismatch = warm_cfg["world_size"] != len(procs) or warm_cfg["device"] != setup["device"]
-        if mismatch or "counters" in warm_cfg:  # a counter launch's ranks start under ncu: never warm
+        if warm_cfg["mode"] in TOOL_MODES:
+            sys.exit("harness.launch: a tool launch does not fit a warm sandbox of ranks")
+        rank_cfg = cast(LaunchConfig, warm_cfg)
+        mismatch = rank_cfg["world_size"] != len(procs) or rank_cfg["device"] != setup["device"]
+        if mismatch or "counters" in rank_cfg:  # a counter launch's ranks start under ncu: never warm
             sys.exit("harness.launch: the launch does not fit this warm sandbox")
-        return warm_cfg["launch_dir"], launch(warm_cfg, procs)
+        return rank_cfg["launch_dir"], launch(rank_cfg, procs)
     if "--config-file" in args:
         cfg = read_config(Path(args["--config-file"]))
         if cfg["mode"] in TOOL_MODES:

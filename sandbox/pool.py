@@ -22,6 +22,10 @@ Of a GPU shape the pool also keeps `spare` sandboxes staged but closed: they hol
 when launches take more than `per_key` at once (a check's four, then a benchmark's two), the next
 ones need only their GPU step. A staged sandbox is opened as soon as fewer than `per_key` of its
 shape are open and untaken.
+
+A shape of world size 0 is a tool sandbox (harness/launch.py): no ranks and no GPU; its launcher
+imports torch and the build program ahead of a build launch. It is ready as soon as it runs, and
+does not count among the `max_keys` shapes of ranks.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ EXPIRY_MARGIN_S = 30.0  # a sandbox this close to exiting on its own (base.WARM_
 class WarmKey:
     device: str
     gpus: tuple[int, ...]
-    world_size: int
+    world_size: int  # 0: a tool sandbox (harness/launch.py: a build launch, torch imported ahead)
     threads: int
     cpus: tuple[tuple[int, ...], ...] = ()  # each rank's CPU cores (sandbox/cpus.py); () = not pinned
 
@@ -200,6 +204,10 @@ class WarmPool:
             rank_logs=logs,
         )
 
+    def discard(self, slot: WarmSlot) -> None:
+        """Stop a sandbox taken from the pool that will serve no launch."""
+        self._discard(slot)
+
     def wanted(self, key: WarmKey) -> int:
         """How many sandboxes of this shape the pool keeps warm (of a gated shape: open)."""
         return self.per_key(key) if callable(self.per_key) else self.per_key
@@ -223,9 +231,10 @@ class WarmPool:
             self._slots.setdefault(key, [])
             self._slots.move_to_end(key)
             evicted: list[WarmSlot] = []
-            while len(self._slots) > self.max_keys:
-                _, old = self._slots.popitem(last=False)
-                evicted.extend(old)
+            # the least recently used shapes of ranks go; tool sandboxes (no GPU) are not counted
+            ranked = [k for k in self._slots if k.world_size]
+            for old_key in ranked[: max(len(ranked) - self.max_keys, 0)]:
+                evicted.extend(self._slots.pop(old_key))
             kept = self.wanted(key) + self.spares(key)
             missing = max(kept, count) - len(self._slots[key]) - self._starting_for.get(key, 0)
             self._starting += max(missing, 0)

@@ -47,9 +47,8 @@ def hostile(tmp_path, body):
 
 
 def test_reference_and_wrong_candidate_in_docker(isolated_dirs, monkeypatch):
-    """With the unseen-size trial beside the judged trials (as for a solution with kernels of its own):
-    the reference generalizes; a failed check kills the trial's containers or waits for their end."""
-    monkeypatch.setenv("PKB_UNSEEN_BESIDE", "1")
+    """With the unseen-size trial beside the judged trials: the reference generalizes; a failed check
+    kills the trial's containers or waits for their end."""
     ok = check(ROOT / "problems" / "001_allreduce.py", trials=2, unseen=True)
     assert ok.verdict == "pass" and ok.sandbox.backend == "docker" and ok.sandbox.isolated
     assert ok.generalizes == "yes", ok.unseen

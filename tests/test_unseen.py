@@ -207,7 +207,7 @@ def _timed_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict, float, 
     return spans
 
 
-def test_the_trial_runs_beside_the_judged_ones_for_kernels_of_their_own_in_isolated_small_runs(monkeypatch):
+def test_the_trial_runs_beside_the_judged_ones_in_isolated_small_runs(monkeypatch):
     def trial(size: str, isolated: bool, path: Path = CANDIDATES / "original_helper_cuda.py") -> unseen.Trial:
         monkeypatch.setattr(ProcessBackend, "isolated", isolated)  # the class: backends are shared
         request = RunRequest(problem=1, path=path, world_size=2, device="cpu", size=size, sandbox="process")
@@ -215,11 +215,9 @@ def test_the_trial_runs_beside_the_judged_ones_for_kernels_of_their_own_in_isola
 
     assert trial("pkb", isolated=True).side_by_side  # an extension to load in every launch
     assert trial("pkb", True, ROOT / "examples" / "001_allreduce_cuda_oneshot.py").side_by_side
-    assert not trial("pkb", True, SUITE[1].path).side_by_side  # plain: sub-second launches
+    assert trial("pkb", True, SUITE[1].path).side_by_side  # plain
     assert not trial("pkb", isolated=False).side_by_side  # the candidate could read the reference's files
     assert not trial("large", isolated=True).side_by_side  # four launches' memory at once
-    monkeypatch.setenv("PKB_UNSEEN_BESIDE", "1")
-    assert trial("pkb", True, SUITE[1].path).side_by_side
     monkeypatch.setenv("PKB_UNSEEN_BESIDE", "0")
     assert not trial("pkb", isolated=True).side_by_side
     monkeypatch.setenv("PKB_UNSEEN_BESIDE", "yes")
@@ -230,7 +228,6 @@ def test_the_trial_runs_beside_the_judged_ones_for_kernels_of_their_own_in_isola
 @pytest.mark.integration
 def test_where_launches_are_isolated_the_trial_starts_with_the_judged_ones(isolated_dirs, monkeypatch):
     monkeypatch.setattr(ProcessBackend, "isolated", True)  # as Docker's; the process backend stands in
-    monkeypatch.setenv("PKB_UNSEEN_BESIDE", "1")  # a plain solution, as one that sets up its kernels
     spans = _timed_launches(monkeypatch)
     r = check(SUITE[1].path, unseen=True)
     assert r.verdict == "pass" and r.generalizes == "yes", r
@@ -245,7 +242,6 @@ def test_where_launches_are_isolated_the_trial_starts_with_the_judged_ones(isola
 @pytest.mark.integration
 def test_a_failed_check_discards_the_trial_started_beside_it(isolated_dirs, monkeypatch):
     monkeypatch.setattr(ProcessBackend, "isolated", True)
-    monkeypatch.setenv("PKB_UNSEEN_BESIDE", "1")
     spans = _timed_launches(monkeypatch)
     r = check(CANDIDATES / "wrong_scale.py", unseen=True)
     assert r.verdict == "fail" and r.generalizes is None and r.unseen is None

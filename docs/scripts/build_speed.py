@@ -22,7 +22,9 @@ CLI call it (the Docker sandbox when an engine answers, else the process backend
                (not part of the default stages)
 
 The cached and plain stages are fresh service calls, each starting its sandboxes: a server's warm
-check is faster (docs/scripts/turnaround.py measures that).
+check is faster (docs/scripts/turnaround.py measures that). With --server the service keeps warm
+sandboxes as `pkb serve` does (for the build stages: a build launch then takes a warm tool sandbox,
+torch imported ahead; a batch keeps its own otherwise).
 
 The solution is examples/001_allreduce_cuda_oneshot.py on GPUs (bindings plus a CUDA kernel, built
 with load_inline) and tests/candidates/cpp_extension_lazy.py on CPU (torch's CPU build cannot build
@@ -128,6 +130,11 @@ def main() -> None:
         "--stages", nargs="+", default=["headers", "first_build", "kernel_edit", "cached", "plain", "batch"]
     )
     ap.add_argument("--log", type=Path, help="write the service's info-level logs (JSON lines) here")
+    ap.add_argument(
+        "--server",
+        action="store_true",
+        help="keep warm sandboxes as `pkb serve` does, a build's warm tool sandbox among them",
+    )
     args = ap.parse_args()
     if args.log:
         from pkb_mcp import log
@@ -142,6 +149,12 @@ def main() -> None:
     solution = work / "001_allreduce_kernel.py"
     solution.write_text(edited(source.read_text(), opener, "iteration 0"))
     base = {"device": args.device, "world_size": args.world_size, "solution": str(source.relative_to(ROOT))}
+    if args.server:
+        from pkb_mcp.launches import enable_warm_pool
+        from sandbox import select_backend
+
+        enable_warm_pool(select_backend("auto"))
+        base["server"] = True
 
     if "headers" in args.stages:
         from pkb_mcp.compile import headers

@@ -26,11 +26,9 @@ from typing import Any, Literal
 
 from harness import tensorfile
 from pkb_mcp import config, problems
-from pkb_mcp.compile import extensions
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import UnseenResult
 from pkb_mcp.runs.run import Run
-from pkb_mcp.runs.static_report import gpu_only
 from pkb_mcp.runs.verdicts import decide, judge_ranks
 
 DRAWS = 32  # sizes drawn until one satisfies the problem's rules
@@ -149,18 +147,12 @@ class Trial:
 
     @property
     def side_by_side(self) -> bool:
-        """Whether the trial runs beside the judged trials: in isolated sandboxes, at the `pkb` size,
-        for a solution that sets up kernels of its own (PKB_UNSEEN_BESIDE=auto; 1: any solution). Such
-        a launch spends seconds before its first call (symmetric memory exchanged, an extension
-        loaded); a plain one well under a second, where four launches at once on the GPUs cost more
-        than they save (docs/gpu-results.md, "Custom CUDA: turnaround")."""
+        """Whether the trial runs beside the judged trials: in isolated sandboxes (the candidate cannot
+        read the reference's files), at the `pkb` size (four launches' memory at once), unless
+        PKB_UNSEEN_BESIDE=0."""
         run = self.run
         small = run.size == "pkb" and not run.problem.lean_inputs
-        if self.placed is None or not run.backend.isolated or not small:
-            return False
-        mode = config.unseen_beside()
-        text = run.sources.text
-        return mode == "1" or (mode == "auto" and bool(gpu_only(text) or extensions.may_build(text)))
+        return self.placed is not None and run.backend.isolated and small and config.unseen_beside()
 
     def start(self) -> None:
         """Launch the trial now, beside the judged trials, where that is allowed (else `judge` runs it)."""
