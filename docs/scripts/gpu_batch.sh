@@ -46,7 +46,8 @@
 #   build-speed issue 32: docs/scripts/build_speed.py (first build, kernel-only edit, cached re-check,
 #              plain check, a batch of $FILES (else 10) extension files through pkb eval); world size $WS, else 2;
 #              $STAGES (else all five) and $REPEATS (else 5) pass through; NO_WARM=1: the batch without
-#              warm sandboxes; $SOLUTION: another solution than example 001 (its kernel opened by
+#              warm sandboxes; SERVER=1: warm sandboxes kept as `pkb serve` does (a build launch takes
+#              a warm tool sandbox); $SOLUTION: another solution than example 001 (its kernel opened by
 #              CUDA_SRC = r""", as tests/candidates/original_helper_cuda.py's is)
 #   warm-ext   issue 32 items 2 and 3: warm run_correctness through the MCP server (turnaround.py, a
 #              warm pool of PKB_WARM_PER_SHAPE) of $FILES_CHECKED, else problem 1's reference, a plain
@@ -225,7 +226,8 @@ for part in "$@"; do
       name=build_speed_w${WS:-2}
       timeout "$(limit 590)" python3 docs/scripts/build_speed.py --out "$OUT/$name.jsonl" --world-size "${WS:-2}" \
         --files "${FILES:-10}" --repeats "${REPEATS:-5}" --log "$OUT/${name}_log.jsonl" \
-        --stages ${STAGES:-first_build kernel_edit cached plain batch} ${NO_WARM:+--no-warm} ${SOLUTION:+--solution "$SOLUTION"} >> "$OUT/$name.log" 2>&1
+        --stages ${STAGES:-first_build kernel_edit cached plain batch} ${NO_WARM:+--no-warm} ${SERVER:+--server} \
+        ${SOLUTION:+--solution "$SOLUTION"} >> "$OUT/$name.log" 2>&1
       tail -10 "$OUT/$name.log" ;;
     warm-ext)
       name=warm_ext_w${WS:-2}${TAG:+_$TAG}
