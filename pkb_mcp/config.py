@@ -101,37 +101,27 @@ def precompiled_headers() -> str:
     return env
 
 
-def _count(name: str, default: int, least: int = 0) -> int:
-    env = os.environ.get(name, "").strip()
-    if env and (not env.isdigit() or int(env) < least):
-        raise ValueError(f"{name} must be a whole number of at least {least}, not {env!r}")
-    return int(env) if env else default
-
-
-def warm_per_shape(device: str, batch: bool = False) -> int:
-    """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py),
-    on GPUs open. On GPUs 6: a check runs two pairs of launches of one shape at once, its judged
-    trials and its unseen-size trial, and a benchmark's pair follows a passing check; in a batch 18,
-    three files' worth, opened again together once fewer than a file's are left (`warm_refill`).
-    On CPU 2: the cores that sandboxes warming up would take are the running launch's."""
-    return _count("PKB_WARM_PER_SHAPE", (18 if batch else 6) if device == "cuda" else 2, least=1)
+def warm_per_shape(device: str) -> int:
+    """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py).
+    On GPUs 6: a check runs two pairs of launches of one shape, its judged trials and its unseen-size
+    trial (at once in isolated sandboxes), and a benchmark's pair follows a passing check. On CPU 2:
+    the cores that sandboxes warming up would take are the running launch's."""
+    env = os.environ.get("PKB_WARM_PER_SHAPE", "").strip()
+    if env and (not env.isdigit() or int(env) < 1):
+        raise ValueError(f"PKB_WARM_PER_SHAPE must be a positive integer, not {env!r}")
+    return int(env) if env else 6 if device == "cuda" else 2
 
 
 def warm_spare(device: str, batch: bool) -> int:
     """How many more sandboxes of a GPU shape the pool keeps staged but closed (PKB_WARM_SPARE;
-    sandbox/pool.py). In a batch 12, what a refill opens at once (`warm_refill`); staged sandboxes
-    hold no GPU memory. Elsewhere (`pkb serve`) and on CPU none: a spare opened while a check runs
-    slows it (2 H200s: a lone plain check 1.28 s with spares, 1.13 s without; docs/gpu-results.md)."""
-    return _count("PKB_WARM_SPARE", 12 if device == "cuda" and batch else 0)
-
-
-def warm_refill(device: str, batch: bool) -> int:
-    """Below how many open sandboxes of a GPU shape the pool opens staged ones again, up to
-    `warm_per_shape` at once (PKB_WARM_REFILL; sandbox/pool.py `refill_below`). In a batch 6, one
-    file's check and benchmark: a benchmark waits for every sandbox warming up on its GPUs (2.5-2.7 s
-    on 2 H200s, about as long for six at once as for two), so opening them together every few files
-    saves that wait on the files between. Elsewhere 0: opened one by one as they are taken."""
-    return _count("PKB_WARM_REFILL", 6 if device == "cuda" and batch else 0)
+    sandbox/pool.py). In a batch 6, a check's four launches and a benchmark's two, so that a file
+    checked right after another waits only for their GPU step; staged sandboxes hold no GPU memory.
+    Elsewhere (`pkb serve`) and on CPU none: a spare opened while a check runs slows it (2 H200s: a
+    lone plain check 1.28 s with spares, 1.13 s without; docs/gpu-results.md)."""
+    env = os.environ.get("PKB_WARM_SPARE", "").strip()
+    if env and not env.isdigit():
+        raise ValueError(f"PKB_WARM_SPARE must be a whole number, not {env!r}")
+    return int(env) if env else 6 if device == "cuda" and batch else 0
 
 
 def build_slots() -> int:

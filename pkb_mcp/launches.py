@@ -135,23 +135,23 @@ TOOL_SANDBOXES = 1  # kept warm: builds come one at a time while an agent iterat
 def enable_warm_pool(backend: Backend, first: WarmKey | None = None, batch: bool = False) -> WarmPool | None:
     """Start sandboxes ahead of need for this backend (a long-running server or a batch wants this; a
     one-shot CLI command does not), the shape `first` at once when given; a `batch`, whose jobs follow
-    each other, keeps more, spares among them, and opens them a few files' worth at a time
-    (config.warm_per_shape, warm_spare, warm_refill). None when the backend cannot."""
+    each other, keeps spares (config.warm_spare). None when the backend cannot."""
     enable = getattr(backend, "enable_pool", None)
     _use_extension_cache(backend)
     pool: WarmPool | None = (
         enable(
             new_launch_dir,
             config.HARNESS_ROOT,
-            lambda key: config.warm_per_shape(key.device, batch) if key.world_size else TOOL_SANDBOXES,
+            lambda key: config.warm_per_shape(key.device) if key.world_size else TOOL_SANDBOXES,
             lambda key: config.warm_spare(key.device, batch),
-            lambda key: config.warm_refill(key.device, batch),
         )
         if enable
         else None
     )
     if pool is not None and first is not None:
         pool.replenish(first)
+    if pool is not None and backend.isolated:
+        pool.replenish(TOOL_SHAPE)  # the first build finds torch imported too
     return pool
 
 

@@ -21,9 +21,7 @@ starts cold while the other side is timed.
 Of a GPU shape the pool also keeps `spare` sandboxes staged but closed: they hold no GPU memory, and
 when launches take more than `per_key` at once (a check's four, then a benchmark's two), the next
 ones need only their GPU step. A staged sandbox is opened as soon as fewer than `per_key` of its
-shape are open and untaken; with `refill_below`, once `per_key` were open, only when fewer than
-that are left, and then all of them at once up to `per_key`: a batch pays one wait for the GPU step
-every few files instead of one a file.
+shape are open and untaken.
 
 A shape of world size 0 is a tool sandbox (harness/launch.py): no ranks and no GPU; its launcher
 imports torch and the build program ahead of a build launch. It is ready as soon as it runs, and
@@ -141,13 +139,10 @@ class WarmPool:
         per_key: int | Callable[[WarmKey], int] = 2,
         max_keys: int = 2,
         spare: int | Callable[[WarmKey], int] = 0,
-        refill_below: int | Callable[[WarmKey], int] = 0,
     ):
         self._new_dir, self._start, self._alive, self._discard = new_dir, start, alive, discard
         self._describe = describe
         self.per_key, self.max_keys, self.spare = per_key, max_keys, spare
-        self.refill_below = refill_below
-        self._filling: dict[WarmKey, bool] = {}  # opening staged sandboxes up to per_key (refill_below)
         self._lock = threading.Condition()
         self._slots: OrderedDict[WarmKey, list[WarmSlot]] = OrderedDict()
         self._starting = 0
@@ -291,24 +286,13 @@ class WarmPool:
 
     def _may_open(self, key: WarmKey) -> bool:
         """Whether a staged sandbox of this shape may use the GPUs now (under the lock): while a
-        benchmark times, only those it reserved; else while fewer than `per_key` are open, and with
-        `refill_below`, once `per_key` were open, only after fewer than that many are left: then
-        they are opened together (a sandbox's GPU step takes about as long with six others as alone,
-        2.5-2.7 s on 2 H200s, and a benchmark waits for every one under way)."""
+        benchmark times, only those it reserved; else while fewer than `per_key` are open."""
         if self._quiet:
             if self._reserved.get(key, 0) > 0:
                 self._reserved[key] -= 1
                 return True
             return False
-        opened = sum(s.opened_at is not None for s in self._slots.get(key, ()))
-        if opened >= self.wanted(key):
-            self._filling[key] = False
-            return False
-        low = self.refill_below(key) if callable(self.refill_below) else self.refill_below
-        if low and opened >= low and not self._filling.get(key, True):
-            return False
-        self._filling[key] = True
-        return True
+        return sum(s.opened_at is not None for s in self._slots.get(key, ())) < self.wanted(key)
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:
         """Return once no sandbox is warming up on the GPUs, or is about to: none opened and not yet
@@ -393,10 +377,9 @@ class Pooled:
         harness_root: Path,
         per_key: int | Callable[[WarmKey], int] = 2,
         spare: int | Callable[[WarmKey], int] = 0,
-        refill_below: int | Callable[[WarmKey], int] = 0,
     ) -> WarmPool:
         """Keep sandboxes started ahead of need, `per_key` of each launch shape and `spare` staged
-        more of a GPU shape, opened again once fewer than `refill_below` are open (WarmPool)."""
+        more of a GPU shape (WarmPool)."""
         if self.pool is None:
             self._harness_root = harness_root
             self.pool = WarmPool(
@@ -407,7 +390,6 @@ class Pooled:
                 self._describe,  # type: ignore[attr-defined]
                 per_key=per_key,
                 spare=spare,
-                refill_below=refill_below,
             )
         return self.pool
 

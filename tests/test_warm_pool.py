@@ -359,7 +359,7 @@ def test_while_a_benchmark_times_gpu_sandboxes_start_but_only_its_own_are_opened
 
 def test_spare_gpu_sandboxes_stay_staged_until_fewer_than_per_key_are_open(isolated_dirs, monkeypatch):
     """Of a GPU shape the pool keeps `spare` more staged and closed; when a launch takes an open one,
-    a spare is opened and a new one starts. A CPU shape has no spares. PKB_WARM_SPARE: 12 on GPUs in
+    a spare is opened and a new one starts. A CPU shape has no spares. PKB_WARM_SPARE: 6 on GPUs in
     a batch, else none."""
     from pkb_mcp import config
 
@@ -381,40 +381,12 @@ def test_spare_gpu_sandboxes_stay_staged_until_fewer_than_per_key_are_open(isola
     pool.close()
     shapes = (("cuda", True), ("cuda", False), ("cpu", True))
     spares = [config.warm_spare(device, batch) for device, batch in shapes]
-    assert spares == [12, 0, 0], "a batch's GPU shapes only"
+    assert spares == [6, 0, 0], "a batch's GPU shapes only"
     monkeypatch.setenv("PKB_WARM_SPARE", "2")
     assert config.warm_spare("cuda", False) == 2
     monkeypatch.setenv("PKB_WARM_SPARE", "x")
     with pytest.raises(ValueError, match="PKB_WARM_SPARE"):
         config.warm_spare("cuda", True)
-
-
-def test_with_refill_below_open_sandboxes_are_opened_together_once_few_are_left(isolated_dirs, monkeypatch):
-    """A batch's pool: per_key open, and after launches take some, none opened until fewer than
-    `refill_below` are left; then every staged one up to per_key at once. The batch's defaults: 18
-    open, 12 spares, refilled below 6 (PKB_WARM_REFILL); a server's: opened one by one."""
-    from pkb_mcp import config
-
-    opened: list = []
-    pool = fake_pool(isolated_dirs, two_steps(opened), per_key=4, spare=3)
-    pool.refill_below = 2
-    pool.replenish(GPU)
-    wait_for(lambda: len(opened) == 4 and staged(pool, GPU, 7), 10, "four open, three staged", 0.01)
-    wait_for(lambda: all(s.ready() for s in pool._slots[GPU] if s.opened_at), 10, "the open ones ready", 0.01)
-    assert pool.take(GPU) is not None and pool.take(GPU) is not None
-    pool.replenish(GPU)
-    time.sleep(0.2)
-    assert len(opened) == 4, "two left open: not below refill_below, none opened"
-    assert pool.take(GPU) is not None
-    wait_for(lambda: len(opened) == 7, 10, "one left: staged ones opened up to per_key", 0.01)
-    assert sum(s.opened_at is not None for s in pool._slots[GPU]) == 4
-    pool.close()
-    shapes = (("cuda", True), ("cuda", False), ("cpu", True))
-    assert [config.warm_refill(device, batch) for device, batch in shapes] == [6, 0, 0]
-    assert (config.warm_per_shape("cuda", True), config.warm_per_shape("cuda")) == (18, 6)
-    monkeypatch.setenv("PKB_WARM_REFILL", "-1")
-    with pytest.raises(ValueError, match="PKB_WARM_REFILL"):
-        config.warm_refill("cuda", True)
 
 
 def test_a_cpu_sandbox_is_not_gated(isolated_dirs):
