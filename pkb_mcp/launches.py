@@ -119,6 +119,9 @@ class LaunchRequest:
     gpus: list[int]
     max_outputs: int = tensorfile.MAX_TENSORS  # tensors a result file may hold (the problem's MAX_OUTPUTS)
     cold: bool = False  # never a warm sandbox: its ranks must start under a tool (a counter launch)
+    # its record may come before its sandbox's end, as a check's launch's does: a benchmark's last
+    # launch (the next benchmark waits for that end first: timing_window)
+    ends_early: bool = False
 
 
 def new_launch_dir(launch_id: str) -> Path:
@@ -261,9 +264,10 @@ def run_launch(
             "rank_cpus": [list(block) for block in key.cpus],
         }
         # a benchmark's or a profile's next launch is timed: the engine's teardown of this sandbox
-        # must not run beside it, so only a check's launch may end before its sandbox
+        # must not run beside it, so only a check's launch and a benchmark's last may end before it
         ended = None
-        if request.settings["mode"] == "outputs" and getattr(backend, "ends_early", False):
+        early = request.settings["mode"] == "outputs" or request.ends_early
+        if early and getattr(backend, "ends_early", False):
             cfg["end_token"] = secrets.token_hex(16)
             ended = partial(ended_cleanly, token=cfg["end_token"])
         launch = SandboxLaunch(
