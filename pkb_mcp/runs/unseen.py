@@ -9,7 +9,7 @@ to a smaller world size the problem allows (W = 4 runs it at 3, else 2: a kernel
 fails), within the GPUs the run holds.
 
 The reference and the candidate each run one trial there in launches of their own (`Trial`): beside
-the judged trials' for a solution with kernels of its own in isolated sandboxes, else after them.
+the judged trials' in isolated sandboxes at the `pkb` size, else after them.
 Nothing at the unseen size changes the verdict, and only a check that passed reads it. The result
 says apart whether the candidate `generalizes`. The original variant judges the original's shapes
 only, as the original benchmark does: it has no unseen sizes.
