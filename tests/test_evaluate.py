@@ -394,9 +394,10 @@ def test_a_second_batch_on_the_same_store_is_refused(tmp_path):
 
 
 class _PooledStandIn:
-    """A backend that records its warm pool's life instead of starting sandboxes."""
+    """A backend that records its warm pool's life instead of starting sandboxes; isolated, as Docker."""
 
     name = "stand-in"
+    isolated = True
 
     def __init__(self) -> None:
         self.pool = None
@@ -448,9 +449,12 @@ def test_a_batch_on_gpus_keeps_warm_sandboxes_while_it_runs(tmp_path, monkeypatc
             [EXAMPLES / "001_allreduce_torch.py"], world_size=2, device=device, store=tmp_path / "e.sqlite"
         )
     if device == "cuda":
+        from pkb_mcp.launches import TOOL_SHAPE
+
         assert during[0] is not None, "no warm pool while the batch ran"
-        (key,) = backend.first
+        key, tool = backend.first
         assert (key.device, key.gpus, key.world_size) == ("cuda", (0, 1), 2)
+        assert tool == TOOL_SHAPE, "and a tool sandbox for its builds"
         assert backend.spare(key) == 6, "a batch keeps spare GPU sandboxes"
         assert backend.closed == 1 and backend.pool is None
     else:
