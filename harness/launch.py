@@ -284,8 +284,6 @@ def _leaving_ok(launch_dir: Path, rank: int, pid: int) -> bool:
     status; the kernel's end of its process, which frees its CUDA context and communicators, takes
     0.1-0.3 s more on GPUs, and a check's launch need not wait for it (docs/sandbox.md, "A launch's
     end")."""
-    if not (launch_dir / f"rank{rank}.status.json").exists():
-        return False
     return _read_status(launch_dir, rank).get("state") == "ok" and forking.gone(pid)
 
 

@@ -62,22 +62,25 @@ def state_dir() -> Path:
     return base
 
 
+def _switch(name: str) -> bool | None:
+    """An environment variable that is 0 or 1: its value, None when unset."""
+    env = os.environ.get(name, "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, not {env!r}")
+    return None if not env else env == "1"
+
+
 def pin_cpus(device: str) -> bool:
     """Whether a launch's ranks are bound to CPU cores of their own (PKB_PIN_CPUS)."""
-    env = os.environ.get("PKB_PIN_CPUS", "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"PKB_PIN_CPUS must be 0 or 1, not {env!r}")
-    return env == "1" if env else device == "cuda"
+    on = _switch("PKB_PIN_CPUS")
+    return on if on is not None else device == "cuda"
 
 
 def unseen_sizes() -> bool:
     """Whether a check that passed also runs one trial at a size never shown (pkb_mcp/runs/unseen.py)
     where its request does not say (PKB_UNSEEN_SIZES=0 turns it off: a node that runs many checks of
     code that is not iterated on, the test suite's own integration tests)."""
-    env = os.environ.get("PKB_UNSEEN_SIZES", "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"PKB_UNSEEN_SIZES must be 0 or 1, not {env!r}")
-    return env != "0"
+    return _switch("PKB_UNSEEN_SIZES") is not False
 
 
 def unseen_beside() -> bool:
@@ -85,10 +88,7 @@ def unseen_beside() -> bool:
     it off: the trial then runs after them; pkb_mcp/runs/unseen.py); in isolated sandboxes at the
     `pkb` size only, whatever this says. On 2 H200s a plain warm check took 0.415 s beside, 0.513 s
     after (docs/gpu-results.md)."""
-    env = os.environ.get("PKB_UNSEEN_BESIDE", "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"PKB_UNSEEN_BESIDE must be 0 or 1, not {env!r}")
-    return env != "0"
+    return _switch("PKB_UNSEEN_BESIDE") is not False
 
 
 def precompiled_headers() -> str:

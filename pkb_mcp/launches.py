@@ -499,7 +499,6 @@ class ToolLaunches:
         except (OSError, ValueError):
             record = None
         exit_code = record.get("exit_code") if isinstance(record, dict) else None
-        inside = record.get("wall_s") if isinstance(record, dict) else None  # the tool's own run
         timed_out = run.killed_at_deadline or (exit_code is None and mode == "discover")
         own_log = tail(launch_dir / f"{mode}.log", 4000)
         log.info(
@@ -507,7 +506,7 @@ class ToolLaunches:
             launch=launch_id,
             tool=mode,
             wall_s=round(run.wall_s, 3),
-            tool_s=inside if isinstance(inside, int | float) and not isinstance(inside, bool) else None,
+            tool_s=seconds(record.get("wall_s")) if isinstance(record, dict) else None,  # the tool's own run
             exit_code=exit_code,
         )
         return ToolOutcome(
@@ -541,6 +540,12 @@ class ToolLaunches:
             pool.discard(slot)
             return None
         return slot
+
+
+def seconds(value: Any) -> float | None:
+    """A duration a launch wrote (untrusted): a plausible number of seconds, or None."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e5
+    return round(float(value), 3) if ok else None
 
 
 def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:

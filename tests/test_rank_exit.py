@@ -8,7 +8,6 @@ done but not yet collected, the furthest state a rank's exit can be seen in with
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,18 +19,21 @@ import pytest
 
 from harness import forking
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _zombie() -> int:
     """A child of this process that has exited and is not yet collected."""
     pid = os.fork()
     if pid == 0:
         os._exit(0)
+    _until_zombie(pid)
+    return pid
+
+
+def _until_zombie(pid: int) -> None:
+    """Wait (up to 10 s) until the main thread of `pid` has ended."""
     give_up = time.monotonic() + 10
     while _state(pid) != "Z" and time.monotonic() < give_up:
         time.sleep(0.01)
-    return pid
 
 
 def _state(pid: int) -> str:
@@ -71,9 +73,7 @@ def test_a_process_is_not_exiting_while_one_of_its_threads_still_runs() -> None:
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:
-        give_up = time.monotonic() + 10
-        while _state(proc.pid) != "Z" and time.monotonic() < give_up:
-            time.sleep(0.01)
+        _until_zombie(proc.pid)
         assert _state(proc.pid) == "Z", "the main thread ended"
         assert len(os.listdir(f"/proc/{proc.pid}/task")) == 2
         assert not forking.exiting(proc.pid)
@@ -141,20 +141,12 @@ def test_a_checks_launch_writes_its_record_while_its_ranks_exits_finish(
     """With an end token (a check's launch) ranks whose status is ok and whose processes are exiting
     are ended ok at once; without one (a benchmark's next launch is timed) the launcher waits for
     their exit, here to its deadline."""
-    from tests.test_sandbox_records import launch_config
+    from tests.test_sandbox_records import launch_config, run_launcher_script
 
     cfg = launch_config(tmp_path, mode="outputs", timeout_s=2)
     if token is not None:
         cfg["end_token"] = token
-    out = subprocess.run(
-        [sys.executable, "-c", LEAVING_RANKS, json.dumps(cfg)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout)
+    seen = run_launcher_script(LEAVING_RANKS, cfg)
     ranks = seen["record"]["ranks"]
     if token is not None:
         assert [(r["state"], r["exit_code"]) for r in ranks] == [("ok", 0), ("ok", 0)]

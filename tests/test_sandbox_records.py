@@ -157,28 +157,30 @@ print(json.dumps({"record": record, "sent": sent, "orphans": orphans, "left": fo
 """
 
 
+def run_launcher_script(script: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """What `script` (a launcher with stand-in ranks, in a process of its own: the launcher kills its
+    children) prints as JSON, given the launch configuration `cfg` as its argument."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cfg)], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 @pytest.mark.parametrize("token", ["7a" * 16, None])
 def test_the_launcher_keeps_the_end_token_from_its_ranks_and_writes_it_once_their_processes_are_gone(
     tmp_path: Path, token: str | None
 ) -> None:
     """The token is the launcher's alone (no rank is sent it) and goes into its record only after
-    every process the ranks left is killed (in a process of its own: the launcher kills its children)."""
-    import subprocess
-    import sys
-
+    every process the ranks left is killed."""
     cfg = launch_config(tmp_path, mode="outputs")
     if token is not None:
         cfg["end_token"] = token
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(
-        [sys.executable, "-c", LAUNCHER_END, json.dumps(cfg)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout)
+    seen = run_launcher_script(LAUNCHER_END, cfg)
     assert [r["state"] for r in seen["record"]["ranks"]] == ["ok", "ok"]
     assert seen["record"].get("end_token") == token
     assert all("end_token" not in s and s["rank"] == r for r, s in enumerate(seen["sent"]))

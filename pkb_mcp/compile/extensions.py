@@ -48,7 +48,7 @@ from pkb_mcp.compile.flags import prebuild_refusal
 from pkb_mcp.compile.headers import flag_set, prepare_soon
 from pkb_mcp.compile.literal_calls import literal_calls
 from pkb_mcp.compile.parse import first_errors
-from pkb_mcp.launches import read_result
+from pkb_mcp.launches import read_result, seconds
 from pkb_mcp.log import get
 from sandbox.toolchain import jit_env
 
@@ -109,14 +109,11 @@ def unit_seconds(directory: Path) -> dict[str, float]:
     """How long each unit a build compiled took, and its link (harness/objects.py), from the build's
     units mark: written in the sandbox, so only short names and plausible numbers are kept."""
     found = read_result(directory / requests.UNITS_MARK, UNITS_CAP)
-    seconds = found.get("seconds") if isinstance(found, dict) else None
-    if not isinstance(seconds, dict):
+    each = found.get("seconds") if isinstance(found, dict) else None
+    if not isinstance(each, dict):
         return {}
-    return {
-        str(name)[:80]: float(value)
-        for name, value in list(seconds.items())[:16]
-        if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e5
-    }
+    kept = {str(name)[:80]: seconds(value) for name, value in list(each.items())[:16]}
+    return {name: value for name, value in kept.items() if value is not None}
 
 
 def units_text(seconds: dict[str, float]) -> str:
@@ -265,11 +262,6 @@ def build_requests(
     return prepared, result if isinstance(result, dict) else None
 
 
-def _seconds(value: Any) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e5
-    return round(float(value), 3) if ok else None
-
-
 def build_steps(result: Any, launch_s: float) -> dict[str, Any]:
     """Where a build launch's time went, for the log: the launch as the host saw it (the sandbox's
     start and end included), torch's import in it, and each extension's plan, compiles and link
@@ -277,7 +269,7 @@ def build_steps(result: Any, launch_s: float) -> dict[str, Any]:
     steps: dict[str, Any] = {"launch": round(launch_s, 3)}
     if not isinstance(result, dict):
         return steps
-    if (imported := _seconds(result.get("import_s"))) is not None:
+    if (imported := seconds(result.get("import_s"))) is not None:
         steps["import"] = imported
     entries = result.get("extensions")
     for entry in entries[:16] if isinstance(entries, list) else []:
@@ -285,8 +277,8 @@ def build_steps(result: Any, launch_s: float) -> dict[str, Any]:
             continue
         parts = entry.get("steps_s")
         parts = parts if isinstance(parts, dict) else {}
-        kept = {k: v for k in ("plan", "compile") if (v := _seconds(parts.get(k))) is not None}
-        if (elapsed := _seconds(entry.get("elapsed_s"))) is not None:
+        kept = {k: v for k in ("plan", "compile") if (v := seconds(parts.get(k))) is not None}
+        if (elapsed := seconds(entry.get("elapsed_s"))) is not None:
             kept["elapsed"] = elapsed
         steps[str(entry.get("name", ""))[:80]] = kept
     return steps
