@@ -6,18 +6,21 @@ passed the same allow-list). This program only runs them, side by side, and writ
 BuildRecord (harness/contracts.py):
 
   {"commands": [{"returncode", "output", "elapsed_s"}],
-   "extensions": [{"key", "name", "ok", "log", "elapsed_s", "steps_s"}],
+   "extensions": [{"key", "name", "ok", "log", "elapsed_s", "steps_s", "parts"}],
    "headers": [{"key", "ok", "cached", "log", "elapsed_s"}],
+   "parts": [{"key", "ok", "cached", "log", "elapsed_s"}],
    "import_s"}
 
-`steps_s` splits an extension's time into its plan and its compiles and link; `import_s` is torch's
-import, before any of them.
+`steps_s` splits an extension's time into its plan and its compiles and link; `parts` names its CUDA
+units' headers' parts (harness/prefixes.py) and whether the cache had them precompiled; `import_s` is
+torch's import, before any of them.
 
 `returncode` is None for a command killed at the deadline. Paths of the launch directory in outputs are
 written as `<build>`, so the host can map them back whatever the sandbox mounted the launch at. Built
 extensions are left in `extensions/<key>/`, precompiled headers (harness/headers.py, asked for
-with no other work in the launch) in `headers/<key>/`, for the host to move into the node's cache;
-nothing here loads them (their initializers are candidate code). Stdlib + torch only.
+with no other work in the launch) in `headers/<key>/`, CUDA units' precompiled headers' parts
+(harness/prefixes.py, asked for likewise) in `prefixes/<key>/`, for the host to move into the node's
+cache; nothing here loads them (their initializers are candidate code). Stdlib + torch only.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import extensions, headers, objects
+from harness import extensions, headers, nvcc, objects, prefixes
 from harness.contracts import (
     BuildRecord,
     CommandResult,
@@ -100,6 +103,7 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
         "log": "",
         "elapsed_s": 0.0,
         "steps_s": {},
+        "parts": [],
     }
     try:
         request = extensions.Request.from_json(data)
@@ -112,6 +116,8 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
             extensions.build(request, directory, verbose=False, store=store, steps_s=entry["steps_s"])
         extensions.write_mark(directory, extensions.OK_MARK, {"name": request.name})
         entry["ok"] = True
+        units = extensions.read_mark(directory, extensions.UNITS_MARK) or {}
+        entry["parts"] = list(units.get("parts", []))
     except Exception as exc:
         entry["log"] = str(exc)[-extensions.FAILURE_LOG_CHARS :]
     entry["elapsed_s"] = round(time.monotonic() - start, 3)
@@ -166,6 +172,35 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     return entry
 
 
+def make_part(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
+    """Precompile the headers' part of the CUDA unit of an extension request (`data`, allow-listed by the
+    host) into `launch_dir`/prefixes. What happened: key, ok, cached (`cache`, the cache's parts, had it
+    already: another build asked first), log. The unit's host chain runs again here, to learn its part:
+    only the compilers; nothing is loaded."""
+    start = time.monotonic()
+    entry: HeaderBuild = {"key": None, "ok": False, "cached": False, "log": "", "elapsed_s": 0.0}
+    scratch = launch_dir / "parts-scratch" / hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
+    try:
+        request = extensions.Request.from_json(data)
+        steps = extensions.build_steps(request, extensions.source_files(request, scratch), scratch)
+        step = next((s for s in steps or () if s.rule == "cuda_compile"), None)
+        if step is None:
+            raise RuntimeError("the request's build file has no CUDA unit this module knows")
+        made = launch_dir / prefixes.PREFIXES
+        key = nvcc.make_part(step.command, scratch, Path(step.inputs[0]), extensions.toolchain(), made)
+        entry["key"] = key
+        entry["cached"] = cache is not None and (cache / key / f"{prefixes.HEADER}.gch").is_file()
+        entry["ok"] = True
+    except Exception as exc:
+        entry["log"] = str(exc)[-extensions.FAILURE_LOG_CHARS :]
+    finally:
+        entry["elapsed_s"] = round(time.monotonic() - start, 3)
+        shutil.rmtree(scratch, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            scratch.parent.rmdir()
+    return entry
+
+
 def torch_header() -> Path:
     """torch's own `torch/extension.h`, at the path every sandbox sees too (the host's stub names it)."""
     from torch.utils import cpp_extension
@@ -185,8 +220,9 @@ def main(cfg: ToolConfig) -> BuildRecord:
     requests = cfg.get("extensions", [])
     cache = os.environ.get(extensions.CACHE_ENV)
     header_cache = Path(cache) / objects.OBJECTS / headers.HEADERS if cache else None
+    part_cache = Path(cache) / objects.OBJECTS / prefixes.PREFIXES if cache else None
     start = time.monotonic()
-    if requests or cfg.get("headers"):
+    if requests or cfg.get("headers") or cfg.get("parts"):
         import torch.utils.cpp_extension  # noqa: F401 - every build and header needs it: timed alone
     import_s = round(time.monotonic() - start, 3)
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
@@ -196,15 +232,23 @@ def main(cfg: ToolConfig) -> BuildRecord:
         ]
         built = [pool.submit(_build_extension, r, launch_dir) for r in requests]
         made = [pool.submit(make_header, h, launch_dir, header_cache) for h in cfg.get("headers", [])]
+        parts = [pool.submit(make_part, p, launch_dir, part_cache) for p in cfg.get("parts", [])]
         results = [f.result() for f in ran]
         built_results = [f.result() for f in built]
         made_results = [f.result() for f in made]
+        part_results = [f.result() for f in parts]
     prefix = str(launch_dir)
     for r in results:
         r["output"] = r["output"].replace(prefix, "<build>")
-    for b in built_results:
+    for b in [*built_results, *made_results, *part_results]:
         b["log"] = b["log"].replace(prefix, "<build>")
-    return {"commands": results, "extensions": built_results, "headers": made_results, "import_s": import_s}
+    return {
+        "commands": results,
+        "extensions": built_results,
+        "headers": made_results,
+        "parts": part_results,
+        "import_s": import_s,
+    }
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ class ToolConfig(TypedDict):
     commands: NotRequired[list[BuildCommand]]  # build: compiler runs
     extensions: NotRequired[list[dict[str, Any]]]  # build: harness.extensions.Request.to_json()
     headers: NotRequired[list[dict[str, Any]]]  # build: {extra_cflags, with_cuda} (harness/headers.py)
+    parts: NotRequired[list[dict[str, Any]]]  # build: requests whose CUDA unit's part to precompile
 
 
 class WorkerSetup(TypedDict):
@@ -268,10 +269,12 @@ class ExtensionBuild(TypedDict):
     log: str
     elapsed_s: float
     steps_s: NotRequired[dict[str, float]]  # "plan", "compile" (harness/extensions.py build)
+    parts: NotRequired[list[dict[str, Any]]]  # {"key", "precompiled"} of its CUDA units (harness/prefixes.py)
 
 
 class HeaderBuild(TypedDict):
-    """One precompiled header a build launch made (or found in the cache): headers/<key>/."""
+    """One precompiled header a build launch made (or found in the cache): headers/<key>/, or a CUDA
+    unit's headers' part: prefixes/<key>/."""
 
     key: str | None
     ok: bool
@@ -286,6 +289,7 @@ class BuildRecord(TypedDict):
     commands: list[CommandResult]
     extensions: list[ExtensionBuild]
     headers: NotRequired[list[HeaderBuild]]
+    parts: NotRequired[list[HeaderBuild]]
     import_s: NotRequired[float]  # torch's import, before the builds
 
 

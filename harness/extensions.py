@@ -315,7 +315,8 @@ def build(
         except RuntimeError as exc:
             raise RuntimeError(f"Error building extension '{request.name}': {exc}") from None
         mark = {"cached": done.cached, "compiled": done.compiled, "seconds": done.seconds}
-        write_mark(directory, UNITS_MARK, {**mark, "precompiled": done.precompiled})
+        parts = [{"key": part.key, "precompiled": part.precompiled} for part in done.parts]
+        write_mark(directory, UNITS_MARK, {**mark, "precompiled": done.precompiled, "parts": parts})
     if steps_s is not None:
         steps_s["compile"] = round(time.monotonic() - planned, 3)
     library = directory / f"{request.name}.so"

@@ -29,6 +29,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import prefixes
+
 MAX_LOG_BYTES = 1 << 20
 _ASSIGN = re.compile(r"([A-Za-z_]\w*)=(.*)")
 _MODULE_ID = re.compile(r'--module_id_file_name "([^"]+)"')
@@ -127,10 +129,12 @@ def _write_dependencies(cwd: Path, files: list[str], target: str, path: str) -> 
     (cwd / path).write_text(" \\\n".join(lines) + "\n")
 
 
-def module_id(command: str, source: Path) -> str:
-    """A module id for a unit: nvcc's form (a hash, then the file's name), from the command and the
-    unit's text, so two units loaded into one process never share one."""
-    digest = hashlib.sha256(command.encode() + b"\0" + source.read_bytes()).hexdigest()[:8]
+def module_id(command: str, source: Path, directory: Path) -> str:
+    """A module id for a unit: nvcc's form (a hash, then the file's name), from the command with the build
+    directory left out: as nvcc's own is for one path, the same when only the unit's text changes (so its
+    headers' part is too: harness/prefixes.py), and another for another extension's name or flags."""
+    material = command.replace(str(directory), prefixes.BUILD)
+    digest = hashlib.sha256(material.encode()).hexdigest()[:8]
     stem = re.sub(r"\W", "_", source.name)
     return f"_{digest}_{len(stem)}_{stem}_pkb"
 
@@ -151,25 +155,53 @@ def _failed(output_name: str, command: str, output: bytes) -> RuntimeError:
     return RuntimeError(f"FAILED: {output_name}\n{command}\n{text}")
 
 
-def compile_unit(command: str, cwd: Path, source: Path, output_name: str) -> bool:
-    """Run nvcc's `command` (a shell line compiling `source` with `-c`) with its two front-end chains
-    at once. False when nvcc's plan is not one this module splits (the caller runs `command` itself);
-    raises RuntimeError with the compilers' output when the compile fails."""
+@dataclass(frozen=True)
+class Split:
+    """A unit compiled with its front ends side by side, and its headers' part (harness/prefixes.py)."""
+
+    part: prefixes.Part | None = None
+
+
+def _planned(command: str, cwd: Path, source: Path, keep: str) -> Plan | None:
+    """nvcc's plan for `command`, its module id written, or None for a plan this module does not split."""
+    dry = subprocess.run(
+        ["/bin/sh", "-c", f"{command} -dryrun --keep --keep-dir {shlex.quote(keep)}"],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        check=False,
+    )
+    steps = plan((dry.stdout + dry.stderr).decode("utf-8", errors="replace"))
+    if dry.returncode != 0 or steps is None:
+        return None
+    (cwd / steps.module_id).write_text(module_id(command, source, cwd))
+    return steps
+
+
+def _keep_dir(cwd: Path, output_name: str) -> str:
     keep = f".nvcc-{re.sub(r'[^A-Za-z0-9_.-]', '_', output_name)}"
     shutil.rmtree(cwd / keep, ignore_errors=True)
     (cwd / keep).mkdir()
+    return keep
+
+
+def compile_unit(
+    command: str,
+    cwd: Path,
+    source: Path,
+    output_name: str,
+    parts: Path | None = None,
+    toolchain: dict[str, str] | None = None,
+) -> Split | None:
+    """Run nvcc's `command` (a shell line compiling `source` with `-c`) with its two front-end chains
+    at once, the host compile with the headers' part precompiled where `parts` (the cache's, read-only)
+    has it. None when nvcc's plan is not one this module splits (the caller runs `command` itself);
+    raises RuntimeError with the compilers' output when the compile fails."""
+    keep = _keep_dir(cwd, output_name)
     try:
-        dry = subprocess.run(
-            ["/bin/sh", "-c", f"{command} -dryrun --keep --keep-dir {shlex.quote(keep)}"],
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            check=False,
-        )
-        steps = plan((dry.stdout + dry.stderr).decode("utf-8", errors="replace"))
-        if dry.returncode != 0 or steps is None:
-            return False
-        (cwd / steps.module_id).write_text(module_id(command, source))
+        steps = _planned(command, cwd, source, keep)
+        if steps is None:
+            return None
         env = {**os.environ, **steps.env}
         host, device, read = steps.host, steps.device, []
         if steps.dependencies is not None:
@@ -181,12 +213,32 @@ def compile_unit(command: str, cwd: Path, source: Path, output_name: str) -> boo
         for chain, output in zip(chains, outputs, strict=True):
             if chain.returncode != 0:  # the host chain's errors first: they are nvcc's first
                 raise _failed(output_name, command, output)
+        part = None
+        if toolchain is not None:
+            part = prefixes.use(steps.rest, cwd, source, toolchain, parts)
         last = _chain(steps.rest, cwd, env)
         output = last.communicate()[0]
         if last.returncode != 0:
             raise _failed(output_name, command, output)
         if steps.dependencies is not None:
             _write_dependencies(cwd, read, output_name, steps.dependencies)
-        return True
+        return Split(part)
+    finally:
+        shutil.rmtree(cwd / keep, ignore_errors=True)
+
+
+def make_part(command: str, cwd: Path, source: Path, toolchain: dict[str, str], out: Path) -> str:
+    """The unit's host chain alone, then its headers' part precompiled into `out`/<key>/
+    (harness/prefixes.py `make`); the key. Raises RuntimeError when either fails."""
+    keep = _keep_dir(cwd, "part")
+    try:
+        steps = _planned(command, cwd, source, keep)
+        if steps is None:
+            raise RuntimeError("nvcc's plan for this unit is not one harness/nvcc.py splits")
+        chain = _chain(steps.host, cwd, {**os.environ, **steps.env})
+        output = chain.communicate()[0]
+        if chain.returncode != 0:
+            raise _failed("part", command, output)
+        return prefixes.make(steps.rest, cwd, source, toolchain, out, {**os.environ, **steps.env})
     finally:
         shutil.rmtree(cwd / keep, ignore_errors=True)

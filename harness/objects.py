@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import headers, nvcc
+from harness import headers, nvcc, prefixes
 
 SCHEMA = 1
 OBJECTS = "objects"  # the folder of objects in the node's extension cache and in a build launch
@@ -163,6 +163,7 @@ class Outcome:
     stored: list[str]
     seconds: dict[str, float] = field(default_factory=dict)
     precompiled: list[str] = field(default_factory=list)  # units compiled with torch's header precompiled
+    parts: list[prefixes.Part] = field(default_factory=list)  # CUDA units' headers' parts (prefixes.py)
 
 
 LINK = "(link)"
@@ -177,14 +178,24 @@ def _run(command: str, directory: Path, output_name: str) -> None:
         raise RuntimeError(f"FAILED: {output_name}\n{command}\n{output}")
 
 
-def _compile(step: Step, directory: Path, command: str | None = None) -> float:
-    """A CUDA unit through harness/nvcc.py (its front ends side by side) where nvcc's plan allows, else
-    `command` (the step's own, or it with a precompiled header: harness/headers.py); the seconds it took."""
+def _compile(
+    step: Step,
+    directory: Path,
+    command: str | None,
+    parts: Path | None,
+    toolchain: dict[str, str],
+) -> tuple[float, prefixes.Part | None]:
+    """A CUDA unit through harness/nvcc.py (its front ends side by side, its headers' part precompiled
+    where `parts` has it) where nvcc's plan allows, else `command` (the step's own, or it with a
+    precompiled header: harness/headers.py); the seconds it took, and the unit's part."""
     start = time.monotonic()
     source = Path(step.inputs[0])
-    if not (step.rule == "cuda_compile" and nvcc.compile_unit(step.command, directory, source, step.output)):
+    split = None
+    if step.rule == "cuda_compile":
+        split = nvcc.compile_unit(step.command, directory, source, step.output, parts, toolchain)
+    if split is None:
         _run(command or step.command, directory, step.output)
-    return round(time.monotonic() - start, 3)
+    return round(time.monotonic() - start, 3), split.part if split is not None else None
 
 
 def run(
@@ -209,15 +220,17 @@ def run(
         else:
             todo.append((step, key))
     header_root = cache / headers.HEADERS if cache is not None else None
+    part_root = cache / prefixes.PREFIXES if cache is not None else None
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(todo), 1)) as pool:
         futures = []
         for step, _ in todo:
             command = headers.command_with(step, header_root, toolchain)
             if command is not None:
                 outcome.precompiled.append(step.inputs[0])
-            futures.append((step, pool.submit(_compile, step, directory, command)))
+            futures.append((step, pool.submit(_compile, step, directory, command, part_root, toolchain)))
         for step, future in futures:
-            outcome.seconds[Path(step.inputs[0]).name] = future.result()
+            outcome.seconds[Path(step.inputs[0]).name], found = future.result()
+            outcome.parts += [found] if found is not None else []
     for step, key in todo:
         outcome.compiled.append(step.inputs[0])
         if store is not None and _depends_only_on_toolchain(step, directory):

@@ -94,16 +94,16 @@ def test_a_plan_of_another_shape_is_left_to_nvcc(edit):
     assert nvcc.plan(edit(DRY_RUN)) is None
 
 
-def test_a_module_id_is_a_name_that_differs_with_the_source(tmp_path):
-    a, b = tmp_path / "cuda.cu", tmp_path / "other.cu"
-    a.write_text(KERNEL)
-    b.write_text(KERNEL + "// edited\n")
-    first = nvcc.module_id("nvcc -c cuda.cu", a)
+def test_a_module_id_is_the_command_s_and_stays_when_the_unit_or_its_folder_changes(tmp_path):
+    a, b = tmp_path / "a" / "cuda.cu", tmp_path / "b" / "cuda.cu"
+    for path, text in ((a, KERNEL), (b, KERNEL + "// edited\n")):
+        path.parent.mkdir()
+        path.write_text(text)
+    first = nvcc.module_id(f"nvcc -c {a}", a, a.parent)
     assert first.isidentifier() and first.endswith("_cuda_cu_pkb")
-    assert first == nvcc.module_id("nvcc -c cuda.cu", a)
-    assert first != nvcc.module_id("nvcc -c other.cu", b) and first != nvcc.module_id(
-        "nvcc -O3 -c cuda.cu", a
-    )
+    assert first == nvcc.module_id(f"nvcc -c {b}", b, b.parent)  # another text, another build folder
+    assert first != nvcc.module_id(f"nvcc -O3 -c {a}", a, a.parent)
+    assert first != nvcc.module_id(f"nvcc -DTORCH_EXTENSION_NAME=other -c {a}", a, a.parent)
 
 
 def _symbols(obj: Path) -> list[str]:

@@ -25,8 +25,9 @@ whether its text names only builds in the cache), `Prepared` (what
 it did), and the steps themselves for compile_kernel, which adds its compiler runs to the build launch:
 `discover`, `parse_requests`, `build_requests`, `toolchain`. `ToolRunner` is what runs the discovery and
 build launches (pkb_mcp.launches.ToolLaunches). A build also asks for its flags' precompiled torch
-header, for the builds after it (compile/headers.py). Imports pkb_mcp.config, log, launches and
-compile.flags, headers, literal_calls, parse, harness.extensions, objects and sandbox.toolchain.
+header, and its CUDA units' precompiled headers' parts, for the builds after it (compile/headers.py).
+Imports pkb_mcp.config, log, launches and compile.flags, headers, literal_calls, parse,
+harness.extensions, objects and sandbox.toolchain.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from harness import extensions as requests
 from harness import objects
 from pkb_mcp import config
 from pkb_mcp.compile.flags import prebuild_refusal
-from pkb_mcp.compile.headers import flag_set, prepare_soon
+from pkb_mcp.compile.headers import flag_set, prepare_parts_soon, prepare_soon
 from pkb_mcp.compile.literal_calls import literal_calls
 from pkb_mcp.compile.parse import first_errors
 from pkb_mcp.launches import read_result, seconds
@@ -248,6 +249,8 @@ def build_requests(
         result = read_result(launch_dir / "build.json")
         _install_results(todo, result, outcome.timed_out, launch_dir, prepared)
         _install_objects(launch_dir / objects.OBJECTS)
+        # the CUDA units' headers' parts the cache lacked, for the builds after this one
+        prepare_parts_soon(unmade_parts(result, dict(todo)), tools)
     finally:
         if own_dir:
             shutil.rmtree(launch_dir, ignore_errors=True)
@@ -282,6 +285,23 @@ def build_steps(result: Any, launch_s: float) -> dict[str, Any]:
             kept["elapsed"] = elapsed
         steps[str(entry.get("name", ""))[:80]] = kept
     return steps
+
+
+def unmade_parts(result: Any, todo: dict[str, requests.Request]) -> dict[str, requests.Request]:
+    """The headers' parts (harness/prefixes.py) a build launch's CUDA units found no precompiled form
+    of, by key, each with the request of the extension whose unit it is."""
+    entries = result.get("extensions") if isinstance(result, dict) else None
+    wanted: dict[str, requests.Request] = {}
+    for entry in entries[:16] if isinstance(entries, list) else []:
+        request = todo.get(str(entry.get("key"))) if isinstance(entry, dict) else None
+        parts = entry.get("parts") if request is not None else None
+        if request is None or not isinstance(parts, list):
+            continue
+        for part in parts[:4]:
+            unmade = isinstance(part, dict) and part.get("precompiled") is False
+            if unmade and isinstance(part.get("key"), str):
+                wanted.setdefault(part["key"], request)
+    return wanted
 
 
 def _install_results(
