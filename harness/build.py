@@ -187,7 +187,8 @@ def make_part(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
         if step is None:
             raise RuntimeError("the request's build file has no CUDA unit this module knows")
         made = launch_dir / prefixes.PREFIXES
-        key = nvcc.make_part(step.command, scratch, Path(step.inputs[0]), extensions.toolchain(), made)
+        unit, chain = Path(step.inputs[0]), extensions.toolchain()
+        key = nvcc.make_part(step.command, scratch, unit, step.output, chain, made)
         entry["key"] = key
         entry["cached"] = cache is not None and (cache / key / f"{prefixes.HEADER}.gch").is_file()
         entry["ok"] = True

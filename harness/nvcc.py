@@ -227,10 +227,12 @@ def compile_unit(
         shutil.rmtree(cwd / keep, ignore_errors=True)
 
 
-def make_part(command: str, cwd: Path, source: Path, toolchain: dict[str, str], out: Path) -> str:
+def make_part(
+    command: str, cwd: Path, source: Path, output_name: str, toolchain: dict[str, str], out: Path
+) -> str:
     """The unit's host chain alone, then its headers' part precompiled into `out`/<key>/
     (harness/prefixes.py `make`); the key. Raises RuntimeError when either fails."""
-    keep = _keep_dir(cwd, "part")
+    keep = _keep_dir(cwd, output_name)
     try:
         steps = _planned(command, cwd, source, keep)
         if steps is None:

@@ -66,7 +66,13 @@ def test_the_unit_s_own_lines_start_at_its_first_marker_after_its_headers():
 def test_the_host_compile_is_read_from_nvcc_s_plan_or_not_at_all():
     found = prefixes.host_compile(['gcc -c -x c++ -fPIC "d/k.cudafe1.cpp" -o "k.o"'])
     assert found is not None and found.argv[found.source] == "d/k.cudafe1.cpp"
-    assert found.argv[found.output] == "k.o" and found.flags(Path("/x")) == ["gcc", "-c", "-x", "c++", "-fPIC"]
+    assert found.argv[found.output] == "k.o" and found.flags(Path("/x")) == [
+        "gcc",
+        "-c",
+        "-x",
+        "c++",
+        "-fPIC",
+    ]
     assert prefixes.host_compile(['gcc -c -x c++ "d/k.cudafe1.cpp" -o "k.o"', "true"]) is None
     assert prefixes.host_compile(['gcc -x c++ "d/k.cudafe1.cpp" -o "k.o"']) is None  # no -c
     assert prefixes.host_compile(['gcc -c "d/k.cpp" -o "k.o"']) is None
@@ -79,7 +85,7 @@ def test_an_edited_unit_compiles_with_the_part_its_first_version_made(tmp_path):
     first = _unit(tmp_path / "one")
     done = nvcc.compile_unit(_command(first), first.parent, first, "cuda.o", parts, TOOLCHAIN)
     assert done is not None and done.part is not None and not done.part.precompiled
-    key = nvcc.make_part(_command(first), first.parent, first, TOOLCHAIN, parts)
+    key = nvcc.make_part(_command(first), first.parent, first, "cuda.o", TOOLCHAIN, parts)
     assert key == done.part.key and (parts / key / "prefix.h.gch").stat().st_size > 1 << 20
     assert str(tmp_path) not in (parts / key / "prefix.h").read_text()  # the build folder left out
     edited = _unit(tmp_path / "two", scale="3.f")  # another kernel, another build folder
@@ -96,7 +102,7 @@ def test_an_edited_unit_compiles_with_the_part_its_first_version_made(tmp_path):
 def test_a_part_is_shared_where_the_host_compile_s_input_is_the_same_and_only_there(tmp_path):
     parts = tmp_path / "cache"
     first = _unit(tmp_path / "one")
-    key = nvcc.make_part(_command(first), first.parent, first, TOOLCHAIN, parts)
+    key = nvcc.make_part(_command(first), first.parent, first, "cuda.o", TOOLCHAIN, parts)
 
     def part(name: str, flags: str = "", toolchain: dict[str, str] = TOOLCHAIN) -> prefixes.Part | None:
         unit = _unit(tmp_path / name)

@@ -10,7 +10,10 @@ CLI call it (the Docker sandbox when an engine answers, else the process backend
                its wall (without this stage the first build compiles its C++ unit in full)
   first_build  check of an agent-style solution: discovery, the build launch, the check
   kernel_edit  check after an edit of the kernel's source alone (its cuda_sources; a C++-only
-               solution has one unit, so on CPU the edit compiles everything again)
+               solution has one unit, so on CPU the edit compiles everything again), once the
+               headers' part the first build asked for is made (harness/prefixes.py; as an agent
+               reads the first result before its edit): the wait for it, and what each build's
+               units took and found (`units`)
   cached       check of the unchanged solution, --repeats times: each wall, their median
   plain        check of the problem's reference (no extension), --repeats times
   batch        `pkb eval` of --files copies of the solution, each with a kernel of its own
@@ -60,6 +63,26 @@ def edited(text: str, opener: str, tag: str) -> str:
     if opener not in text:
         raise SystemExit(f"the solution has no {opener!r} to edit")
     return text.replace(opener, f"{opener}// {tag}\n", 1)
+
+
+def wait_for_headers() -> float:
+    """Wait for the precompiled headers the builds asked for in the background; the seconds waited."""
+    import threading
+
+    t0 = time.monotonic()
+    for thread in [t for t in threading.enumerate() if t.name == "headers"]:
+        thread.join(600)
+    return round(time.monotonic() - t0, 3)
+
+
+def units() -> list[dict]:
+    """Each built extension's units, oldest first: their seconds, and their headers' parts."""
+    from harness.extensions import UNITS_MARK
+    from pkb_mcp import config
+
+    marks = sorted(config.extensions_dir().glob(f"*/{UNITS_MARK}"), key=lambda p: p.stat().st_mtime)
+    found = [json.loads(p.read_text()) for p in marks]
+    return [{k: m.get(k) for k in ("seconds", "precompiled", "parts")} for m in found]
 
 
 def emit(out: Path, row: dict) -> None:
@@ -168,8 +191,10 @@ def main() -> None:
     if "first_build" in args.stages:
         emit(args.out, {**base, "stage": "first_build", **check(solution, args)})
     if "kernel_edit" in args.stages:
+        waited = wait_for_headers()
         solution.write_text(edited(source.read_text(), opener, "iteration 1"))
-        emit(args.out, {**base, "stage": "kernel_edit", **check(solution, args)})
+        row = {**base, "stage": "kernel_edit", **check(solution, args), "waited_for_parts_s": waited}
+        emit(args.out, {**row, "units": units()})
     for stage, path in (("cached", solution), ("plain", ROOT / "problems" / "001_allreduce.py")):
         if stage in args.stages:
             runs = [check(path, args) for _ in range(args.repeats)]
