@@ -314,9 +314,10 @@ def build(
             )
         except RuntimeError as exc:
             raise RuntimeError(f"Error building extension '{request.name}': {exc}") from None
-        mark = {"cached": done.cached, "compiled": done.compiled, "seconds": done.seconds}
-        parts = [{"key": part.key, "precompiled": part.precompiled} for part in done.parts]
-        write_mark(directory, UNITS_MARK, {**mark, "precompiled": done.precompiled, "parts": parts})
+        mark: dict[str, Any] = {"cached": done.cached, "compiled": done.compiled, "seconds": done.seconds}
+        parts = [asdict(part) for part in done.parts]
+        mark |= {"precompiled": done.precompiled, "parts": parts, "chains": done.chains}
+        write_mark(directory, UNITS_MARK, mark)
     if steps_s is not None:
         steps_s["compile"] = round(time.monotonic() - planned, 3)
     library = directory / f"{request.name}.so"

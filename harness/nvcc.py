@@ -26,6 +26,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +161,7 @@ class Split:
     """A unit compiled with its front ends side by side, and its headers' part (harness/prefixes.py)."""
 
     part: prefixes.Part | None = None
+    seconds: dict[str, float] | None = None  # "host" and "device" (the chains, side by side), "compile"
 
 
 def _planned(command: str, cwd: Path, source: Path, keep: str) -> Plan | None:
@@ -208,21 +210,30 @@ def compile_unit(
             host, read_host = _with_dependencies(host, keep, "host")
             device, read_device = _with_dependencies(device, keep, "device")
             read = read_host + read_device
+        start = time.monotonic()
         chains = [_chain(host, cwd, env), _chain(device, cwd, env)]
-        outputs = [chain.communicate()[0] for chain in chains]
+        outputs, seconds = [], {}
+        for name, chain in zip(("host", "device"), chains, strict=True):
+            outputs.append(chain.communicate()[0])
+            seconds[name] = round(
+                time.monotonic() - start, 3
+            )  # the device chain's, if it ended first: at most
         for chain, output in zip(chains, outputs, strict=True):
             if chain.returncode != 0:  # the host chain's errors first: they are nvcc's first
                 raise _failed(output_name, command, output)
-        part = None
-        if toolchain is not None:
-            part = prefixes.use(steps.rest, cwd, source, toolchain, parts)
-        last = _chain(steps.rest, cwd, env)
+        part, rest = None, steps.rest
+        if toolchain is not None and (used := prefixes.use(rest, cwd, source, toolchain, parts)) is not None:
+            part, rest = used
+        start = time.monotonic()
+        last = _chain(rest, cwd, env)
         output = last.communicate()[0]
+        seconds["compile"] = round(time.monotonic() - start, 3)
         if last.returncode != 0:
             raise _failed(output_name, command, output)
+        part = part.after(output) if part is not None else None
         if steps.dependencies is not None:
             _write_dependencies(cwd, read, output_name, steps.dependencies)
-        return Split(part)
+        return Split(part, seconds)
     finally:
         shutil.rmtree(cwd / keep, ignore_errors=True)
 

@@ -164,6 +164,7 @@ class Outcome:
     seconds: dict[str, float] = field(default_factory=dict)
     precompiled: list[str] = field(default_factory=list)  # units compiled with torch's header precompiled
     parts: list[prefixes.Part] = field(default_factory=list)  # CUDA units' headers' parts (prefixes.py)
+    chains: dict[str, dict[str, float]] = field(default_factory=dict)  # a CUDA unit's steps (nvcc.Split)
 
 
 LINK = "(link)"
@@ -184,10 +185,10 @@ def _compile(
     command: str | None,
     parts: Path | None,
     toolchain: dict[str, str],
-) -> tuple[float, prefixes.Part | None]:
+) -> tuple[float, nvcc.Split | None]:
     """A CUDA unit through harness/nvcc.py (its front ends side by side, its headers' part precompiled
     where `parts` has it) where nvcc's plan allows, else `command` (the step's own, or it with a
-    precompiled header: harness/headers.py); the seconds it took, and the unit's part."""
+    precompiled header: harness/headers.py); the seconds it took, and the split compile's account."""
     start = time.monotonic()
     source = Path(step.inputs[0])
     split = None
@@ -195,7 +196,7 @@ def _compile(
         split = nvcc.compile_unit(step.command, directory, source, step.output, parts, toolchain)
     if split is None:
         _run(command or step.command, directory, step.output)
-    return round(time.monotonic() - start, 3), split.part if split is not None else None
+    return round(time.monotonic() - start, 3), split
 
 
 def run(
@@ -229,8 +230,12 @@ def run(
                 outcome.precompiled.append(step.inputs[0])
             futures.append((step, pool.submit(_compile, step, directory, command, part_root, toolchain)))
         for step, future in futures:
-            outcome.seconds[Path(step.inputs[0]).name], found = future.result()
-            outcome.parts += [found] if found is not None else []
+            name = Path(step.inputs[0]).name
+            outcome.seconds[name], split = future.result()
+            if split is not None and split.part is not None:
+                outcome.parts.append(split.part)
+            if split is not None and split.seconds:
+                outcome.chains[name] = split.seconds
     for step, key in todo:
         outcome.compiled.append(step.inputs[0])
         if store is not None and _depends_only_on_toolchain(step, directory):

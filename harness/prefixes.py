@@ -34,6 +34,7 @@ BUILD = "<build>"
 MIN_PART_BYTES = 1 << 16  # a smaller part is not worth a header of hundreds of MB
 MAX_LOG_BYTES = 1 << 20
 _INPUT = re.compile(r".+\.cudafe1\.cpp")
+INVALID = "[-Winvalid-pch]"  # how GCC marks its reason for not taking a precompiled header
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,20 @@ class HostCompile:
 
 @dataclass(frozen=True)
 class Part:
-    """A unit's headers' part: its key, and whether the cache had it precompiled (the compile used it)."""
+    """A unit's headers' part: its key, and whether its host compile used it precompiled (the cache had
+    it, and GCC took it: `rejected`, the reason GCC gave where it did not)."""
 
     key: str
     precompiled: bool
+    rejected: str = ""
+
+    def after(self, output: bytes) -> Part:
+        """The part as the host compile's output (with -Winvalid-pch) tells of it."""
+        said = output.decode("utf-8", errors="replace")
+        if not self.precompiled or INVALID not in said:
+            return self
+        line = next(line for line in said.splitlines() if INVALID in line)
+        return Part(self.key, False, line[-300:])
 
 
 def host_compile(rest: list[str]) -> HostCompile | None:
@@ -108,9 +119,10 @@ def _part(
 
 def use(
     rest: list[str], directory: Path, unit: Path, toolchain: dict[str, str], root: Path | None
-) -> Part | None:
-    """Before the host compile: the unit's part, and where `root` (the cache's parts, read-only) has it
-    precompiled, `cudafe++`'s output rewritten to include it. None: no part to speak of."""
+) -> tuple[Part, list[str]] | None:
+    """Before the host compile: the unit's part and the compile to run (`rest`, or where `root`, the
+    cache's parts, read-only, has the part precompiled, `rest` with -Winvalid-pch after `cudafe++`'s
+    output has been rewritten to include it). None: no part to speak of."""
     compile_ = host_compile(rest)
     found = _part(compile_, directory, unit, toolchain) if compile_ is not None else None
     if compile_ is None or found is None:
@@ -118,10 +130,11 @@ def use(
     part_key, _, own = found
     header = root / part_key / HEADER if root is not None else None
     if header is None or not _plain(header) or not _plain(header.with_name(HEADER + ".gch")):
-        return Part(part_key, False)
+        return Part(part_key, False), rest
     path = directory / compile_.argv[compile_.source]
     path.write_text(f'#include "{header}"\n{own}', errors="surrogateescape")
-    return Part(part_key, True)
+    argv = [compile_.argv[0], "-Winvalid-pch", *compile_.argv[1:]]
+    return Part(part_key, True), [shlex.join(argv)]
 
 
 def make(

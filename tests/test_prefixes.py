@@ -203,3 +203,16 @@ def test_no_part_is_asked_for_without_isolated_sandboxes(tmp_path, monkeypatch):
     tools.isolated = True
     assert headers.prepare_parts_soon({"1" * 64: _request("one")}, tools) is None
     assert tools.params == []
+
+
+@needs_nvcc
+def test_a_precompiled_part_gcc_will_not_take_is_reported_and_its_text_compiled(tmp_path):
+    parts = tmp_path / "cache"
+    first = _unit(tmp_path / "one")
+    key = nvcc.make_part(_command(first), first.parent, first, "cuda.o", TOOLCHAIN, parts)
+    (parts / key / "prefix.h.gch").write_bytes(b"not a precompiled header")
+    edited = _unit(tmp_path / "two", scale="3.f")
+    done = nvcc.compile_unit(_command(edited), edited.parent, edited, "cuda.o", parts, TOOLCHAIN)
+    assert done is not None and done.part is not None and done.part.key == key
+    assert not done.part.precompiled and prefixes.INVALID in done.part.rejected, done.part
+    assert "_Z5scalePffi" in _symbols(edited.parent / "cuda.o")

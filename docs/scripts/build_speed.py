@@ -82,7 +82,7 @@ def units() -> list[dict]:
 
     marks = sorted(config.extensions_dir().glob(f"*/{UNITS_MARK}"), key=lambda p: p.stat().st_mtime)
     found = [json.loads(p.read_text()) for p in marks]
-    return [{k: m.get(k) for k in ("seconds", "precompiled", "parts")} for m in found]
+    return [{k: m.get(k) for k in ("seconds", "chains", "precompiled", "parts")} for m in found]
 
 
 def emit(out: Path, row: dict) -> None:
