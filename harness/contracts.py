@@ -269,7 +269,7 @@ class ExtensionBuild(TypedDict):
     log: str
     elapsed_s: float
     steps_s: NotRequired[dict[str, float]]  # "plan", "compile" (harness/extensions.py build)
-    parts: NotRequired[list[dict[str, Any]]]  # {"key", "precompiled"} of its CUDA units (harness/prefixes.py)
+    parts: NotRequired[list[dict[str, Any]]]  # its CUDA units' parts: harness/prefixes.py Part
 
 
 class HeaderBuild(TypedDict):

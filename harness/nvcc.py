@@ -8,13 +8,14 @@ chain needs only one thing from the host chain: the unit's module id, a name `cu
 file for `cicc` to read. With a unit that includes ATen's headers, each front end takes many seconds
 (docs/gpu-results.md, "Builds"), and `cicc` is most of the device chain.
 
-Here the module id is written first (a name derived from the command and the source, as unique as
-nvcc's), then the two chains run at once, then the host compile: nvcc's own commands, taken from
-`nvcc -dryrun --keep` and run unchanged but for `cudafe++` reading the id instead of writing it and,
-where nvcc was asked for a dependency file (`-MD -MF`, as torch's build file asks), the preprocessor
-runs listing the files they read, from which that file is written as nvcc would. A
-dry run whose commands do not have that shape (a flag that changes nvcc's plan in a way not met
-before) is left to nvcc itself, so the result is always nvcc's. Stdlib only: this runs inside the
+Here the module id is written first (a name derived from the command, the build directory left out:
+as unique as nvcc's), then the two chains run at once, then the host compile, with the headers' part
+of its input precompiled where the node's cache has it (harness/prefixes.py; `make_part` makes one):
+nvcc's own commands, taken from `nvcc -dryrun --keep` and run unchanged but for `cudafe++` reading the
+id instead of writing it and, where nvcc was asked for a dependency file (`-MD -MF`, as torch's build
+file asks), the preprocessor runs listing the files they read, from which that file is written as nvcc
+would. A dry run whose commands do not have that shape (a flag that changes nvcc's plan in a way not
+met before) is left to nvcc itself, so the result is always nvcc's. Stdlib only: this runs inside the
 sandbox, in build launches.
 """
 
@@ -215,9 +216,8 @@ def compile_unit(
         outputs, seconds = [], {}
         for name, chain in zip(("host", "device"), chains, strict=True):
             outputs.append(chain.communicate()[0])
-            seconds[name] = round(
-                time.monotonic() - start, 3
-            )  # the device chain's, if it ended first: at most
+            # the device chain's time is the host chain's where it ended first
+            seconds[name] = round(time.monotonic() - start, 3)
         for chain, output in zip(chains, outputs, strict=True):
             if chain.returncode != 0:  # the host chain's errors first: they are nvcc's first
                 raise _failed(output_name, command, output)

@@ -12,9 +12,9 @@ its own lines; GCC finds `prefix.h.gch` beside it and uses it where the flags su
 
 A part's key: sha256 of the schema, the host compile's arguments less its input and output, the part's
 text (the build directory written as `<build>` in both) and the toolchain. The part is made by a build
-launch of its own (harness/build.py `make_prefix`: the unit's host chain again, then `-x c++-header`)
+launch of its own (harness/build.py `make_part`: the unit's host chain again, then `-x c++-header`)
 into the launch's `prefixes/<key>/`, which the host copies into the node's cache
-(pkb_mcp/compile/prefixes.py); builds find it there, read-only. Stdlib only: runs inside the sandbox.
+(pkb_mcp/compile/headers.py); builds find it there, read-only. Stdlib only: runs inside the sandbox.
 """
 
 from __future__ import annotations
