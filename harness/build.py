@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +128,6 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
 def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     """Make the header for a request's flags (`data`: `extra_cflags`, `with_cuda`; allow-listed by the
     host) into `launch_dir`/headers, unless `cache` has it. What happened: key, ok, cached, log."""
-    start = time.monotonic()
-    entry: HeaderBuild = {"key": None, "ok": False, "cached": False, "log": "", "elapsed_s": 0.0}
     request = extensions.Request(
         name="pkb_headers",
         cpp_sources=("",),
@@ -137,7 +136,7 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     )
     # this set's own folder: sets are made side by side, and each removes only its own
     scratch = launch_dir / "headers-scratch" / hashlib.sha256(repr(request).encode()).hexdigest()[:16]
-    try:
+    with _header_entry(scratch) as entry:
         steps = extensions.build_steps(request, extensions.source_files(request, scratch), scratch)
         step = next((s for s in steps or () if s.rule == "compile"), None)
         unit_flags = headers.flags(step) if step is not None else None
@@ -162,13 +161,6 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
         entry["log"] = output[-extensions.FAILURE_LOG_CHARS :]
         if not entry["ok"]:
             shutil.rmtree(target.parent.parent, ignore_errors=True)
-    except Exception as exc:
-        entry["log"] = str(exc)[-extensions.FAILURE_LOG_CHARS :]
-    finally:
-        entry["elapsed_s"] = round(time.monotonic() - start, 3)
-        shutil.rmtree(scratch, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            scratch.parent.rmdir()  # the last set to end
     return entry
 
 
@@ -177,10 +169,8 @@ def make_part(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     host) into `launch_dir`/prefixes. What happened: key, ok, cached (`cache`, the cache's parts, had it
     already: another build asked first), log. The unit's host chain runs again here, to learn its part:
     only the compilers; nothing is loaded."""
-    start = time.monotonic()
-    entry: HeaderBuild = {"key": None, "ok": False, "cached": False, "log": "", "elapsed_s": 0.0}
     scratch = launch_dir / "parts-scratch" / hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
-    try:
+    with _header_entry(scratch) as entry:
         request = extensions.Request.from_json(data)
         steps = extensions.build_steps(request, extensions.source_files(request, scratch), scratch)
         step = next((s for s in steps or () if s.rule == "cuda_compile"), None)
@@ -192,6 +182,17 @@ def make_part(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
         entry["key"] = key
         entry["cached"] = cache is not None and (cache / key / f"{prefixes.HEADER}.gch").is_file()
         entry["ok"] = True
+    return entry
+
+
+@contextlib.contextmanager
+def _header_entry(scratch: Path) -> Iterator[HeaderBuild]:
+    """A header's entry: timed, an exception kept as its log, its own scratch folder removed after (and
+    the folder of those, by the last to end: headers are made side by side)."""
+    start = time.monotonic()
+    entry: HeaderBuild = {"key": None, "ok": False, "cached": False, "log": "", "elapsed_s": 0.0}
+    try:
+        yield entry
     except Exception as exc:
         entry["log"] = str(exc)[-extensions.FAILURE_LOG_CHARS :]
     finally:
@@ -199,7 +200,6 @@ def make_part(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
         shutil.rmtree(scratch, ignore_errors=True)
         with contextlib.suppress(OSError):
             scratch.parent.rmdir()
-    return entry
 
 
 def torch_header() -> Path:
