@@ -14,6 +14,7 @@ from pkb_mcp.jobs import scheduler as sched
 from pkb_mcp.jobs.cluster import NodeLost, RemoteEnd
 from pkb_mcp.jobs.store import JobStore
 from pkb_mcp.models import RunRequest
+from pkb_mcp.runs import lease
 
 LOG: list[tuple[str, str, float, list[int]]] = []
 LOCK = threading.Lock()
@@ -96,6 +97,33 @@ def test_a_benchmark_has_the_node_to_itself(node):
     assert next(g for e, n, _, g in LOG if e == "start" and n == "bench") == [0, 1], (
         "it runs on world_size GPUs"
     )
+
+
+def test_a_benchmark_that_gives_its_gpus_back_lets_the_next_job_run_while_it_judges(node, monkeypatch):
+    """Its launches done, a benchmark judges on the host (pkb_mcp/runs/lease.py): the next job takes
+    the GPUs then, not at the benchmark's end; given back twice, or again at its end, they are one set."""
+
+    def judging(params, progress, cancel):
+        fake(params, progress, cancel)  # "launches"
+        lease.give_back()
+        lease.give_back()
+        time.sleep(0.5)  # judging
+        with LOCK:
+            LOG.append(("judged", params.problem, time.monotonic(), []))
+        return fake(params.model_copy(update={"problem": "nothing"}), progress, cancel)
+
+    SECONDS["nothing"] = 0.0
+    monkeypatch.setitem(service.VERBS, "bench", dataclasses.replace(service.VERBS["bench"], run=judging))
+    s = node()
+    ids = [submit(s, "bench", kind="bench", seconds=0.1), submit(s, "check", seconds=0.1)]
+    wait_all(s, ids)
+    judged = next(t for e, n, t, _ in LOG if e == "judged")
+    assert span("bench")[1] <= span("check")[0] < judged, "the check ran while the benchmark judged"
+    assert s.free_gpus == [0, 1, 2, 3]
+    ids = [submit(s, f"after{i}", world_size=4) for i in range(2)]
+    wait_all(s, ids)
+    (_, a1), (b0, _) = span("after0"), span("after1")
+    assert b0 >= a1 - 0.01, "the GPUs were not given to two jobs at once"
 
 
 def test_no_overtaking_so_large_jobs_are_not_starved(node):

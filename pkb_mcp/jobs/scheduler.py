@@ -11,7 +11,9 @@ A GPU job whose solution builds load_inline extensions is built first, while it 
 `config.build_slots()` builds beside the GPU queue (no GPU held: builds use the CPU cores the GPU jobs
 leave idle), and takes its GPUs once its build has ended, finding its extensions in the node's cache;
 a job waiting for its build holds no place in the GPU queue. On a CPU device a build would take the
-CPU jobs' own cores, so there the job builds as it runs; on a Ray cluster the nodes build.
+CPU jobs' own cores, so there the job builds as it runs; on a Ray cluster the nodes build. A job may
+give its GPUs back before it ends (pkb_mcp/runs/lease.py): a benchmark does once its launches are
+done, and the next job runs while it judges the timed outputs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pkb_mcp.errors import Cancelled, UserError
 from pkb_mcp.jobs.store import JobRecord, JobStore
 from pkb_mcp.log import get
 from pkb_mcp.models import Kind, RunRequest
+from pkb_mcp.runs import lease
 from pkb_mcp.service import VERBS
 
 if TYPE_CHECKING:
@@ -288,6 +291,15 @@ class Scheduler:
                 self.store.progress(record.id, done, total, message)
 
         watchdog = None
+        given: list[bool] = []
+
+        def give_back() -> None:
+            with self._cond:
+                if given:
+                    return
+                given.append(True)
+                self._give(need, taken)
+
         try:
             request = job_request(record)
             if taken:
@@ -298,7 +310,8 @@ class Scheduler:
             watchdog.start()
             if record.kind not in VERBS:
                 raise UserError(f"job {record.id} is of a kind this version does not run: {record.kind!r}")
-            result = VERBS[record.kind].run(request, progress, live.cancel)
+            with lease.holding(give_back):  # a benchmark gives its GPUs back before judging
+                result = VERBS[record.kind].run(request, progress, live.cancel)
             live.result = result
             self.store.finish(record.id, "done", result=result.model_dump(mode="json"))
         except Cancelled as exc:
@@ -315,7 +328,7 @@ class Scheduler:
             if watchdog is not None:
                 watchdog.cancel()
             self._then(record.id, live)
-            self._give(need, taken)
+            give_back()
             log.info("job.finished", job=record.id, state=self.get(record.id).state)
 
     def _then(self, job_id: str, live: _Live) -> None:

@@ -13,7 +13,7 @@ from pkb_mcp import roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch, timing_window, warm_pool
 from pkb_mcp.models import BenchResult, RunRequest, TimingStats
-from pkb_mcp.runs import conventions, protections, stats
+from pkb_mcp.runs import conventions, lease, protections, stats
 from pkb_mcp.runs.run import Progress, Run, no_progress, reference_failed
 from pkb_mcp.runs.verdicts import (
     below_floor,
@@ -120,6 +120,7 @@ def bench(
     seeds = [secrets.randbits(62)]
     tcfg = launch_share(timing_config(run.device), launches)  # a side's launches share its budget
     ran, ref_records = _time_sides(run, seeds, tcfg, launches, progress, cancel)
+    lease.give_back()  # what is left is judging, on the host: the GPUs may go to the next job
     run.notes += conventions.notes(ran[0][1])
     ref_stats, ref_warnings = stats.summarize(stats.pool_launches(ref_records))
     run.warnings.extend(f"reference: {w}" for w in ref_warnings)
