@@ -221,16 +221,18 @@ def compile_unit(
         for chain, output in zip(chains, outputs, strict=True):
             if chain.returncode != 0:  # the host chain's errors first: they are nvcc's first
                 raise _failed(output_name, command, output)
-        part, rest = None, steps.rest
-        if toolchain is not None and (used := prefixes.use(rest, cwd, source, toolchain, parts)) is not None:
-            part, rest = used
+        used = prefixes.use(steps.rest, cwd, source, toolchain, parts) if toolchain is not None else None
         start = time.monotonic()
-        last = _chain(rest, cwd, env)
+        last = _chain(used.rest if used is not None else steps.rest, cwd, env)
         output = last.communicate()[0]
+        part = used.part.after(output) if used is not None else None
+        if last.returncode != 0 and used is not None and used.original is not None:
+            part = used.undo(output)  # as nvcc would have compiled it, without the part
+            last = _chain(steps.rest, cwd, env)
+            output = last.communicate()[0]
         seconds["compile"] = round(time.monotonic() - start, 3)
         if last.returncode != 0:
             raise _failed(output_name, command, output)
-        part = part.after(output) if part is not None else None
         if steps.dependencies is not None:
             _write_dependencies(cwd, read, output_name, steps.dependencies)
         return Split(part, seconds)

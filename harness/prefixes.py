@@ -117,9 +117,28 @@ def _part(
     return key(compile_.flags(directory), part, toolchain), part, text[at:]
 
 
+@dataclass(frozen=True)
+class Use:
+    """What `use` made of a unit's host compile: its part, the compile to run, and where `cudafe++`'s
+    output was rewritten to include the part, its own text (to compile without the part after all)."""
+
+    part: Part
+    rest: list[str]
+    original: tuple[Path, str] | None = None
+
+    def undo(self, failed: bytes) -> Part:
+        """Put `cudafe++`'s output back as it was, after a compile with the part failed (`failed`, its
+        output): the part as then reported."""
+        if self.original is not None:
+            path, text = self.original
+            path.write_text(text, errors="surrogateescape")
+        reason = failed.decode("utf-8", errors="replace").strip().splitlines()[-1:] or [""]
+        return Part(self.part.key, False, f"the compile with it failed: {reason[0][-250:]}")
+
+
 def use(
     rest: list[str], directory: Path, unit: Path, toolchain: dict[str, str], root: Path | None
-) -> tuple[Part, list[str]] | None:
+) -> Use | None:
     """Before the host compile: the unit's part and the compile to run (`rest`, or where `root`, the
     cache's parts, read-only, has the part precompiled, `rest` with -Winvalid-pch after `cudafe++`'s
     output has been rewritten to include it). None: no part to speak of."""
@@ -130,11 +149,12 @@ def use(
     part_key, _, own = found
     header = root / part_key / HEADER if root is not None else None
     if header is None or not _plain(header) or not _plain(header.with_name(HEADER + ".gch")):
-        return Part(part_key, False), rest
+        return Use(Part(part_key, False), rest)
     path = directory / compile_.argv[compile_.source]
+    text = path.read_text(errors="surrogateescape")
     path.write_text(f'#include "{header}"\n{own}', errors="surrogateescape")
     argv = [compile_.argv[0], "-Winvalid-pch", *compile_.argv[1:]]
-    return Part(part_key, True), [shlex.join(argv)]
+    return Use(Part(part_key, True), [shlex.join(argv)], (path, text))
 
 
 def make(

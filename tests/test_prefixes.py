@@ -216,3 +216,17 @@ def test_a_precompiled_part_gcc_will_not_take_is_reported_and_its_text_compiled(
     assert done is not None and done.part is not None and done.part.key == key
     assert not done.part.precompiled and prefixes.INVALID in done.part.rejected, done.part
     assert "_Z5scalePffi" in _symbols(edited.parent / "cuda.o")
+
+
+@needs_nvcc
+def test_a_compile_that_fails_with_the_part_is_compiled_as_nvcc_would_without_it(tmp_path):
+    parts = tmp_path / "cache"
+    first = _unit(tmp_path / "one")
+    key = nvcc.make_part(_command(first), first.parent, first, "cuda.o", TOOLCHAIN, parts)
+    (parts / key / "prefix.h").write_text("this is not C++;\n")  # what GCC reads where it refuses the .gch
+    (parts / key / "prefix.h.gch").write_bytes(b"not a precompiled header")
+    edited = _unit(tmp_path / "two", scale="3.f")
+    done = nvcc.compile_unit(_command(edited), edited.parent, edited, "cuda.o", parts, TOOLCHAIN)
+    assert done is not None and done.part is not None and not done.part.precompiled
+    assert done.part.rejected.startswith("the compile with it failed"), done.part
+    assert "_Z5scalePffi" in _symbols(edited.parent / "cuda.o")
