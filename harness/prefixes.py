@@ -80,8 +80,8 @@ def host_compile(rest: list[str]) -> HostCompile | None:
         return None
     sources = [i for i, a in enumerate(argv) if _INPUT.fullmatch(a)]
     outputs = [i + 1 for i, a in enumerate(argv[:-1]) if a == "-o"]
-    if len(sources) != 1 or len(outputs) != 1 or "-c" not in argv:
-        return None
+    if len(sources) != 1 or len(outputs) != 1 or "-c" not in argv or "$" in rest[0]:
+        return None  # ($: a variable of nvcc's, which this module would not expand as its shell does)
     return HostCompile(argv, sources[0], outputs[0])
 
 

@@ -77,6 +77,7 @@ def test_the_host_compile_is_read_from_nvcc_s_plan_or_not_at_all():
     assert prefixes.host_compile(['gcc -x c++ "d/k.cudafe1.cpp" -o "k.o"']) is None  # no -c
     assert prefixes.host_compile(['gcc -c "d/k.cpp" -o "k.o"']) is None
     assert prefixes.host_compile(['gcc -c "unclosed']) is None
+    assert prefixes.host_compile(['"$GCC" -c -x c++ "d/k.cudafe1.cpp" -o "k.o"']) is None
 
 
 @needs_nvcc

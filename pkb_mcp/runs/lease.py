@@ -18,7 +18,8 @@ _give_back: ContextVar[Callable[[], None] | None] = ContextVar("pkb_gpu_give_bac
 
 @contextmanager
 def holding(give_back_gpus: Callable[[], None]) -> Iterator[None]:
-    """Run the body as a job that holds GPUs, which `give_back_gpus` returns (once, however often called)."""
+    """Run the body as a job whose GPUs `give_back_gpus` returns (the scheduler's returns them once,
+    however often it is called)."""
     token = _give_back.set(give_back_gpus)
     try:
         yield
