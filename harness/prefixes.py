@@ -103,8 +103,8 @@ def key(flags: list[str], part: str, toolchain: dict[str, str]) -> str:
 
 def _part(
     compile_: HostCompile, directory: Path, unit: Path, toolchain: dict[str, str]
-) -> tuple[str, str, str] | None:
-    """The key, the normalized headers' part and the unit's own lines of the cudafe++ output."""
+) -> tuple[str, str, str, str] | None:
+    """The key, the normalized headers' part, the unit's own lines and the whole of cudafe++'s output."""
     path = directory / compile_.argv[compile_.source]
     try:
         text = path.read_text(errors="surrogateescape")
@@ -114,7 +114,7 @@ def _part(
     if at is None:
         return None
     part = text[:at].replace(str(directory), BUILD)
-    return key(compile_.flags(directory), part, toolchain), part, text[at:]
+    return key(compile_.flags(directory), part, toolchain), part, text[at:], text
 
 
 @dataclass(frozen=True)
@@ -146,12 +146,11 @@ def use(
     found = _part(compile_, directory, unit, toolchain) if compile_ is not None else None
     if compile_ is None or found is None:
         return None
-    part_key, _, own = found
+    part_key, _, own, text = found
     header = root / part_key / HEADER if root is not None else None
     if header is None or not _plain(header) or not _plain(header.with_name(HEADER + ".gch")):
         return Use(Part(part_key, False), rest)
     path = directory / compile_.argv[compile_.source]
-    text = path.read_text(errors="surrogateescape")
     path.write_text(f'#include "{header}"\n{own}', errors="surrogateescape")
     argv = [compile_.argv[0], "-Winvalid-pch", *compile_.argv[1:]]
     return Use(Part(part_key, True), [shlex.join(argv)], (path, text))
@@ -166,7 +165,7 @@ def make(
     found = _part(compile_, directory, unit, toolchain) if compile_ is not None else None
     if compile_ is None or found is None:
         raise RuntimeError("the unit's host compile has no headers' part to precompile")
-    part_key, part, _ = found
+    part_key, part, _, _ = found
     folder = out / part_key
     folder.mkdir(parents=True, exist_ok=True)
     header = folder / HEADER

@@ -78,17 +78,17 @@ def parts_root() -> Path:
     return config.extensions_dir() / objects.OBJECTS / prefixes.PREFIXES
 
 
-def _launch(kind: str, params: list[dict[str, Any]], tools: Any, timeout_s: float) -> list[dict[str, Any]]:
-    """One build launch making headers (`kind`: "headers" or "parts"); installs them; its entries."""
+def _launch(
+    kind: str, params: list[dict[str, Any]], installed_by: Callable[[Path], int], tools: Any, timeout_s: float
+) -> list[dict[str, Any]]:
+    """One build launch making headers (`kind`: "headers" or "parts"); `installed_by` installs what it
+    left (given its directory); the launch's entries."""
     launch_dir = tools.new_dir()
     try:
         start = time.monotonic()
         tools.run("build", launch_dir, {kind: params}, timeout_s)
         made = _entries(launch_dir / "build.json", kind)
-        if kind == "headers":
-            installed = install(launch_dir / headers.HEADERS)
-        else:
-            installed = install_parts(launch_dir / prefixes.PREFIXES)
+        installed = installed_by(launch_dir)
         log.info(f"{kind}.made", wall_s=round(time.monotonic() - start, 2), installed=installed, made=made)
         return made
     finally:
@@ -99,7 +99,7 @@ def prepare(sets: list[dict[str, Any]], tools: Any, timeout_s: float = TIMEOUT_S
     """Make these flag sets' headers in one build launch and install them; the launch's entries."""
     with _lock:
         _asked.update(_ident(s) for s in sets)
-    return _launch("headers", sets, tools, timeout_s)
+    return _launch("headers", sets, lambda made: install(made / headers.HEADERS), tools, timeout_s)
 
 
 def prepare_parts(
@@ -109,7 +109,8 @@ def prepare_parts(
     build launch and install them; the launch's entries."""
     with _lock:
         _asked_parts.update(wanted)
-    return _launch("parts", [r.to_json() for r in wanted.values()], tools, timeout_s)
+    params = [r.to_json() for r in wanted.values()]
+    return _launch("parts", params, lambda made: install_parts(made / prefixes.PREFIXES), tools, timeout_s)
 
 
 def prepare_soon(sets: Iterable[dict[str, Any]], tools: Any) -> threading.Thread | None:

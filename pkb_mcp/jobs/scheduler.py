@@ -291,14 +291,14 @@ class Scheduler:
                 self.store.progress(record.id, done, total, message)
 
         watchdog = None
-        given: list[bool] = []
+        given = False
 
-        def give_back() -> None:
+        def give_back() -> None:  # once: a benchmark gives back before its end, every job at its end
+            nonlocal given
             with self._cond:
-                if given:
-                    return
-                given.append(True)
-                self._give(need, taken)
+                if not given:
+                    given = True
+                    self._give(need, taken)
 
         try:
             request = job_request(record)
