@@ -59,6 +59,9 @@
 #              through harness/nvcc.py (host and device front ends at once), side by side, $REPEATS
 #              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox);
 #              $NVCC_FILE: another solution's kernel, the string $NVCC_VARIABLE (else CUDA_SRC); $TAG names it
+#   gpu-step   issue 32: what a warm sandbox's GPU step costs with 1-6 opened at once, and whether its parts
+#              disturb a benchmark timed beside them (docs/scripts/gpu_step.py, plain processes);
+#              $REPEATS (else 2)
 #   nvlink-probe issue 34 (docs/nvlink-counters.md), before the profiles: ncu's path, version and metric
 #              names of interest (nvl, peer, aperture, tma), the driver's profiling setting, NVML's NVLink
 #              counters around peer copies of known size (docs/scripts/nvlink_probe.py), and ncu's CSV of
@@ -244,6 +247,10 @@ for part in "$@"; do
         --repeats "${REPEATS:-2}" ${NVCC_FILE:+--file "$NVCC_FILE" --variable "${NVCC_VARIABLE:-CUDA_SRC}"} \
         > "$OUT/nvcc_phases.log" 2>&1
       tail -6 "$OUT/nvcc_phases.log" | cut -c1-400 ;;
+    gpu-step)
+      timeout "$(limit 300)" python3 docs/scripts/gpu_step.py --out "$OUT/gpu_step.jsonl" \
+        --repeats "${REPEATS:-2}" > "$OUT/gpu_step.log" 2>&1
+      tail -14 "$OUT/gpu_step.log" | cut -c1-400 ;;
     nvlink-probe) nvlink_probe ;;
     nvlink-oneshot) for size in pkb large; do nvlink_profile "p1_oneshot_$size" examples/001_allreduce_cuda_oneshot.py "$size"; done ;;
     nvlink-copy) for size in pkb large; do nvlink_profile "p1_copy_engine_$size" examples/001_allreduce_copy_engine.py "$size"; done ;;
