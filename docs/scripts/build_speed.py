@@ -18,7 +18,7 @@ CLI call it (the Docker sandbox when an engine answers, else the process backend
   plain        check of the problem's reference (no extension), --repeats times
   batch        `pkb eval` of --files copies of the solution, each with a kernel of its own
                (checked, and benchmarked on GPUs): files per minute, and each job's wait and run
-               from the batch's job store; --no-warm without the batch's warm sandboxes
+               from the batch's job store, and the speedups; --no-warm without the batch's warm sandboxes
   discovery    what a kernel edit no longer pays before its build: a discovery launch of an edited
                text (pkb_mcp/compile/extensions.py `discover`), against reading its calls from the
                text (compile/literal_calls.py), --repeats times each, with example 001 on any device
@@ -254,6 +254,7 @@ def main() -> None:
              "warm": args.device == "cuda" and not args.no_warm, "wall_s": round(wall, 3),
              "files_per_min": round(60 * args.files / wall, 2),
              "outcomes": sorted({r.outcome for r in report.results}),
+             "speedups": sorted(round(r.speedup, 4) for r in report.results if r.speedup is not None),
              **timeline(work / "eval.sqlite", started)},
         )  # fmt: skip
 

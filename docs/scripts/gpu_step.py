@@ -86,13 +86,18 @@ def _time_all_reduce(torch, dist, device, seconds: float, folder: Path) -> list[
     for _ in range(20):
         dist.all_reduce(x)
     torch.cuda.synchronize()
-    dist.barrier()
+    began = time.time()
+    for _ in range(20):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    # both ranks make the same number of calls: rank 0's estimate of what fits in `seconds`
+    calls = torch.tensor([int(seconds / max((time.time() - began) / 20, 1e-6))], device=device)
+    dist.broadcast(calls, 0)
     if dist.get_rank() == 0:
         (folder / "timing").write_text(str(time.time()))
     samples: list[list[float]] = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    stop = time.time() + seconds
-    while time.time() < stop:
+    for _ in range(int(calls.item())):
         at = time.time()
         start.record()
         dist.all_reduce(x)
@@ -203,17 +208,19 @@ def main() -> None:
         parser.error("--out is required")
     with tempfile.TemporaryDirectory(prefix="pkb-gpu-step-") as tmp:
         scratch = Path(tmp)
-        rows = []
         for repeat in range(args.repeats):
+            folder = scratch / f"r{repeat}"
             for k in (int(c) for c in args.counts.split(",")):
-                rows.append({**anatomy(scratch / f"r{repeat}", k), "repeat": repeat})
+                _write(args.out, {**anatomy(folder, k), "repeat": repeat})
             for disturbance in ("none", "context", "step"):
-                row = interference(scratch / f"r{repeat}", disturbance, args.disturbers, args.seconds)
-                rows.append({**row, "repeat": repeat})
-        with args.out.open("a") as out:
-            for row in rows:
-                out.write(json.dumps(row) + "\n")
-                print(json.dumps(row), flush=True)
+                row = interference(folder, disturbance, args.disturbers, args.seconds)
+                _write(args.out, {**row, "repeat": repeat})
+
+
+def _write(path: Path, row: dict) -> None:
+    with path.open("a") as out:
+        out.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
