@@ -62,6 +62,10 @@
 #   gpu-step   issue 32: what a warm sandbox's GPU step costs with 1-6 opened at once, and whether its parts
 #              disturb a benchmark timed beside them (docs/scripts/gpu_step.py, plain processes);
 #              $REPEATS (else 2)
+#   ray-batch  issue 32 item 4: $FILES (else 8) copies of $SOLUTION (else the original helper), each with a
+#              kernel of its own, through `pkb eval` on this node, then through `pkb eval --ray auto` on a
+#              one-node Ray cluster of this node's GPUs (`ray start --head`), each with an empty cache;
+#              Ray from the wheels in $RAY_WHEELS (the device has no registry); ray_batch.jsonl
 #   nvlink-probe issue 34 (docs/nvlink-counters.md), before the profiles: ncu's path, version and metric
 #              names of interest (nvl, peer, aperture, tma), the driver's profiling setting, NVML's NVLink
 #              counters around peer copies of known size (docs/scripts/nvlink_probe.py), and ncu's CSV of
@@ -123,6 +127,37 @@ side_by_side() {  # side_by_side QUARTER (1-4): every fourth original-format fil
     --original "${ORIGINAL:-.gpu/pkb-original}" --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1
   tail -40 "$OUT/$name.log"
 }  # the GPU hacks whose verdict rests on timing: never run beside other work
+ray_batch() {  # issue 32 item 4: one node against a one-node Ray cluster, the same files
+  local dir=/tmp/ray-batch n=${FILES:-8} src=${SOLUTION:-tests/candidates/original_helper_cuda.py} where
+  python3 -m pip install -q --no-index --find-links "$RAY_WHEELS" ray > "$OUT/ray_install.log" 2>&1
+  rm -rf "$dir" && mkdir -p "$dir/files"
+  for i in $(seq 0 $((n - 1))); do  # a kernel of its own each (as build_speed.py's batch)
+    sed "0,/CUDA_SRC = r\"\"\"/s//CUDA_SRC = r\"\"\"\/\/ file $i\n/" "$src" > "$dir/files/001_allreduce_kernel$i.py"
+  done
+  for where in node ray; do
+    export PKB_CACHE_DIR=$dir/cache-$where
+    local extra=()
+    if [ "$where" = ray ]; then
+      ray start --head --num-gpus "$(nvidia-smi -L | wc -l)" --disable-usage-stats > "$OUT/ray_start.log" 2>&1
+      extra=(--ray auto)
+    fi
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    timeout "$(limit 280)" python3 -m pkb_mcp eval "$dir/files" --device cuda --world-size "${WS:-2}" --trials 1 \
+      --timeout 120 --sandbox docker --json --store "$dir/$where.sqlite" --out "$dir/out-$where" "${extra[@]}" \
+      > "$OUT/ray_batch_$where.json" 2> "$OUT/ray_batch_$where.err"
+    rc=$?
+    t1=$(date +%s.%N)
+    python3 -c "import json, sys; r = json.load(open(sys.argv[1])) if sys.argv[4] == '0' else {'results': []}
+w = float(sys.argv[3]) - float(sys.argv[2]); res = r['results']
+print(json.dumps({'where': sys.argv[5], 'exit': int(sys.argv[4]), 'files': len(res), 'wall_s': round(w, 1),
+  'files_per_min': round(60 * len(res) / w, 2), 'outcomes': sorted({x['outcome'] for x in res}),
+  'speedups': sorted(round(x['speedup'], 4) for x in res if x.get('speedup'))}))" \
+      "$OUT/ray_batch_$where.json" "$t0" "$t1" "$rc" "$where" | tee -a "$OUT/ray_batch.jsonl"
+    [ "$where" = ray ] && ray stop --force > "$OUT/ray_stop.log" 2>&1
+  done
+  unset PKB_CACHE_DIR
+}
 nvlink_profile() {  # nvlink_profile NAME CANDIDATE SIZE: problem 1's profile, counters wherever they run
   local dir="$OUT/nvlink" rc
   mkdir -p "$dir"
@@ -251,6 +286,7 @@ for part in "$@"; do
       timeout "$(limit 300)" python3 docs/scripts/gpu_step.py --out "$OUT/gpu_step.jsonl" \
         --repeats "${REPEATS:-2}" > "$OUT/gpu_step.log" 2>&1
       tail -14 "$OUT/gpu_step.log" | cut -c1-400 ;;
+    ray-batch) ray_batch ;;
     nvlink-probe) nvlink_probe ;;
     nvlink-oneshot) for size in pkb large; do nvlink_profile "p1_oneshot_$size" examples/001_allreduce_cuda_oneshot.py "$size"; done ;;
     nvlink-copy) for size in pkb large; do nvlink_profile "p1_copy_engine_$size" examples/001_allreduce_copy_engine.py "$size"; done ;;
