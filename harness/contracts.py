@@ -142,6 +142,9 @@ class WorkerSetup(TypedDict):
 
 GO_NAME = ".warm-go"  # in a gated warm sandbox's launch directory: the host lets its ranks use the GPUs
 GO_LINE = {"go": True}  # then the launcher tells each rank so: its second line on stdin
+# what rank{rank}.ready holds: the seconds of each part of the rank's GPU step (or, on CPU, of the group
+# set-up), as a JSON object of these keys (sandbox/pool.py reads it, with limits, for its log)
+READY_STEPS = ("context_s", "group_s", "collective_s")
 
 
 class WarmSetup(WorkerSetup):

@@ -311,7 +311,8 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
 
 def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], object]) -> Any:
     """The process group, with one collective run (communicators, CUDA context and allocator are
-    ready before the launch arrives); then rank{rank}.ready. Returns this rank's device, or None for
+    ready before the launch arrives); then rank{rank}.ready, with how long each took
+    (contracts.READY_STEPS). Returns this rank's device, or None for
     a gated sandbox let go without a launch (`next_message` reads the go line)."""
     import torch
     import torch.distributed as dist
@@ -330,19 +331,29 @@ def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], o
             return None
         if go != GO_LINE:
             raise ContractError(f"a gated rank's second line must be the go line, not {go!r}")
+    steps: dict[str, float] = {}
+    t = time.monotonic()
     if setup["device"] == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
+        torch.empty(1, device=device)  # the context and the allocator, no kernel
+        steps["context_s"] = time.monotonic() - t
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, setup["threads_per_rank"]))
     init_kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     backend = "nccl" if device.type == "cuda" else "gloo"
+    t = time.monotonic()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **init_kwargs)
+    steps["group_s"] = time.monotonic() - t
+    t = time.monotonic()
     dist.all_reduce(torch.ones(1, device=device))
     if device.type == "cuda":
         torch.cuda.synchronize()
-    (launch_dir / f"rank{rank}.ready").write_text("")
+    steps["collective_s"] = time.monotonic() - t
+    part = launch_dir / f"rank{rank}.ready.part"
+    part.write_text(json.dumps({k: round(v, 4) for k, v in steps.items()}))
+    os.replace(part, launch_dir / f"rank{rank}.ready")  # whole when it appears
     return device
 
 

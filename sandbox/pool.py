@@ -31,6 +31,8 @@ does not count among the `max_keys` shapes of ranks.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import threading
 import time
 import uuid
@@ -43,7 +45,7 @@ from typing import Any
 import structlog
 
 import sandbox.base as base
-from harness.contracts import GO_NAME
+from harness.contracts import GO_NAME, READY_STEPS
 from sandbox.base import tail, warm_setup
 
 log = structlog.get_logger("sandbox.pool")
@@ -52,6 +54,7 @@ GATED_DEVICES = frozenset({"cuda"})  # whose sandboxes warm up in two steps (bel
 SETTLE_S = 120.0
 WATCH_S = 0.01  # how often a gated sandbox's files are looked at while it warms up
 EXPIRY_MARGIN_S = 30.0  # a sandbox this close to exiting on its own (base.WARM_IDLE_S) is not handed out
+READY_BYTES = 512  # a rank's ready file (its GPU step's times) is read up to this size, else not at all
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class WarmSlot:
     staged_at: float | None = None
     opened_at: float | None = None
     ready_at: float | None = None
+    # the slowest rank's seconds for each part of the GPU step, as its ranks wrote them (`step_times`)
+    steps: dict[str, float] = field(default_factory=dict)
 
     def ready(self) -> bool:
         return self._all("ready")
@@ -109,15 +114,55 @@ class WarmSlot:
             return 1
         return 2 if self.key.gated and self.staged() else 3
 
-    def times(self) -> dict[str, float | None]:
-        """When it ran, staged, was opened and was ready, in seconds from its start (as far as seen)."""
+    def times(self) -> dict[str, Any]:
+        """When it ran, staged, was opened and was ready, in seconds from its start (as far as seen),
+        and what its GPU step took (`step_times`), where its ranks said."""
         steps = (
             ("running", self.running_at),
             ("staged", self.staged_at),
             ("opened", self.opened_at),
             ("ready", self.ready_at),
         )
-        return {f"{name}_s": None if t is None else round(t - self.started, 2) for name, t in steps}
+        times: dict[str, Any] = {
+            f"{name}_s": None if t is None else round(t - self.started, 2) for name, t in steps
+        }
+        if self.steps:
+            times["gpu_step"] = dict(self.steps)
+        return times
+
+    def step_times(self) -> dict[str, float]:
+        """Each part of the GPU step (contracts.READY_STEPS) at its slowest rank, from the ranks' ready
+        files: written inside the sandbox, so read with limits, and a part any rank leaves out or
+        gives as anything but seconds is left out."""
+        slowest: dict[str, float] = {}
+        for r in range(self.key.world_size):
+            said = _read_steps(self.launch_dir / f"rank{r}.ready")
+            for name in READY_STEPS:
+                if name in said and (r == 0 or name in slowest):
+                    slowest[name] = max(slowest.get(name, 0.0), said[name])
+                else:
+                    slowest.pop(name, None)
+        return slowest
+
+
+def _read_steps(path: Path) -> dict[str, float]:
+    try:
+        with path.open("rb") as f:
+            data = f.read(READY_BYTES + 1)
+        said = json.loads(data) if 0 < len(data) <= READY_BYTES else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(said, dict):
+        return {}
+    return {
+        k: round(float(v), 3)
+        for k, v in said.items()
+        if k in READY_STEPS
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and 0 <= v <= base.WARM_IDLE_S
+    }
 
 
 class WarmPool:
@@ -281,6 +326,7 @@ class WarmPool:
                     slot.open()
             if slot.ready():
                 slot.ready_at = time.monotonic()
+                slot.steps = slot.step_times()
                 return
             time.sleep(WATCH_S)
 

@@ -334,6 +334,11 @@ class ProcessBackend(Pooled):
         proc = slot.handle
         if proc is not None:
             kill_launch(proc.pid, f"PKB_LAUNCH={slot.launch_id}")
+            if proc.poll() is None:
+                # a launcher forked a moment ago may be neither in its own session nor marked yet:
+                # `kill_launch` does not find it, and it would wait for a launch until its idle end
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
         _drop_short_tmp(slot.launch_id)
         shutil.rmtree(slot.launch_dir, ignore_errors=True)

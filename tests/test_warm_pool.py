@@ -3,6 +3,7 @@ each warm sandbox serves one launch, unused ones expire, and closing the pool le
 Process backend here (integration tier; the pool's bookkeeping with stand-in sandboxes is fast);
 tests/test_sandbox_docker.py runs the same with containers."""
 
+import os
 import secrets
 import time
 
@@ -152,6 +153,8 @@ def test_a_check_on_gpus_finds_both_its_pairs_warm(isolated_dirs, monkeypatch):
     gpu, cpu = WarmKey("cuda", (0, 1), 2, 1), WarmKey("cpu", (), 2, 1)
     for key in (gpu, cpu):
         pool.replenish(key)
+    # (settle does not wait for a GPU shape's starts still in flight: it waits for GPU work only)
+    wait_for(lambda: pool.size() == 8, 10, "every start done", poll_s=0.01)
     pool.settle()
     assert started.count(gpu) == 6 and started.count(cpu) == 2
     taken = [pool.take(gpu) for _ in range(6)]
@@ -272,9 +275,10 @@ def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
     assert pool.take(key) is None
 
 
-def two_steps(opened: list, stage_after_s: float = 0.0):
+def two_steps(opened: list, stage_after_s: float = 0.0, ready_text=lambda slot, rank: ""):
     """A fake start of a gated sandbox: its ranks stage (after `stage_after_s`), then wait for the
-    pool to open it (GO_NAME) and are ready 50 ms later; `opened` records each one opened, in order."""
+    pool to open it (GO_NAME) and are ready 50 ms later, each ready file holding `ready_text(slot,
+    rank)`; `opened` records each one opened, in order."""
     import threading
 
     from harness.contracts import GO_NAME
@@ -287,8 +291,9 @@ def two_steps(opened: list, stage_after_s: float = 0.0):
             time.sleep(0.005)
         opened.append(slot.launch_id)
         time.sleep(0.05)
-        for r in range(slot.key.world_size):
-            (slot.launch_dir / f"rank{r}.ready").touch()
+        for r in range(slot.key.world_size):  # whole when it appears, as harness/worker.py writes it
+            (slot.launch_dir / f"rank{r}.ready.part").write_text(ready_text(slot, r))
+            os.replace(slot.launch_dir / f"rank{r}.ready.part", slot.launch_dir / f"rank{r}.ready")
 
     def start(slot):
         slot.launch_dir.mkdir()
@@ -329,6 +334,32 @@ def test_a_gpu_sandbox_uses_the_gpus_once_opened_and_the_pool_opens_it_when_no_b
     for s in slots:
         t = s.times()
         assert 0 <= t["running_s"] <= t["staged_s"] <= t["opened_s"] <= t["ready_s"], t
+    pool.close()
+
+
+def test_a_sandbox_s_gpu_step_times_are_its_slowest_rank_s_and_read_with_limits(isolated_dirs):
+    """What each rank's ready file says its GPU step took reaches the pool's log (`times`), the
+    slowest rank's for each part; a part a rank gives as anything but seconds, or a file too large,
+    counts for nothing."""
+    import json
+
+    said = [
+        [{"context_s": 0.5, "group_s": 0.2, "collective_s": 0.1}, {"context_s": 0.7, "group_s": 0.1}],
+        [{"context_s": 0.4, "group_s": "fast", "collective_s": 1e9}, {"context_s": True, "group_s": 0.3}],
+        [{"context_s": 0.4, "padding": "x" * 600}, {"context_s": 0.4}],
+    ]
+    given: dict = {}
+
+    def ready_text(slot, rank):
+        index = given.setdefault(slot.launch_id, len(given))
+        return json.dumps(said[index][rank])
+
+    pool = fake_pool(isolated_dirs, two_steps([], ready_text=ready_text), per_key=3)
+    pool.replenish(GPU)
+    slots = all_ready(pool, GPU, 3)
+    wait_for(lambda: len(given) == 3, 5, "every sandbox's ranks wrote")
+    steps = [s.times().get("gpu_step") for s in sorted(slots, key=lambda s: given[s.launch_id])]
+    assert steps == [{"context_s": 0.7, "group_s": 0.2}, None, None], steps
     pool.close()
 
 
@@ -422,6 +453,9 @@ def run_gated(backend, isolated_dirs, monkeypatch):
             pool.replenish(key)  # gated sandboxes start all the same
             wait_for(lambda: staged(pool, key, 2), 120, "both staged", poll_s=0.05)
             wait_for(lambda: any(s.ready() for s in pool._slots[key]), 120, "the reserved one ready", 0.05)
+            wait_for(lambda: any(s.steps for s in pool._slots[key]), 10, "its step times read", 0.05)
+            steps = next(s.steps for s in pool._slots[key] if s.steps)  # the ranks' own (no GPU: no context)
+            assert set(steps) == {"group_s", "collective_s"} and all(0 <= v < 120 for v in steps.values())
             time.sleep(1.0)
             closed = [s for s in pool._slots[key] if not s.ready()]
             # staged with the other, it would have been ready as soon, had it not waited for the go line

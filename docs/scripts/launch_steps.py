@@ -8,7 +8,8 @@ the launcher saw its last rank end (`ranks_ended_s`), and what is left (the hand
 record, the sandbox's end, the host's reading), as median, quartiles and range; and each sandbox step
 (`sandbox_steps_s`: handed_over, ended_cleanly or exited, logs_read, removed) as a median; and how
 the warm sandboxes taken had warmed up (`warm.take` of a gated shape: when each ran, staged, was
-opened and was ready, from its start), and how many were taken before they were ready. Prints one
+opened and was ready, from its start), what their GPU step took (`gpu_step`: the CUDA context, the
+communicators, the first collective), and how many were taken before they were ready. Prints one
 JSON line per log.
 """
 
@@ -60,6 +61,11 @@ def summarize(path: Path, every: bool) -> dict:
         "warm_up_s": {
             step: spread([t[f"{step}_s"] for t in takes if t.get(f"{step}_s") is not None])
             for step in ("running", "staged", "opened", "ready")
+        },
+        # what the GPU step took, where the sandbox's ranks said (its slowest rank's, per part)
+        "gpu_step_s": {
+            part: spread([t["gpu_step"][part] for t in takes if part in (t.get("gpu_step") or {})])
+            for part in ("context_s", "group_s", "collective_s")
         },
     }
 
