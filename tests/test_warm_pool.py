@@ -535,3 +535,29 @@ def test_a_warm_rank_has_imported_cpp_extension_and_a_cold_one_has_not(isolated_
     finally:
         pool.close()
     assert launch_processes(isolated_dirs) == []
+
+
+def test_a_process_sandbox_is_discarded_before_its_launcher_has_a_session_of_its_own(tmp_path):
+    """The fork server answers as soon as it has forked a launcher, before the launcher makes a session
+    of its own, and a forked launcher's environment is the server's: a discard right then finds it
+    neither by its session nor by its marker. It must end all the same (it used to be left waiting for
+    a launch until its idle end, and the discard, and the pool's close, with it). Here a process in
+    the test's own session, without the marker, stands in for it."""
+    import subprocess
+    import threading
+
+    from sandbox.pool import WarmSlot
+
+    launcher = subprocess.Popen(["sleep", "600"])
+    slot = WarmSlot(key=WarmKey("cpu", (), 2, 1), launch_id="0" * 16, launch_dir=tmp_path / "launch")
+    slot.launch_dir.mkdir()
+    slot.handle = launcher
+    try:
+        discard = threading.Thread(target=ProcessBackend()._discard, args=(slot,), daemon=True)
+        discard.start()
+        discard.join(10)
+        assert not discard.is_alive(), "the discard waited for a launcher it had not killed"
+        assert launcher.returncode is not None and not slot.launch_dir.exists()
+    finally:
+        launcher.kill()
+        launcher.wait()
