@@ -33,6 +33,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import stat
 import threading
 import time
 import uuid
@@ -146,12 +148,18 @@ class WarmSlot:
 
 
 def _read_steps(path: Path) -> dict[str, float]:
+    """What a rank's ready file says, if it is a plain file (not a link, nor a pipe that would block)."""
     try:
-        with path.open("rb") as f:
-            data = f.read(READY_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, READY_BYTES + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
         said = json.loads(data) if 0 < len(data) <= READY_BYTES else {}
     except (OSError, ValueError):
         return {}
+    finally:
+        os.close(fd)
     if not isinstance(said, dict):
         return {}
     return {

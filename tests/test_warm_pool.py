@@ -292,7 +292,9 @@ def two_steps(opened: list, stage_after_s: float = 0.0, ready_text=lambda slot, 
         opened.append(slot.launch_id)
         time.sleep(0.05)
         for r in range(slot.key.world_size):  # whole when it appears, as harness/worker.py writes it
-            (slot.launch_dir / f"rank{r}.ready.part").write_text(ready_text(slot, r))
+            text = ready_text(slot, r)
+            if text is not None:  # (else it made the file itself)
+                (slot.launch_dir / f"rank{r}.ready.part").write_text(text)
             os.replace(slot.launch_dir / f"rank{r}.ready.part", slot.launch_dir / f"rank{r}.ready")
 
     def start(slot):
@@ -340,26 +342,32 @@ def test_a_gpu_sandbox_uses_the_gpus_once_opened_and_the_pool_opens_it_when_no_b
 def test_a_sandbox_s_gpu_step_times_are_its_slowest_rank_s_and_read_with_limits(isolated_dirs):
     """What each rank's ready file says its GPU step took reaches the pool's log (`times`), the
     slowest rank's for each part; a part a rank gives as anything but seconds, or a file too large,
-    counts for nothing."""
+    counts for nothing, nor does a file that is a link."""
     import json
 
     said = [
         [{"context_s": 0.5, "group_s": 0.2, "collective_s": 0.1}, {"context_s": 0.7, "group_s": 0.1}],
         [{"context_s": 0.4, "group_s": "fast", "collective_s": 1e9}, {"context_s": True, "group_s": 0.3}],
         [{"context_s": 0.4, "padding": "x" * 600}, {"context_s": 0.4}],
+        [{"context_s": 0.4}, "a link"],
     ]
     given: dict = {}
 
     def ready_text(slot, rank):
         index = given.setdefault(slot.launch_id, len(given))
+        if said[index][rank] == "a link":  # to a file that says the right thing: not read
+            target = slot.launch_dir / "elsewhere.json"
+            target.write_text(json.dumps({"context_s": 0.4}))
+            os.symlink(target, slot.launch_dir / f"rank{rank}.ready.part")
+            return None
         return json.dumps(said[index][rank])
 
-    pool = fake_pool(isolated_dirs, two_steps([], ready_text=ready_text), per_key=3)
+    pool = fake_pool(isolated_dirs, two_steps([], ready_text=ready_text), per_key=4)
     pool.replenish(GPU)
-    slots = all_ready(pool, GPU, 3)
-    wait_for(lambda: len(given) == 3, 5, "every sandbox's ranks wrote")
+    slots = all_ready(pool, GPU, 4)
+    wait_for(lambda: len(given) == 4, 5, "every sandbox's ranks wrote")
     steps = [s.times().get("gpu_step") for s in sorted(slots, key=lambda s: given[s.launch_id])]
-    assert steps == [{"context_s": 0.7, "group_s": 0.2}, None, None], steps
+    assert steps == [{"context_s": 0.7, "group_s": 0.2}, None, None, None], steps
     pool.close()
 
 
