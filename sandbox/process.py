@@ -335,8 +335,9 @@ class ProcessBackend(Pooled):
         if proc is not None:
             kill_launch(proc.pid, f"PKB_LAUNCH={slot.launch_id}")
             if proc.poll() is None:
-                # a launcher forked a moment ago may be neither in its own session nor marked yet:
-                # `kill_launch` does not find it, and it would wait for a launch until its idle end
+                # the fork server answers before its child has a session of its own, and a forked
+                # launcher's environment in /proc is the server's (no marker): `kill_launch` may find
+                # it by neither, and it would wait for a launch until its idle end
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
