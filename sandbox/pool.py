@@ -136,15 +136,12 @@ class WarmSlot:
         """Each part of the GPU step (contracts.READY_STEPS) at its slowest rank, from the ranks' ready
         files: written inside the sandbox, so read with limits, and a part any rank leaves out or
         gives as anything but seconds is left out."""
-        slowest: dict[str, float] = {}
-        for r in range(self.key.world_size):
-            said = _read_steps(self.launch_dir / f"rank{r}.ready")
-            for name in READY_STEPS:
-                if name in said and (r == 0 or name in slowest):
-                    slowest[name] = max(slowest.get(name, 0.0), said[name])
-                else:
-                    slowest.pop(name, None)
-        return slowest
+        said = [_read_steps(self.launch_dir / f"rank{r}.ready") for r in range(self.key.world_size)]
+        return {
+            name: max(ranks[name] for ranks in said)
+            for name in READY_STEPS
+            if said and all(name in ranks for ranks in said)
+        }
 
 
 def _read_steps(path: Path) -> dict[str, float]:
