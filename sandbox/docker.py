@@ -293,6 +293,31 @@ class DockerBackend(Pooled):
         warm: dict[str, Any] | None,
     ) -> Any:
         """Create and start the launch's container; a warm one waits inside for its launch file."""
+        command = [sys.executable, "-m", "harness.launch", "--config-file", f"{LAUNCH_MOUNT}/{CONFIG_NAME}"]
+        if warm is not None:
+            command += ["--warm", json.dumps(_inside(warm, str(launch_dir)))]
+        options = self.container_options(launch_id, launch_dir, device, gpus, threads, cpus, harness_root)
+        container = self.client.containers.create(self.image, command, **options)
+        try:
+            container.start()
+        except BaseException:
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+            raise
+        return container
+
+    def container_options(
+        self,
+        launch_id: str,
+        launch_dir: Path,
+        device: str,
+        gpus: list[int],
+        threads: int,
+        cpus: tuple[tuple[int, ...], ...],
+        harness_root: Path,
+    ) -> dict[str, Any]:
+        """Everything a launch's container is created with but its image and command (the launch
+        directory handed over to the sandbox user): docs/scripts/gpu_step.py takes the same."""
         host_dir = str(launch_dir)
         self._hand_over(launch_dir)
         gpu = _gpu_setup(self.client, gpus if device == "cuda" else [])
@@ -322,12 +347,7 @@ class DockerBackend(Pooled):
         if self.extensions_dir is not None:  # built by build launches only; read-only to every launch
             mounts.append(Mount(EXTENSIONS_MOUNT, str(self.extensions_dir), type="bind", read_only=True))
             env["PKB_EXTENSIONS"] = EXTENSIONS_MOUNT
-        command = [sys.executable, "-m", "harness.launch", "--config-file", f"{LAUNCH_MOUNT}/{CONFIG_NAME}"]
-        if warm is not None:
-            command += ["--warm", json.dumps(_inside(warm, host_dir))]
-        container = self.client.containers.create(
-            self.image,
-            command,
+        return dict(
             user=f"{SANDBOX_UID}:{SANDBOX_GID}",
             working_dir=LAUNCH_MOUNT,
             environment=env,
@@ -350,13 +370,6 @@ class DockerBackend(Pooled):
             stdin_open=False,
             tty=False,
         )
-        try:
-            container.start()
-        except BaseException:
-            with contextlib.suppress(docker.errors.APIError):
-                container.remove(force=True)
-            raise
-        return container
 
     @staticmethod
     def _alive(container: Any) -> bool:
