@@ -135,18 +135,13 @@ class WorkerSetup(TypedDict):
     threads_per_rank: int
     rank_cpus: list[list[int]]
     setup_timeout_s: float  # how long the ranks may take to find each other
-    # a warm sandbox's ranks touch no GPU until the host lets them: each writes rank{rank}.staged and
-    # waits; on a context line it makes its CUDA context and writes rank{rank}.context; on a go line
-    # (GO_NAME in the launch directory, or the launch itself) it sets up the rest (sandbox/pool.py)
+    # a warm sandbox's ranks touch no GPU until the host opens it (GO_NAME in the launch directory, or
+    # the launch itself): each writes rank{rank}.staged, then waits for a go line (sandbox/pool.py)
     gated: NotRequired[bool]
 
 
-# in a gated warm sandbox's launch directory: the host lets its ranks make their CUDA contexts (allowed
-# beside a timed launch), then use the GPUs; the launcher tells each rank so, a line on its stdin each
-CONTEXT_NAME = ".warm-context"
-CONTEXT_LINE = {"context": True}
-GO_NAME = ".warm-go"
-GO_LINE = {"go": True}
+GO_NAME = ".warm-go"  # in a gated warm sandbox's launch directory: the host lets its ranks use the GPUs
+GO_LINE = {"go": True}  # then the launcher tells each rank so: its second line on stdin
 # what rank{rank}.ready holds: the seconds of each part of the rank's GPU step (or, on CPU, of the group
 # set-up), as a JSON object of these keys (sandbox/pool.py reads it, with limits, for its log)
 READY_STEPS = ("context_s", "group_s", "collective_s")

@@ -15,8 +15,8 @@ sandbox serves exactly one launch; if none arrives within SETUP's `idle_s` it ex
 Of world size 0 it is a tool sandbox: no workers; the launcher imports torch and the build program,
 then runs the tool launch that arrives.
 A gated one (SETUP's `gated`) lets its workers go only as far as needs no GPU (torch imported, each
-writes rank{rank}.staged); they get a context line once the host writes CONTEXT_NAME beside PATH,
-and a go line once it writes GO_NAME there, or with the launch.
+writes rank{rank}.staged); they get a go line once the host writes GO_NAME beside PATH, or with the
+launch.
 A profile's counter launch (its configuration carries a CounterPlan) never runs warm: each rank
 starts as a new interpreter under its own Nsight Compute (harness/counters.py).
 
@@ -41,8 +41,6 @@ from typing import cast
 
 from harness import counters, forking
 from harness.contracts import (
-    CONTEXT_LINE,
-    CONTEXT_NAME,
     GO_LINE,
     GO_NAME,
     ContractError,
@@ -194,20 +192,14 @@ def wait_for_launch(
 ) -> LaunchConfig | ToolConfig | None:
     """A warm sandbox's launch: the file the host writes into the launch directory; None at idle_s, or as
     soon as a worker has died (a sandbox that cannot serve a launch must not look ready for one).
-    With `gate` (a gated sandbox's GO_NAME), the ranks get their context line once the host has
-    written CONTEXT_NAME beside it, and their go line once it has written `gate`, or just before the
-    launch at the latest (a go line without a context line before it: the rank makes both)."""
+    With `gate` (a gated sandbox), the ranks get their go line once the host has written that file, or
+    just before the launch at the latest."""
     give_up = time.monotonic() + idle_s
-    context = gate.with_name(CONTEXT_NAME) if gate is not None else None
     while time.monotonic() < give_up and all(p.poll() is None for p in procs):
-        if context is not None and context.exists():
-            for proc in procs:
-                _send(proc, CONTEXT_LINE, close=False)
-            context = None
         if gate is not None and (gate.exists() or path.exists()):
             for proc in procs:
                 _send(proc, GO_LINE, close=False)
-            gate = context = None
+            gate = None
         if path.exists():
             return read_config(path)
         time.sleep(0.002)

@@ -5,8 +5,7 @@ device), then the launch (a RankConfig: problem, solution, seeds: stdin is the o
 seeds exist), each checked against harness/contracts.py. Between
 the two it imports torch, creates the process group and runs one collective, then writes
 rank{rank}.ready: a warm sandbox started ahead of need waits there for its one launch (a gated one
-first writes rank{rank}.staged and waits: a context line lets it make its CUDA context, then write
-rank{rank}.context; a go line, the rest). It writes into
+first writes rank{rank}.staged and waits for a go line before it touches the GPU). It writes into
 the launch directory:
   out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
@@ -35,7 +34,6 @@ from typing import Any, cast
 from harness import forking
 from harness.calls import Calls, SolutionError, snapshot
 from harness.contracts import (
-    CONTEXT_LINE,
     GO_LINE,
     ContractError,
     RankConfig,
@@ -314,8 +312,8 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
 def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], object]) -> Any:
     """The process group, with one collective run (communicators, CUDA context and allocator are
     ready before the launch arrives); then rank{rank}.ready, with how long each took
-    (contracts.READY_STEPS). Returns this rank's device, or None for a gated sandbox let go without
-    a launch (`next_message` reads its context and go lines)."""
+    (contracts.READY_STEPS). Returns this rank's device, or None for
+    a gated sandbox let go without a launch (`next_message` reads the go line)."""
     import torch
     import torch.distributed as dist
 
@@ -325,24 +323,24 @@ def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], o
         # few tenths of a second a rank. A cold launch leaves it to the solutions that use it.
         import torch.utils.cpp_extension
     store = _connect_store(launch_dir, rank, world_size, setup["setup_timeout_s"])
-    steps: dict[str, float] = {}
-    device = None
     if setup.get("gated"):
         # what needs no GPU is done: the GPU waits for the host (a benchmark may be timing on it)
         (launch_dir / f"rank{rank}.staged").write_text("")
-        line = next_message()
-        if line == CONTEXT_LINE:  # a context may be made beside a timed launch; the rest may not
-            device = _device(setup, rank, steps)
-            (launch_dir / f"rank{rank}.context").write_text("")
-            line = next_message()
-        if line is None:
+        go = next_message()
+        if go is None:
             return None
-        if line != GO_LINE:
-            raise ContractError(
-                f"a gated rank's lines after its set-up must be the context and go lines, not {line!r}"
-            )
-    if device is None:
-        device = _device(setup, rank, steps)
+        if go != GO_LINE:
+            raise ContractError(f"a gated rank's second line must be the go line, not {go!r}")
+    steps: dict[str, float] = {}
+    t = time.monotonic()
+    if setup["device"] == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        torch.empty(1, device=device)  # the context and the allocator, no kernel
+        steps["context_s"] = time.monotonic() - t
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, setup["threads_per_rank"]))
     init_kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     backend = "nccl" if device.type == "cuda" else "gloo"
     t = time.monotonic()
@@ -356,22 +354,6 @@ def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], o
     part = launch_dir / f"rank{rank}.ready.part"
     part.write_text(json.dumps({k: round(v, 4) for k, v in steps.items()}))
     os.replace(part, launch_dir / f"rank{rank}.ready")  # whole when it appears
-    return device
-
-
-def _device(setup: RankSetup, rank: int, steps: dict[str, float]) -> Any:
-    """This rank's device: on a GPU, its CUDA context and allocator made (no kernel run), the seconds
-    it took in `steps`."""
-    import torch
-
-    if setup["device"] != "cuda":
-        torch.set_num_threads(max(1, setup["threads_per_rank"]))
-        return torch.device("cpu")
-    t = time.monotonic()
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    torch.empty(1, device=device)
-    steps["context_s"] = time.monotonic() - t
     return device
 
 

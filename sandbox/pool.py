@@ -7,24 +7,21 @@ threads) is dispatched, it takes a warm sandbox instead of starting one; the poo
 replacement. A sandbox never serves a second launch, so nothing a candidate leaves behind reaches
 another one. Nothing secret is known when a sandbox starts: seeds arrive with the launch.
 
-Benchmarks must have the GPUs to themselves. A sandbox of a GPU shape warms up in steps (`gated`):
-what needs only the CPU (the container, torch imported: each rank writes rank{r}.staged); once the
-pool primes it (CONTEXT_NAME in its launch directory), each rank's CUDA context (rank{r}.context);
-once the pool opens it (GO_NAME, or its launch), the communicators and one collective (rank{r}.ready).
-While a benchmark times (`quiet(key, count)`), sandboxes still start, stage and make their contexts,
-as builds run beside it (what contexts being made do to a timed all-reduce was within the noise of
-its measurement: docs/gpu-results.md), but none is opened except the `count` that the
-benchmark's own launches need; on entry it waits (`settle`) for every opened sandbox still warming
-up. Outside a benchmark, a primed sandbox is opened once its contexts exist, so a benchmark that
-begins while the contexts are being made need not wait for them. A CPU shape's sandboxes are not
-gated: there, warming up takes the cores the benchmark runs on, so none starts while it times. A
-benchmark of several launches a side has a sandbox started for each of its launches first
-(`replenish(key, count)`), so that none of them starts cold while the other side is timed.
+Benchmarks must have the GPUs to themselves. A sandbox of a GPU shape warms up in two steps (`gated`):
+what needs only the CPU (the container, torch imported: each rank writes rank{r}.staged), then, once
+the pool opens it (GO_NAME in its launch directory, or its launch), what needs the GPUs (the CUDA
+context, the communicators, one collective: rank{r}.ready). While a benchmark times (`quiet(key,
+count)`), sandboxes still start and take their first step, as builds run beside it, but none is
+opened except the `count` that the benchmark's own launches need; on entry it waits (`settle`) for
+every opened sandbox still warming up. A CPU shape's sandboxes are not gated: there, warming up takes
+the cores the benchmark runs on, so none starts while it times. A benchmark of several launches a side
+has a sandbox started for each of its launches first (`replenish(key, count)`), so that none of them
+starts cold while the other side is timed.
 
 Of a GPU shape the pool also keeps `spare` sandboxes staged but closed: they hold no GPU memory, and
 when launches take more than `per_key` at once (a check's four, then a benchmark's two), the next
-ones need only their GPU step. A staged sandbox is primed as soon as fewer than `per_key` of its
-shape are primed and untaken.
+ones need only their GPU step. A staged sandbox is opened as soon as fewer than `per_key` of its
+shape are open and untaken.
 
 A shape of world size 0 is a tool sandbox (harness/launch.py): no ranks and no GPU; its launcher
 imports torch and the build program ahead of a build launch. It is ready as soon as it runs, and
@@ -50,7 +47,7 @@ from typing import Any
 import structlog
 
 import sandbox.base as base
-from harness.contracts import CONTEXT_NAME, GO_NAME, READY_STEPS
+from harness.contracts import GO_NAME, READY_STEPS
 from sandbox.base import tail, warm_setup
 
 log = structlog.get_logger("sandbox.pool")
@@ -84,10 +81,9 @@ class WarmSlot:
     handle: Any = None
     started: float = field(default_factory=time.monotonic)
     # when its start returned (the engine runs it); a gated sandbox's: when the pool saw its ranks
-    # staged, primed it, opened it, and saw them ready (monotonic)
+    # staged, opened it, and saw them ready (monotonic)
     running_at: float | None = None
     staged_at: float | None = None
-    primed_at: float | None = None
     opened_at: float | None = None
     ready_at: float | None = None
     # the slowest rank's seconds for each part of the GPU step, as its ranks wrote them (`step_times`)
@@ -99,17 +95,8 @@ class WarmSlot:
     def staged(self) -> bool:
         return self._all("staged")
 
-    def has_context(self) -> bool:
-        return self._all("context")
-
     def _all(self, step: str) -> bool:
         return all((self.launch_dir / f"rank{r}.{step}").exists() for r in range(self.key.world_size))
-
-    def prime(self) -> None:
-        """Let its ranks make their CUDA contexts (their launcher sends them the context line)."""
-        if self.primed_at is None:
-            (self.launch_dir / CONTEXT_NAME).touch()
-            self.primed_at = time.monotonic()
 
     def open(self) -> None:
         """Let its ranks use the GPUs (their launcher sends them the go line)."""
@@ -122,23 +109,19 @@ class WarmSlot:
         return (not self.key.gated or self.opened_at is not None) and not self.ready()
 
     def readiness(self) -> int:
-        """0 ready, 1 warming up on the GPUs, 2 making its contexts, 3 staged, 4 earlier: which one a
-        launch should take."""
+        """0 ready, 1 warming up on the GPUs, 2 staged, 3 earlier: which one a launch should take."""
         if self.ready():
             return 0
         if self.opened_at is not None:
             return 1
-        if self.primed_at is not None:
-            return 2
-        return 3 if self.key.gated and self.staged() else 4
+        return 2 if self.key.gated and self.staged() else 3
 
     def times(self) -> dict[str, Any]:
-        """When it ran, staged, was primed, opened and ready, in seconds from its start (as far as
-        seen), and what its GPU step took (`step_times`), where its ranks said."""
+        """When it ran, staged, was opened and was ready, in seconds from its start (as far as seen),
+        and what its GPU step took (`step_times`), where its ranks said."""
         steps = (
             ("running", self.running_at),
             ("staged", self.staged_at),
-            ("primed", self.primed_at),
             ("opened", self.opened_at),
             ("ready", self.ready_at),
         )
@@ -335,24 +318,16 @@ class WarmPool:
             self._watch(slot)
 
     def _watch(self, slot: WarmSlot) -> None:
-        """Prime a gated sandbox once its ranks have staged, while fewer than `per_key` of its shape
-        are; open it once their contexts exist, unless a benchmark is timing and has not reserved it
-        (then as soon as it ends; a reserved one at once). Notes when it staged and when it was ready.
-        Ends when it is ready, taken, discarded or about to expire."""
+        """Open a gated sandbox once its ranks have staged, unless a benchmark is timing and has not
+        reserved it (then as soon as it ends); note when it staged and when it was ready. Ends when
+        it is ready, taken, discarded or about to expire."""
         while time.monotonic() - slot.started < base.WARM_IDLE_S:
             with self._lock:
                 if self._closed or slot not in self._slots.get(slot.key, ()):
                     return
                 if slot.staged_at is None and slot.staged():
                     slot.staged_at = time.monotonic()
-                if slot.staged_at is not None and slot.primed_at is None and self._may_prime(slot.key):
-                    slot.prime()
-                if (
-                    slot.primed_at is not None
-                    and slot.opened_at is None
-                    and (self._quiet or slot.has_context())
-                    and self._may_open(slot.key)
-                ):
+                if slot.staged_at is not None and slot.opened_at is None and self._may_open(slot.key):
                     slot.open()
             if slot.ready():
                 slot.ready_at = time.monotonic()
@@ -360,20 +335,15 @@ class WarmPool:
                 return
             time.sleep(WATCH_S)
 
-    def _may_prime(self, key: WarmKey) -> bool:
-        """Whether a staged sandbox of this shape may make its contexts now (under the lock): while
-        fewer than `per_key` of the shape are primed and untaken."""
-        return sum(s.primed_at is not None for s in self._slots.get(key, ())) < self.wanted(key)
-
     def _may_open(self, key: WarmKey) -> bool:
-        """Whether a primed sandbox of this shape may use the GPUs now (under the lock): while a
-        benchmark times, only those it reserved; else any."""
+        """Whether a staged sandbox of this shape may use the GPUs now (under the lock): while a
+        benchmark times, only those it reserved; else while fewer than `per_key` are open."""
         if self._quiet:
             if self._reserved.get(key, 0) > 0:
                 self._reserved[key] -= 1
                 return True
             return False
-        return True
+        return sum(s.opened_at is not None for s in self._slots.get(key, ())) < self.wanted(key)
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:
         """Return once no sandbox is warming up on the GPUs, or is about to: none opened and not yet

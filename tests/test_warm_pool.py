@@ -275,26 +275,18 @@ def test_take_prefers_a_sandbox_that_finished_warming_up(isolated_dirs):
     assert pool.take(key) is None
 
 
-def two_steps(
-    opened: list, stage_after_s: float = 0.0, ready_text=lambda slot, rank: "", context_s: float = 0.0
-):
-    """A fake start of a gated sandbox: its ranks stage (after `stage_after_s`); once the pool primes
-    it (CONTEXT_NAME) they make their contexts (`context_s`) and write rank{r}.context; once it opens
-    it (GO_NAME) they are ready 50 ms later, each ready file holding `ready_text(slot, rank)`;
-    `opened` records each one opened, in order. Opened before it was primed, it makes both."""
+def two_steps(opened: list, stage_after_s: float = 0.0, ready_text=lambda slot, rank: ""):
+    """A fake start of a gated sandbox: its ranks stage (after `stage_after_s`), then wait for the
+    pool to open it (GO_NAME) and are ready 50 ms later, each ready file holding `ready_text(slot,
+    rank)`; `opened` records each one opened, in order."""
     import threading
 
-    from harness.contracts import CONTEXT_NAME, GO_NAME
+    from harness.contracts import GO_NAME
 
     def warm_up(slot):
         time.sleep(stage_after_s)
         for r in range(slot.key.world_size):
             (slot.launch_dir / f"rank{r}.staged").touch()
-        while not (slot.launch_dir / CONTEXT_NAME).exists() and not (slot.launch_dir / GO_NAME).exists():
-            time.sleep(0.005)
-        time.sleep(context_s)
-        for r in range(slot.key.world_size):
-            (slot.launch_dir / f"rank{r}.context").touch()
         while not (slot.launch_dir / GO_NAME).exists():
             time.sleep(0.005)
         opened.append(slot.launch_id)
@@ -337,14 +329,13 @@ def test_a_gpu_sandbox_uses_the_gpus_once_opened_and_the_pool_opens_it_when_no_b
     isolated_dirs,
 ):
     opened: list = []
-    pool = fake_pool(isolated_dirs, two_steps(opened, context_s=0.2), per_key=2)
+    pool = fake_pool(isolated_dirs, two_steps(opened), per_key=2)
     pool.replenish(GPU)
-    slots = all_ready(pool, GPU, 2)  # primed as soon as staged, opened once its contexts exist, then ready
+    slots = all_ready(pool, GPU, 2)  # opened as soon as staged, then ready
     assert sorted(opened) == sorted(s.launch_id for s in slots)
     for s in slots:
         t = s.times()
-        assert 0 <= t["running_s"] <= t["staged_s"] <= t["primed_s"] <= t["opened_s"] <= t["ready_s"], t
-        assert t["opened_s"] - t["primed_s"] >= 0.19, "not before its contexts were made (0.2 s)"
+        assert 0 <= t["running_s"] <= t["staged_s"] <= t["opened_s"] <= t["ready_s"], t
     pool.close()
 
 
@@ -382,9 +373,8 @@ def test_a_sandbox_s_gpu_step_times_are_its_slowest_rank_s_and_read_with_limits(
 
 def test_while_a_benchmark_times_gpu_sandboxes_start_but_only_its_own_are_opened(isolated_dirs):
     """Sandboxes taken by a check are replaced at once; a benchmark that begins before they staged
-    has the two its launches need opened and ready before its timing, and the others make their
-    contexts but stay closed (no communicators, no collective) until it ends; sandboxes started while
-    it times too."""
+    has the two its launches need opened and ready before its timing, and the others stay closed (no
+    GPU work) until it ends; sandboxes started while it times stay closed too."""
     opened: list = []
     pool = fake_pool(isolated_dirs, two_steps(opened, stage_after_s=0.3), per_key=3)
     pool.replenish(GPU)
@@ -406,42 +396,8 @@ def test_while_a_benchmark_times_gpu_sandboxes_start_but_only_its_own_are_opened
         time.sleep(0.1)  # ten of the pool's looks at them
         assert len(opened) == 5, "none other is opened while it times"
         assert all(s.opened_at is None for s in pool._slots[GPU]), "though they staged"
-        assert all(s.has_context() for s in pool._slots[GPU]), "and made their contexts"
     all_ready(pool, GPU, 3)
     assert len(opened) == 8, "opened once it ended"
-    pool.close()
-
-
-def test_a_benchmark_does_not_wait_for_sandboxes_making_their_contexts(isolated_dirs):
-    """A check takes two of four ready sandboxes; their replacements are making their contexts (slow
-    here) when a benchmark of two launches begins: it begins at once with the two still ready, and
-    the replacements are opened only when it ends. Before contexts could be made beside a timed
-    launch, it waited for their whole GPU step."""
-    opened: list = []
-    pool = fake_pool(isolated_dirs, two_steps(opened, context_s=1.5), per_key=4)
-    pool.replenish(GPU)
-    all_ready(pool, GPU, 4, timeout_s=20)
-    for _ in range(2):
-        assert pool.take(GPU) is not None
-        pool.replenish(GPU)
-    wait_for(
-        lambda: sum(s.primed_at is not None and not s.ready() for s in pool._slots[GPU]) == 2,
-        10,
-        "the replacements primed",
-        poll_s=0.01,
-    )
-    t0 = time.monotonic()
-    with pool.quiet(GPU, 2):
-        assert time.monotonic() - t0 < 0.5, "no wait for the contexts being made"
-        mine = [pool.take(GPU) for _ in range(2)]
-        assert all(s is not None and s.ready() for s in mine), "its launches take the ready ones"
-        pool.replenish(GPU)  # as its launches end
-        wait_for(lambda: staged(pool, GPU, 4), 10, "their replacements staged", poll_s=0.01)
-        wait_for(lambda: all(s.has_context() for s in pool._slots[GPU]), 10, "contexts made", poll_s=0.01)
-        time.sleep(0.1)
-        assert all(s.opened_at is None for s in pool._slots[GPU]), "none opened while it times"
-    all_ready(pool, GPU, 4)
-    assert len(opened) == 8, "all four opened once it ended"
     pool.close()
 
 
@@ -512,7 +468,6 @@ def run_gated(backend, isolated_dirs, monkeypatch):
             closed = [s for s in pool._slots[key] if not s.ready()]
             # staged with the other, it would have been ready as soon, had it not waited for the go line
             assert len(closed) == 1 and closed[0].opened_at is None, "the other stays closed"
-            assert closed[0].has_context(), "its ranks took the context line (no GPU: nothing to make)"
             first = run_launch(request(seeds), backend)  # takes the ready one
             second = run_launch(request(seeds), backend)  # takes the closed one: its launch opens it
         assert first.ok and first.warm and second.ok and second.warm, (first.ranks, second.ranks)
@@ -544,7 +499,7 @@ def test_a_gated_sandbox_never_opened_leaves_quietly(isolated_dirs, monkeypatch)
             for slot in list(pool._slots[key]):
                 slot.handle.wait(timeout=25)  # the launcher gave up waiting, and its ranks left at once
                 assert slot.handle.returncode == 0
-                assert slot.staged() and slot.has_context() and not slot.ready(), "primed, never opened"
+                assert slot.staged() and not slot.ready(), "staged, never opened"
     finally:
         pool.close()
     assert list(isolated_dirs.iterdir()) == [] and launch_processes(isolated_dirs) == []
