@@ -70,6 +70,15 @@ class CounterPlan(TypedDict):
     max_kernels: int  # kernels profiled per rank at most (ncu --launch-count)
 
 
+class LaterTrials(TypedDict):
+    """Trials a reference's launch runs after its own, at another size with other seeds: a check's
+    unseen-size trial (pkb_mcp/runs/unseen.py), so that its reference takes no sandbox of its own.
+    Their outputs are numbered after the launch's trials, and keyed by their own seeds."""
+
+    size: dict[str, Any]
+    seeds: list[int]  # secret, as the launch's own
+
+
 class LaunchSettings(TypedDict):
     """What a run decides of one start of a problem's ranks (pkb_mcp/runs/run.py, `Run.launch`); where
     the launch is started, its directory, its copies of the files and its CPUs complete it."""
@@ -86,6 +95,7 @@ class LaunchSettings(TypedDict):
     threads_per_rank: int
     convention: str  # how the candidate is called: auto, ours, original
     counters: NotRequired[CounterPlan]  # a profile's counter launch: cold, every rank under ncu
+    later: NotRequired[LaterTrials]  # mode "outputs", the problem's reference only
 
 
 class LaunchConfig(LaunchSettings):

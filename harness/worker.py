@@ -7,7 +7,8 @@ the two it imports torch, creates the process group and runs one collective, the
 rank{rank}.ready: a warm sandbox started ahead of need waits there for its one launch (a gated one
 first writes rank{rank}.staged and waits for a go line before it touches the GPU). It writes into
 the launch directory:
-  out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs")
+  out/t{trial}_r{rank}.pkbt   outputs of each correctness trial (mode "outputs"; a reference's
+                              later trials, contracts.LaterTrials, numbered after its own)
   out/s{set}_r{rank}.pkbt     first output of each timed input set (mode "benchmark")
   timing.json                 samples, written by rank 0 (mode "benchmark")
   profile/r{rank}.*           the rank's profiler trace, call times and NVLink counts (mode "profile",
@@ -360,6 +361,8 @@ def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], o
 def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) -> TimingRecord | None:
     """Load the problem and the solution, then run the launch's mode: "outputs" (the judged trials),
     "profile" or "benchmark". Returns the benchmark's timing record (else None)."""
+    if "later" in cfg and (cfg["mode"] != "outputs" or cfg["solution_path"] != cfg["problem_path"]):
+        raise ContractError("only the problem's reference runs later trials, in a launch of mode outputs")
     stages.enter("setup")
     problem = load_module(cfg["problem_path"], "pkb_problem")
     watch = Watch(problem)
@@ -382,15 +385,12 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
     out_dir.mkdir(exist_ok=True)
     calls = Calls(problem, solution, cfg, device, out_dir, watch.check)
     if cfg["mode"] == "outputs":
-        import torch.distributed as dist
-
-        for trial, seed in enumerate(cfg["seeds"]):
-            stages.enter("trials", f"trial {trial}")
-            inputs = calls.make(seed)
-            dist.barrier()
-            structure, outs, meta = calls.judge_call(inputs)
-            calls.save(f"t{trial}", outs, structure, meta)
-            del inputs, outs
+        _trials(calls, cfg["seeds"], 0, stages)
+        later = cfg.get("later")
+        if later is not None:
+            at = cast(RankConfig, {**cfg, "size": later["size"], "seeds": later["seeds"]})
+            later_calls = Calls(problem, solution, at, device, out_dir, watch.check)
+            _trials(later_calls, later["seeds"], len(cfg["seeds"]), stages)
         return None
     if cfg["mode"] == "profile":
         from harness import profile  # where each call's time goes (docs/plan-profile.md)
@@ -412,6 +412,20 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
     from harness import benchmark
 
     return benchmark.run(calls, stages.enter)
+
+
+def _trials(calls: Calls, seeds: list[int], first: int, stages: Stages) -> None:
+    """One judged call on fresh inputs for each seed; the outputs of trial `first + i` in
+    out/t{first + i}_r{rank}."""
+    import torch.distributed as dist
+
+    for i, seed in enumerate(seeds):
+        stages.enter("trials", f"trial {first + i}")
+        inputs = calls.make(seed)
+        dist.barrier()
+        structure, outs, meta = calls.judge_call(inputs)
+        calls.save(f"t{first + i}", outs, structure, meta)
+        del inputs, outs
 
 
 def main() -> None:

@@ -304,11 +304,16 @@ def _judged_check(
         f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})"
         + (", and one trial at a size never shown" if beside else ""),
     )
+    later = trial.later if trial is not None else None  # the trial's reference part, in this launch
     if trial is not None:
         trial.start()
     ref_outcome, cand_outcome = run.launch_pair(
-        run.launch("outputs", p.path, seeds), run.launch("outputs", run.solution, seeds), cancel
+        run.launch("outputs", p.path, seeds, later=later), run.launch("outputs", run.solution, seeds), cancel
     )
+    if trial is not None and later is not None:
+        ref_outcome = trial.take_reference(ref_outcome, trials)
+        if not ref_outcome.ok:  # told apart from the trial's part: the judged trials' reference alone
+            ref_outcome = run.run_one(run.launch("outputs", p.path, seeds), cancel)
     if not ref_outcome.ok or cand_outcome is None:
         raise reference_failed(p, ref_outcome)
     run.notes += conventions.notes(cand_outcome)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import datetime
 import random
+import secrets
+import shutil
 import threading
 import time
 import traceback
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ import torch
 
 from harness.context import ProblemContext
 from pkb_mcp import problems, service
+from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import RunRequest
 from pkb_mcp.runs import run as run_module
 from pkb_mcp.runs import unseen
@@ -191,20 +195,44 @@ def test_a_failed_check_runs_no_unseen_trial(isolated_dirs):
 # ---------------------------------------------------------------- beside the judged trials
 
 
-def _timed_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[dict, float, float]]:
-    """Each launch's size, start and end, as the check's launches run."""
-    spans: list[tuple[dict, float, float]] = []
+def _timed_launches(monkeypatch: pytest.MonkeyPatch, fail_later: bool = False) -> list[Span]:
+    """Each launch's settings, whether it ran the candidate, its start and end and whether it passed,
+    as the check's launches run; with `fail_later` a reference launch that carries the unseen
+    trial's part fails (as if its ranks had)."""
+    spans: list[Span] = []
     real = run_module.run_launch
 
     def timed(request, backend, cancel=None):
         start = time.monotonic()
+        outcome = None
         try:
-            return real(request, backend, cancel)
+            outcome = real(request, backend, cancel)
+            if fail_later and "later" in request.settings:
+                outcome.ranks[0] = replace(outcome.ranks[0], state="error", error="RuntimeError: as if")
+            return outcome
         finally:
-            spans.append((request.settings["size"], start, time.monotonic()))
+            candidate = request.solution_path != request.problem_path
+            ok = outcome is not None and outcome.ok
+            spans.append(Span(request.settings, candidate, start, time.monotonic(), ok))
 
     monkeypatch.setattr(run_module, "run_launch", timed)
     return spans
+
+
+def copy_of_reference(tmp_path: Path) -> Path:
+    """Problem 1's reference as a candidate file (a launch of it counts as the candidate's)."""
+    path = tmp_path / "solution.py"
+    shutil.copyfile(SUITE[1].path, path)
+    return path
+
+
+@dataclass
+class Span:
+    settings: dict
+    candidate: bool
+    start: float
+    end: float
+    ok: bool
 
 
 def test_the_trial_runs_beside_the_judged_ones_in_isolated_small_runs(monkeypatch):
@@ -226,16 +254,24 @@ def test_the_trial_runs_beside_the_judged_ones_in_isolated_small_runs(monkeypatc
 
 
 @pytest.mark.integration
-def test_where_launches_are_isolated_the_trial_starts_with_the_judged_ones(isolated_dirs, monkeypatch):
+def test_where_launches_are_isolated_the_trial_starts_with_the_judged_ones(
+    isolated_dirs, monkeypatch, tmp_path
+):
+    """Beside them at the run's world size, the trial's reference part runs in the judged trials'
+    reference launch, after its trials: three launches, not four."""
     monkeypatch.setattr(ProcessBackend, "isolated", True)  # as Docker's; the process backend stands in
     spans = _timed_launches(monkeypatch)
-    r = check(SUITE[1].path, unseen=True)
+    r = check(copy_of_reference(tmp_path), unseen=True)
     assert r.verdict == "pass" and r.generalizes == "yes", r
+    assert r.unseen is not None and r.unseen.world_size == 2
     shown = SUITE[1].size("pkb")
-    judged = [s for s in spans if s[0] == shown]
-    drawn = [s for s in spans if s[0] != shown]
-    assert len(judged) == 2 and len(drawn) == 2, spans
-    assert max(start for _, start, _ in drawn) < min(end for _, _, end in judged)
+    judged = [s for s in spans if s.settings["size"] == shown]
+    drawn = [s for s in spans if s.settings["size"] != shown]
+    assert len(judged) == 2 and len(drawn) == 1 and drawn[0].candidate, spans
+    reference = next(s for s in judged if not s.candidate)
+    assert reference.settings["later"]["size"] == drawn[0].settings["size"] == r.unseen.size
+    assert reference.settings["later"]["seeds"] == drawn[0].settings["seeds"] != reference.settings["seeds"]
+    assert drawn[0].start < min(s.end for s in judged)
     assert list(isolated_dirs.iterdir()) == []
 
 
@@ -245,6 +281,64 @@ def test_a_failed_check_discards_the_trial_started_beside_it(isolated_dirs, monk
     spans = _timed_launches(monkeypatch)
     r = check(CANDIDATES / "wrong_scale.py", unseen=True)
     assert r.verdict == "fail" and r.generalizes is None and r.unseen is None
-    assert len(spans) == 4  # the drawn pair ran (or was killed) and ended with the check
+    assert len(spans) == 3  # the drawn candidate ran (or was killed) and ended with the check
     assert not [t.name for t in threading.enumerate() if t.name.startswith("unseen")]
     assert list(isolated_dirs.iterdir()) == []
+
+
+@pytest.mark.integration
+def test_a_failed_shared_reference_launch_is_told_apart_by_launches_of_their_own(
+    isolated_dirs, monkeypatch, tmp_path
+):
+    """Where the reference launch that also ran the trial's part fails, the judged trials' reference
+    runs again alone (it passes: the check goes on), and so does the trial's (as before the parts
+    shared a launch)."""
+    monkeypatch.setattr(ProcessBackend, "isolated", True)
+    spans = _timed_launches(monkeypatch, fail_later=True)
+    r = check(copy_of_reference(tmp_path), unseen=True)
+    assert r.verdict == "pass" and r.generalizes == "yes", r
+    references = [s for s in spans if not s.candidate]
+    assert [("later" in s.settings, s.ok) for s in references] == [
+        (True, False),
+        (False, True),
+        (False, True),
+    ]
+    assert references[2].settings["size"] == r.unseen.size != references[1].settings["size"]
+
+
+@pytest.mark.integration
+def test_later_trials_give_a_launch_of_their_own_s_outputs_and_only_to_the_reference(isolated_dirs):
+    """The trial's part of a reference launch is what a launch of its own at that size gives, keyed by
+    its own seeds; a candidate's launch that asks for later trials fails without running any."""
+    p = SUITE[1]
+    run = Run(RunRequest(problem=1, path=p.path, world_size=2, device="cpu", sandbox="process"))
+    seeds, later_seeds = [secrets.randbits(62) for _ in range(2)], [secrets.randbits(62)]
+    size = {**p.size("pkb"), "rows": p.size("pkb")["rows"] + 8}
+    both = run.run_one(run.launch("outputs", p.path, seeds, later={"size": size, "seeds": later_seeds}), None)
+    alone = run.run_one(run.launch("outputs", p.path, later_seeds, size=size), None)
+    assert both.ok and alone.ok
+    first, later = unseen.split_outcome(both, len(seeds))
+    assert sorted(first.outputs) == [(t, r) for t in range(2) for r in range(2)]
+    assert sorted(later.outputs) == sorted(alone.outputs) == [(0, 0), (0, 1)]
+    for k in alone.outputs:
+        assert later.outputs[k].meta == alone.outputs[k].meta
+        for x, y in zip(later.outputs[k].tensors, alone.outputs[k].tensors, strict=True):
+            assert x.equal(y)
+    request = run.launch("outputs", CANDIDATES / "wrong_scale.py", seeds)
+    request.settings["later"] = {"size": size, "seeds": later_seeds}  # past Run.launch's own assertion
+    refused = run.run_one(request, None)
+    assert not refused.ok and not refused.outputs
+    assert "only the problem's reference runs later trials" in refused.ranks[0].error
+    assert list(isolated_dirs.iterdir()) == []
+
+
+def test_an_outcome_splits_into_its_first_trials_and_the_later_ones():
+    outcome = LaunchOutcome(ranks=[], wall_s=1.0, timed_out=False)
+    outcome.outputs = {(t, r): f"out{t}{r}" for t in range(3) for r in range(2)}  # type: ignore[misc]
+    outcome.output_errors = {(3, 1): "unreadable"}
+    first, later = unseen.split_outcome(outcome, 2)
+    assert first.outputs == {(t, r): f"out{t}{r}" for t in range(2) for r in range(2)}
+    assert later.outputs == {(0, 0): "out20", (0, 1): "out21"} and later.output_errors == {
+        (1, 1): "unreadable"
+    }
+    assert first.output_errors == {} and first.wall_s == later.wall_s == 1.0

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness.contracts import LaunchSettings, TimingConfig
+from harness.contracts import LaterTrials, LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
@@ -232,9 +232,11 @@ class Run:
         *,
         size: dict[str, Any] | None = None,
         world_size: int | None = None,
+        later: LaterTrials | None = None,
     ) -> LaunchRequest:
         """A launch of the run's problem: at the run's size preset and world size, unless `size` (the
-        values themselves) and `world_size` (at most the run's: the GPUs it holds) say otherwise."""
+        values themselves) and `world_size` (at most the run's: the GPUs it holds) say otherwise; a
+        reference's launch runs `later` trials after its own (harness/contracts.py LaterTrials)."""
         import os
 
         world_size = world_size or self.world_size
@@ -253,8 +255,14 @@ class Run:
             "threads_per_rank": threads,
             "convention": self.convention,
         }
+        if later is not None:
+            assert solution == self.problem.path and mode == "outputs", "the reference's trials only"
+            settings["later"] = later
         gpus = self.gpus[:world_size]
         return LaunchRequest(settings, self.problem.path, solution, gpus, self.problem.max_outputs)
+
+    def run_one(self, request: LaunchRequest, cancel: threading.Event | None) -> LaunchOutcome:
+        return run_launch(request, self.backend, cancel)
 
     def launch_pair(
         self, ref_request: LaunchRequest, cand_request: LaunchRequest, cancel: threading.Event | None

@@ -8,8 +8,10 @@ problem's rules (its `check_world_size`). Where the run has more than two ranks,
 to a smaller world size the problem allows (W = 4 runs it at 3, else 2: a kernel written for one W
 fails), within the GPUs the run holds.
 
-The reference and the candidate each run one trial there in launches of their own (`Trial`): beside
-the judged trials' in isolated sandboxes at the `pkb` size, else after them.
+The candidate runs one trial there in a launch of its own (`Trial`): beside the judged trials' in
+isolated sandboxes at the `pkb` size, else after them. Beside them at the run's own world size, the
+reference's part runs in the judged trials' reference launch, after its trials (one sandbox less a
+check); elsewhere in a launch of its own beside the candidate's.
 Nothing at the unseen size changes the verdict, and only a check that passed reads it. The result
 says apart whether the candidate `generalizes`. The original variant judges the original's shapes
 only, as the original benchmark does: it has no unseen sizes.
@@ -17,14 +19,16 @@ only, as the original benchmark does: it has no unseen sizes.
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from harness import tensorfile
+from harness.contracts import LaterTrials
 from pkb_mcp import config, problems
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import UnseenResult
@@ -114,16 +118,19 @@ class _Linked(threading.Event):
 class Trial:
     """One trial of the reference and the candidate at a size the candidate was never shown.
 
-    Drawn before the judged trials. Its two launches start beside the judged trials' (`start`) where
-    that saves time (`side_by_side`); otherwise, as on the process backend and at `large` (four
-    launches' memory at once), they run after a pass. Only a passing check's result reads it (`judge`);
-    `discard`, which every check calls at its end, kills launches still running."""
+    Drawn before the judged trials. Its candidate launch starts beside the judged trials' (`start`)
+    where that saves time (`side_by_side`); otherwise, as on the process backend and at `large` (four
+    launches' memory at once), its launches run after a pass. Beside them at the run's world size, the
+    judged trials' reference launch runs its reference part too (`later`, then `take_reference`).
+    Only a passing check's result reads it (`judge`); `discard`, which every check calls at its end,
+    kills launches still running."""
 
     def __init__(self, run: Run, cancel: threading.Event | None = None) -> None:
         self.run = run
         self._cancel = _Linked(cancel)
         self._pool: ThreadPoolExecutor | None = None
-        self._future: Future[tuple[LaunchOutcome, LaunchOutcome | None]] | None = None
+        self._future: Future[tuple[LaunchOutcome | None, LaunchOutcome | None]] | None = None
+        self._reference: LaunchOutcome | None = None  # its part of the judged trials' reference launch
         self._skip = ""  # why no trial: a note (nothing to judge) or a warning (a problem's fault)
         self._skip_is_warning = False
         self.placed: tuple[int, dict[str, Any]] | None = None
@@ -154,21 +161,40 @@ class Trial:
         small = run.size == "pkb" and not run.problem.lean_inputs
         return self.placed is not None and run.backend.isolated and small and config.unseen_beside()
 
+    @property
+    def later(self) -> LaterTrials | None:
+        """The reference's part, for the judged trials' reference launch to run after its own trials:
+        where the trial runs beside them at the run's world size (else None: a launch of its own)."""
+        if not self.side_by_side or self.placed is None or self.placed[0] != self.run.world_size:
+            return None
+        return {"size": self.placed[1], "seeds": list(self.seeds)}
+
+    def take_reference(self, outcome: LaunchOutcome, trials: int) -> LaunchOutcome:
+        """The judged trials' part of their reference launch, which ran this trial's reference part
+        after its `trials` trials (`later`); this trial keeps its own part. Where the launch failed,
+        it is returned whole and `judge` runs the reference's part in a launch of its own."""
+        if outcome.ok:
+            judged, self._reference = split_outcome(outcome, trials)
+            return judged
+        return outcome
+
     def start(self) -> None:
-        """Launch the trial now, beside the judged trials, where that is allowed (else `judge` runs it)."""
+        """Launch the trial now, beside the judged trials, where that is allowed (else `judge` runs it):
+        the candidate's launch, and the reference's unless the judged trials' reference launch runs
+        its part (`later`)."""
         if self.side_by_side and self._future is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unseen")
-            self._future = self._pool.submit(self._launch)
+            self._future = self._pool.submit(self._launch, self.later is None)
 
-    def _launch(self) -> tuple[LaunchOutcome, LaunchOutcome | None]:
+    def _launch(self, with_reference: bool = True) -> tuple[LaunchOutcome | None, LaunchOutcome | None]:
         assert self.placed is not None
         world_size, size = self.placed
         run = self.run
-        return run.launch_pair(
-            run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size),
-            run.launch("outputs", run.solution, self.seeds, size=size, world_size=world_size),
-            self._cancel,
-        )
+        candidate = run.launch("outputs", run.solution, self.seeds, size=size, world_size=world_size)
+        if not with_reference:
+            return None, run.run_one(candidate, self._cancel)
+        reference = run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size)
+        return run.launch_pair(reference, candidate, self._cancel)
 
     def discard(self) -> None:
         """Kill the trial's launches if they still run, and wait for them to end."""
@@ -185,6 +211,9 @@ class Trial:
             return NOT_JUDGED
         ref, cand = self._future.result() if self._future is not None else self._launch()
         world_size, size = self.placed
+        if ref is None:  # its part of the judged trials' reference launch, else a launch of its own now
+            own = run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size)
+            ref = self._reference or run.run_one(own, self._cancel)
         where = f"world size {world_size}, size {shown_size(run.problem, size)}"
         if not ref.ok or cand is None:
             bad = next(r for r in ref.ranks if r.state != "ok")
@@ -199,6 +228,20 @@ class Trial:
         generalizes: Literal["yes", "no"] = "yes" if verdict == "pass" else "no"
         message = f"matches the reference at {where}" if verdict == "pass" else f"at {where}: {why}"
         return Generalization(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
+
+
+def split_outcome(outcome: LaunchOutcome, trials: int) -> tuple[LaunchOutcome, LaunchOutcome]:
+    """A launch that ran `trials` trials and then later ones (harness/contracts.py LaterTrials), as two
+    launches' outcomes: the first trials', and the later ones', numbered from 0."""
+
+    def part(low: int, high: float) -> LaunchOutcome:
+        return replace(
+            outcome,
+            outputs={(t - low, r): v for (t, r), v in outcome.outputs.items() if low <= t < high},
+            output_errors={(t - low, r): v for (t, r), v in outcome.output_errors.items() if low <= t < high},
+        )
+
+    return part(0, trials), part(trials, math.inf)
 
 
 def shown_size(problem: problems.Problem, size: dict[str, Any]) -> str:
