@@ -103,8 +103,9 @@ def precompiled_headers() -> str:
 
 def warm_per_shape(device: str) -> int:
     """How many warm sandboxes the pool keeps of each launch shape (PKB_WARM_PER_SHAPE; sandbox/pool.py).
-    On GPUs 6: a check runs two pairs of launches of one shape, its judged trials and its unseen-size
-    trial (at once in isolated sandboxes), and a benchmark's pair follows a passing check. On CPU 2:
+    On GPUs 6: a check runs three launches of one shape at once in isolated sandboxes (its judged
+    trials' pair, its unseen-size trial's candidate; at a smaller world size that trial's reference
+    too, of another shape), and a benchmark's pair follows a passing check. On CPU 2:
     the cores that sandboxes warming up would take are the running launch's."""
     env = os.environ.get("PKB_WARM_PER_SHAPE", "").strip()
     if env and (not env.isdigit() or int(env) < 1):
@@ -114,7 +115,7 @@ def warm_per_shape(device: str) -> int:
 
 def warm_spare(device: str, batch: bool) -> int:
     """How many more sandboxes of a GPU shape the pool keeps staged but closed (PKB_WARM_SPARE;
-    sandbox/pool.py). In a batch 6, a check's four launches and a benchmark's two, so that a file
+    sandbox/pool.py). In a batch 6, a check's three launches and a benchmark's two, so that a file
     checked right after another waits only for their GPU step; staged sandboxes hold no GPU memory.
     Elsewhere (`pkb serve`) and on CPU none: a spare opened while a check runs slows it (2 H200s: a
     lone plain check 1.28 s with spares, 1.13 s without; docs/gpu-results.md)."""

@@ -19,7 +19,7 @@ has a sandbox started for each of its launches first (`replenish(key, count)`), 
 starts cold while the other side is timed.
 
 Of a GPU shape the pool also keeps `spare` sandboxes staged but closed: they hold no GPU memory, and
-when launches take more than `per_key` at once (a check's four, then a benchmark's two), the next
+when launches take more than `per_key` at once (a check's three, then a benchmark's two), the next
 ones need only their GPU step. A staged sandbox is opened as soon as fewer than `per_key` of its
 shape are open and untaken.
 

@@ -119,11 +119,11 @@ class Trial:
     """One trial of the reference and the candidate at a size the candidate was never shown.
 
     Drawn before the judged trials. Its candidate launch starts beside the judged trials' (`start`)
-    where that saves time (`side_by_side`); otherwise, as on the process backend and at `large` (four
-    launches' memory at once), its launches run after a pass. Beside them at the run's world size, the
-    judged trials' reference launch runs its reference part too (`later`, then `take_reference`).
-    Only a passing check's result reads it (`judge`); `discard`, which every check calls at its end,
-    kills launches still running."""
+    where that saves time (`side_by_side`); otherwise, as on the process backend and at `large`
+    (three or four launches' memory at once), its launches run after a pass. Beside them at the run's
+    world size, the judged trials' reference launch runs its reference part too (`later`, then
+    `take_reference`). Only a passing check's result reads it (`judge`); `discard`, which every check
+    calls at its end, kills launches still running."""
 
     def __init__(self, run: Run, cancel: threading.Event | None = None) -> None:
         self.run = run
@@ -155,7 +155,7 @@ class Trial:
     @property
     def side_by_side(self) -> bool:
         """Whether the trial runs beside the judged trials: in isolated sandboxes (the candidate cannot
-        read the reference's files), at the `pkb` size (four launches' memory at once), unless
+        read the reference's files), at the `pkb` size (three or four launches' memory at once), unless
         PKB_UNSEEN_BESIDE=0."""
         run = self.run
         small = run.size == "pkb" and not run.problem.lean_inputs
