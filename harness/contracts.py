@@ -71,9 +71,10 @@ class CounterPlan(TypedDict):
 
 
 class LaterTrials(TypedDict):
-    """Trials a reference's launch runs after its own, at another size with other seeds: a check's
-    unseen-size trial (pkb_mcp/runs/unseen.py), so that its reference takes no sandbox of its own.
-    Their outputs are numbered after the launch's trials, and keyed by their own seeds."""
+    """Trials a reference's launch runs after its own, at a size with seeds of their own: a check's
+    unseen-size trial (pkb_mcp/runs/unseen.py), or a later check's trials run ahead
+    (pkb_mcp/runs/references.py), so that their reference takes no sandbox of its own. Their outputs
+    are numbered after the launch's trials (group after group), each group's keyed by its seeds."""
 
     size: dict[str, Any]
     seeds: list[int]  # secret, as the launch's own
@@ -95,7 +96,7 @@ class LaunchSettings(TypedDict):
     threads_per_rank: int
     convention: str  # how the candidate is called: auto, ours, original
     counters: NotRequired[CounterPlan]  # a profile's counter launch: cold, every rank under ncu
-    later: NotRequired[LaterTrials]  # mode "outputs", the problem's reference only
+    later: NotRequired[list[LaterTrials]]  # mode "outputs", the problem's reference only
 
 
 class LaunchConfig(LaunchSettings):

@@ -386,11 +386,11 @@ def _run_launch(cfg: RankConfig, device: Any, launch_dir: Path, stages: Stages) 
     calls = Calls(problem, solution, cfg, device, out_dir, watch.check)
     if cfg["mode"] == "outputs":
         _trials(calls, cfg["seeds"], 0, stages)
-        later = cfg.get("later")
-        if later is not None:
-            at = cast(RankConfig, {**cfg, "size": later["size"], "seeds": later["seeds"]})
-            later_calls = Calls(problem, solution, at, device, out_dir, watch.check)
-            _trials(later_calls, later["seeds"], len(cfg["seeds"]), stages)
+        first = len(cfg["seeds"])
+        for group in cfg.get("later", []):
+            at = cast(RankConfig, {**cfg, "size": group["size"], "seeds": group["seeds"]})
+            _trials(Calls(problem, solution, at, device, out_dir, watch.check), group["seeds"], first, stages)
+            first += len(group["seeds"])
         return None
     if cfg["mode"] == "profile":
         from harness import profile  # where each call's time goes (docs/plan-profile.md)

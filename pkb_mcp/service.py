@@ -11,7 +11,6 @@ benchmark pkb_mcp/runs/benchmark.py, the profile pkb_mcp/profiling/profile.py.
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from pkb_mcp.models import (
     Traffic,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profile
-from pkb_mcp.runs import conventions, protections, static_report, unseen
+from pkb_mcp.runs import conventions, protections, references, static_report, unseen
 from pkb_mcp.runs.benchmark import bench, timing_config
 from pkb_mcp.runs.run import (
     Progress,
@@ -295,7 +294,6 @@ def _judged_check(
     """The judged trials, then the unseen-size trial's result where they pass (started beside them
     where it may be: `unseen.Trial`)."""
     p, world_size = run.problem, run.world_size
-    seeds = [secrets.randbits(62) for _ in range(trials)]
     steps = 4 if trial is not None else 3
     beside = trial is not None and trial.side_by_side
     progress(
@@ -304,16 +302,7 @@ def _judged_check(
         f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})"
         + (", and one trial at a size never shown" if beside else ""),
     )
-    later = trial.later if trial is not None else None  # the trial's reference part, in this launch
-    if trial is not None:
-        trial.start()
-    ref_outcome, cand_outcome = run.launch_pair(
-        run.launch("outputs", p.path, seeds, later=later), run.launch("outputs", run.solution, seeds), cancel
-    )
-    if trial is not None and later is not None:
-        ref_outcome = trial.take_reference(ref_outcome, trials)
-        if not ref_outcome.ok:  # told apart from the trial's part: the judged trials' reference alone
-            ref_outcome = run.run_one(run.launch("outputs", p.path, seeds), cancel)
+    seeds, ref_outcome, cand_outcome = references.judged_launches(run, trials, trial, cancel)
     if not ref_outcome.ok or cand_outcome is None:
         raise reference_failed(p, ref_outcome)
     run.notes += conventions.notes(cand_outcome)

@@ -269,8 +269,9 @@ def test_where_launches_are_isolated_the_trial_starts_with_the_judged_ones(
     drawn = [s for s in spans if s.settings["size"] != shown]
     assert len(judged) == 2 and len(drawn) == 1 and drawn[0].candidate, spans
     reference = next(s for s in judged if not s.candidate)
-    assert reference.settings["later"]["size"] == drawn[0].settings["size"] == r.unseen.size
-    assert reference.settings["later"]["seeds"] == drawn[0].settings["seeds"] != reference.settings["seeds"]
+    (group,) = reference.settings["later"]
+    assert group["size"] == drawn[0].settings["size"] == r.unseen.size
+    assert group["seeds"] == drawn[0].settings["seeds"] != reference.settings["seeds"]
     assert drawn[0].start < min(s.end for s in judged)
     assert list(isolated_dirs.iterdir()) == []
 
@@ -314,10 +315,12 @@ def test_later_trials_give_a_launch_of_their_own_s_outputs_and_only_to_the_refer
     run = Run(RunRequest(problem=1, path=p.path, world_size=2, device="cpu", sandbox="process"))
     seeds, later_seeds = [secrets.randbits(62) for _ in range(2)], [secrets.randbits(62)]
     size = {**p.size("pkb"), "rows": p.size("pkb")["rows"] + 8}
-    both = run.run_one(run.launch("outputs", p.path, seeds, later={"size": size, "seeds": later_seeds}), None)
+    both = run.run_one(
+        run.launch("outputs", p.path, seeds, later=[{"size": size, "seeds": later_seeds}]), None
+    )
     alone = run.run_one(run.launch("outputs", p.path, later_seeds, size=size), None)
     assert both.ok and alone.ok
-    first, later = unseen.split_outcome(both, len(seeds))
+    first, later = unseen.split_outcome(both, [len(seeds), len(later_seeds)])
     assert sorted(first.outputs) == [(t, r) for t in range(2) for r in range(2)]
     assert sorted(later.outputs) == sorted(alone.outputs) == [(0, 0), (0, 1)]
     for k in alone.outputs:
@@ -325,7 +328,7 @@ def test_later_trials_give_a_launch_of_their_own_s_outputs_and_only_to_the_refer
         for x, y in zip(later.outputs[k].tensors, alone.outputs[k].tensors, strict=True):
             assert x.equal(y)
     request = run.launch("outputs", CANDIDATES / "wrong_scale.py", seeds)
-    request.settings["later"] = {"size": size, "seeds": later_seeds}  # past Run.launch's own assertion
+    request.settings["later"] = [{"size": size, "seeds": later_seeds}]  # past Run.launch's own assertion
     refused = run.run_one(request, None)
     assert not refused.ok and not refused.outputs
     assert "only the problem's reference runs later trials" in refused.ranks[0].error
@@ -336,9 +339,8 @@ def test_an_outcome_splits_into_its_first_trials_and_the_later_ones():
     outcome = LaunchOutcome(ranks=[], wall_s=1.0, timed_out=False)
     outcome.outputs = {(t, r): f"out{t}{r}" for t in range(3) for r in range(2)}  # type: ignore[misc]
     outcome.output_errors = {(3, 1): "unreadable"}
-    first, later = unseen.split_outcome(outcome, 2)
+    first, later, last = unseen.split_outcome(outcome, [2, 1, 1])
     assert first.outputs == {(t, r): f"out{t}{r}" for t in range(2) for r in range(2)}
-    assert later.outputs == {(0, 0): "out20", (0, 1): "out21"} and later.output_errors == {
-        (1, 1): "unreadable"
-    }
+    assert later.outputs == {(0, 0): "out20", (0, 1): "out21"} and later.output_errors == {}
+    assert last.outputs == {} and last.output_errors == {(0, 1): "unreadable"}
     assert first.output_errors == {} and first.wall_s == later.wall_s == 1.0

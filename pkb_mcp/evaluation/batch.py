@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pkb_mcp import config, service
+from pkb_mcp import config, problems, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.evaluation import report as eval_report
 from pkb_mcp.evaluation import table as eval_table
@@ -44,7 +44,7 @@ from pkb_mcp.evaluation.records import (
 )
 from pkb_mcp.evaluation.store import EvalStore
 from pkb_mcp.models import BenchResult, CheckResult, RunRequest
-from pkb_mcp.runs import conventions, pairing, verdicts
+from pkb_mcp.runs import conventions, pairing, references, verdicts
 
 POLL_S = 0.25
 
@@ -526,7 +526,7 @@ def evaluate(
     results_store = EvalStore(store_path)
     results_store.acquire()
     scheduler = None
-    with warmth:
+    with warmth, references.STOCK.expecting(_checks_of_each_problem(files, variant)):
         try:
             scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
             results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
@@ -536,6 +536,21 @@ def evaluate(
                 _wait_stopped(scheduler)
             results_store.release()
     return _report(settings, store_path, t0, results, len(paths) if attempts else 1, out_dir)
+
+
+def _checks_of_each_problem(files: dict[Path, pairing.Pairing], variant: str) -> dict[str, int]:
+    """How many of the batch's files each problem's reference will be checked against, by its file: a
+    check's reference launch runs the next ones' reference trials ahead (runs/references.py)."""
+    counts: dict[str, int] = {}
+    for paired in files.values():
+        if paired.problem is None:
+            continue
+        try:
+            path = str(problems.resolve(paired.problem.id, variant).path)
+        except UserError:
+            continue
+        counts[path] = counts.get(path, 0) + 1
+    return counts
 
 
 def _report(

@@ -232,11 +232,11 @@ class Run:
         *,
         size: dict[str, Any] | None = None,
         world_size: int | None = None,
-        later: LaterTrials | None = None,
+        later: list[LaterTrials] | None = None,
     ) -> LaunchRequest:
         """A launch of the run's problem: at the run's size preset and world size, unless `size` (the
         values themselves) and `world_size` (at most the run's: the GPUs it holds) say otherwise; a
-        reference's launch runs `later` trials after its own (harness/contracts.py LaterTrials)."""
+        reference's launch runs the `later` groups of trials after its own (contracts.LaterTrials)."""
         import os
 
         world_size = world_size or self.world_size

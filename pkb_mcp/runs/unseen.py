@@ -19,7 +19,6 @@ only, as the original benchmark does: it has no unseen sizes.
 
 from __future__ import annotations
 
-import math
 import random
 import secrets
 import threading
@@ -164,19 +163,25 @@ class Trial:
     @property
     def later(self) -> LaterTrials | None:
         """The reference's part, for the judged trials' reference launch to run after its own trials:
-        where the trial runs beside them at the run's world size (else None: a launch of its own)."""
-        if not self.side_by_side or self.placed is None or self.placed[0] != self.run.world_size:
+        where the trial runs beside them at the run's world size and has no reference outcome yet
+        (else None: a launch of its own, or none)."""
+        if self._reference is not None or not self.side_by_side:
+            return None
+        if self.placed is None or self.placed[0] != self.run.world_size:
             return None
         return {"size": self.placed[1], "seeds": list(self.seeds)}
 
-    def take_reference(self, outcome: LaunchOutcome, trials: int) -> LaunchOutcome:
-        """The judged trials' part of their reference launch, which ran this trial's reference part
-        after its `trials` trials (`later`); this trial keeps its own part. Where the launch failed,
-        it is returned whole and `judge` runs the reference's part in a launch of its own."""
-        if outcome.ok:
-            judged, self._reference = split_outcome(outcome, trials)
-            return judged
-        return outcome
+    def take_reference(self, outcome: LaunchOutcome) -> None:
+        """Its reference part's outcome, from the launch that ran it after the judged trials (`later`;
+        runs/references.py splits that launch's outputs). Not given (the launch failed), `judge` runs
+        it in a launch of its own."""
+        self._reference = outcome
+
+    def adopt(self, placed: tuple[int, dict[str, Any]], seeds: list[int], reference: LaunchOutcome) -> None:
+        """Run where a check's reference run ahead had it drawn (runs/references.py), at its seed, the
+        reference's outcome given: only the candidate's launch is left."""
+        self.placed, self.seeds, self._reference = placed, seeds, reference
+        self._skip, self._skip_is_warning = "", False
 
     def start(self) -> None:
         """Launch the trial now, beside the judged trials, where that is allowed (else `judge` runs it):
@@ -184,7 +189,7 @@ class Trial:
         its part (`later`)."""
         if self.side_by_side and self._future is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unseen")
-            self._future = self._pool.submit(self._launch, self.later is None)
+            self._future = self._pool.submit(self._launch, self.later is None and self._reference is None)
 
     def _launch(self, with_reference: bool = True) -> tuple[LaunchOutcome | None, LaunchOutcome | None]:
         assert self.placed is not None
@@ -230,18 +235,23 @@ class Trial:
         return Generalization(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
 
 
-def split_outcome(outcome: LaunchOutcome, trials: int) -> tuple[LaunchOutcome, LaunchOutcome]:
-    """A launch that ran `trials` trials and then later ones (harness/contracts.py LaterTrials), as two
-    launches' outcomes: the first trials', and the later ones', numbered from 0."""
-
-    def part(low: int, high: float) -> LaunchOutcome:
-        return replace(
-            outcome,
-            outputs={(t - low, r): v for (t, r), v in outcome.outputs.items() if low <= t < high},
-            output_errors={(t - low, r): v for (t, r), v in outcome.output_errors.items() if low <= t < high},
+def split_outcome(outcome: LaunchOutcome, counts: list[int]) -> list[LaunchOutcome]:
+    """A launch that ran its trials and then later ones (harness/contracts.py LaterTrials), as one
+    outcome for each group of `counts` trials in turn, each numbered from 0."""
+    parts = []
+    low = 0
+    for count in counts:
+        parts.append(
+            replace(
+                outcome,
+                outputs={(t - low, r): v for (t, r), v in outcome.outputs.items() if low <= t < low + count},
+                output_errors={
+                    (t - low, r): v for (t, r), v in outcome.output_errors.items() if low <= t < low + count
+                },
+            )
         )
-
-    return part(0, trials), part(trials, math.inf)
+        low += count
+    return parts
 
 
 def shown_size(problem: problems.Problem, size: dict[str, Any]) -> str:
