@@ -62,12 +62,14 @@ def test_at_most_ahead_are_prepared_and_none_too_large():
     stock = Stock()
     with stock.expecting({str(P1.path): 50}):
         assert stock.wanted(SHAPE) == AHEAD
-        stock.put(SHAPE, [prepared(), prepared(MAX_BYTES + 1)])
-        assert stock.take(SHAPE) is None, "outputs too large to hold in memory: none kept"
-        with stock.expecting({str(P1.path): 1}):  # a second batch of the same problem
-            assert stock.wanted(SHAPE) == AHEAD
         stock.put(SHAPE, [prepared()])
         assert stock.wanted(SHAPE) == AHEAD - 1
+        other = SHAPE.replace('"docker"', '"process"')
+        stock.put(other, [prepared(), prepared(MAX_BYTES + 1)])
+        assert stock.take(other) is None, "outputs too large to hold in memory: none kept"
+        assert stock.wanted(other) == 0, "nor prepared again"
+    with stock.expecting({str(P1.path): 2}):  # the next batch tries again
+        assert stock.wanted(other) == 2
 
 
 @pytest.mark.fast

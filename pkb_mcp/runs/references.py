@@ -57,6 +57,7 @@ class Stock:
         self._lock = threading.Lock()
         self._expected: dict[str, int] = {}  # checks still to come, by problem file
         self._held: dict[str, list[Prepared]] = {}
+        self._too_large: set[str] = set()  # shapes whose outputs are not held: none prepared again
 
     @contextmanager
     def expecting(self, counts: dict[str, int]) -> Iterator[None]:
@@ -74,6 +75,7 @@ class Stock:
                     if not self._expected[path]:
                         del self._expected[path]
                 self._held = {k: v for k, v in self._held.items() if _problem_of(k) in self._expected}
+                self._too_large = {k for k in self._too_large if _problem_of(k) in self._expected}
 
     def take(self, shape: str) -> Prepared | None:
         """A prepared reference of this shape, taken for good; counts one expected check as come."""
@@ -87,15 +89,20 @@ class Stock:
     def wanted(self, shape: str) -> int:
         """How many more checks of this shape a reference launch should prepare for now."""
         with self._lock:
+            if shape in self._too_large:
+                return 0
             expected = self._expected.get(_problem_of(shape), 0)
             return max(0, min(AHEAD, expected) - len(self._held.get(shape, ())))
 
     def put(self, shape: str, prepared: list[Prepared]) -> None:
-        """Keep these for later checks of the shape, unless their outputs are too large to hold."""
-        if not prepared or max(_bytes(p) for p in prepared) > MAX_BYTES:
+        """Keep these for later checks of the shape, unless their outputs are too large to hold (then
+        none of the shape is prepared again)."""
+        if not prepared:
             return
         with self._lock:
-            if self._expected.get(_problem_of(shape), 0) > 0:
+            if max(_bytes(p) for p in prepared) > MAX_BYTES:
+                self._too_large.add(shape)
+            elif self._expected.get(_problem_of(shape), 0) > 0:
                 self._held.setdefault(shape, []).extend(prepared)
 
 
@@ -177,7 +184,6 @@ def judged_launches(
             entry.trial = (ahead_trial.placed, ahead_trial.seeds, next(rest))
         prepared.append(entry)
     stock.put(shape, prepared)
-    log.info(
-        "references.ahead", problem=p.id, checks=len(prepared), trials=sum(len(g["seeds"]) for g in later)
-    )
+    trials_run = sum(len(group["seeds"]) for group in later)
+    log.info("references.ahead", problem=p.id, checks=len(prepared), later_trials=trials_run)
     return seeds, ref_outcome, cand_outcome
