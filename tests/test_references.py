@@ -87,10 +87,12 @@ def _launches(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     real = run_module.run_launch
 
     def recorded(request, backend, cancel=None):
+        start = time.monotonic()
         try:
             return real(request, backend, cancel)
         finally:  # killed with its check too
-            seen.append({**request.settings, "candidate": request.solution_path != request.problem_path})
+            candidate = request.solution_path != request.problem_path
+            seen.append({**request.settings, "candidate": candidate, "start": start, "end": time.monotonic()})
 
     monkeypatch.setattr(run_module, "run_launch", recorded)
     return seen
@@ -141,3 +143,29 @@ def _request(path: Path) -> RunRequest:
     return RunRequest(
         problem=1, path=path, world_size=2, device="cpu", trials=2, sandbox="process", unseen=True
     )
+
+
+@pytest.mark.integration
+def test_a_check_whose_reference_was_run_ahead_without_its_trial_launches_the_trial_s_own(
+    isolated_dirs, monkeypatch, tmp_path
+):
+    """A reference run ahead with no unseen-size trial beside it (one drawn at another world size):
+    the check's own trial launches its reference too, beside its candidate."""
+    monkeypatch.setattr(ProcessBackend, "isolated", True)
+    monkeypatch.setenv("PKB_UNSEEN_SIZES", "1")
+    good = tmp_path / "solution.py"
+    shutil.copyfile(P1.path, good)
+    run = run_module.Run(_request(good))
+    seeds = [11, 12]
+    made = run.run_one(run.launch("outputs", P1.path, seeds), None)
+    assert made.ok
+    launches = _launches(monkeypatch)
+    with references.STOCK.expecting({str(P1.path): 1}):
+        references.STOCK.put(references.shape_of(run, 2, True), [Prepared(seeds, made)])
+        r = _check(good)
+    assert r.verdict == "pass" and r.generalizes == "yes", r
+    judged = [s for s in launches if s["size"] == P1.size("pkb")]
+    drawn = [s for s in launches if s["size"] != P1.size("pkb")]
+    assert [(s["candidate"], s["seeds"]) for s in judged] == [(True, seeds)]
+    assert sorted(s["candidate"] for s in drawn) == [False, True] and "later" not in drawn[0]
+    assert max(s["start"] for s in drawn) < judged[0]["end"], "beside the judged trials, not after them"

@@ -143,7 +143,7 @@ def judged_launches(
         if trial is not None:
             if ready.trial is not None:
                 trial.adopt(*ready.trial)
-            trial.start()
+            trial.start(shared=False)
         return (
             ready.seeds,
             ready.reference,

@@ -183,13 +183,15 @@ class Trial:
         self.placed, self.seeds, self._reference = placed, seeds, reference
         self._skip, self._skip_is_warning = "", False
 
-    def start(self) -> None:
+    def start(self, shared: bool = True) -> None:
         """Launch the trial now, beside the judged trials, where that is allowed (else `judge` runs it):
-        the candidate's launch, and the reference's unless the judged trials' reference launch runs
-        its part (`later`)."""
+        the candidate's launch, and the reference's unless its outcome is given (`adopt`) or the
+        judged trials' reference launch runs its part (`later`; not `shared`: that check launches no
+        reference, its own having been run ahead)."""
         if self.side_by_side and self._future is None:
+            in_theirs = shared and self.later is not None
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unseen")
-            self._future = self._pool.submit(self._launch, self.later is None and self._reference is None)
+            self._future = self._pool.submit(self._launch, self._reference is None and not in_theirs)
 
     def _launch(self, with_reference: bool = True) -> tuple[LaunchOutcome | None, LaunchOutcome | None]:
         assert self.placed is not None
