@@ -183,7 +183,8 @@ def judged_launches(
             assert ahead_trial.placed is not None
             entry.trial = (ahead_trial.placed, ahead_trial.seeds, next(rest))
         prepared.append(entry)
-    stock.put(shape, prepared)
-    trials_run = sum(len(group["seeds"]) for group in later)
-    log.info("references.ahead", problem=p.id, checks=len(prepared), later_trials=trials_run)
+    if prepared:
+        stock.put(shape, prepared)
+        trials_run = sum(len(group["seeds"]) for group in later)
+        log.info("references.ahead", problem=p.id, checks=len(prepared), later_trials=trials_run)
     return seeds, ref_outcome, cand_outcome
