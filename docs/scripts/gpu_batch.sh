@@ -62,7 +62,8 @@
 #   gpu-step   issue 32: what a warm sandbox's GPU step costs with 1-6 opened at once, and whether its parts
 #              disturb a benchmark timed beside them (docs/scripts/gpu_step.py); $REPEATS (else 2),
 #              $COUNTS (else 1,2,4,6); DOCKER=1: each pair in a container made as the sandbox's are;
-#              ANATOMY_ONLY=1: no interference part; NCCL_LOG=1: NCCL's set-up lines per rank; $TAG
+#              ANATOMY_ONLY=1: no interference part; $DISTURBANCES (else none,context,group,step);
+#              NCCL_LOG=1: NCCL's set-up lines per rank; $TAG
 #   ray-batch  issue 32 item 4: $FILES (else 8) copies of $SOLUTION (else the original helper), each with a
 #              kernel of its own, through `pkb eval` on this node, then through `pkb eval --ray auto` on a
 #              one-node Ray cluster of this node's GPUs (`ray start --head`), each with an empty cache;
@@ -287,6 +288,7 @@ for part in "$@"; do
       name=gpu_step${TAG:+_$TAG}
       timeout "$(limit 300)" python3 docs/scripts/gpu_step.py --out "$OUT/$name.jsonl" \
         --repeats "${REPEATS:-2}" --counts "${COUNTS:-1,2,4,6}" ${DOCKER:+--docker} ${ANATOMY_ONLY:+--anatomy-only} \
+        --disturbances "${DISTURBANCES:-none,context,group,step}" \
         ${NCCL_LOG:+--nccl-log "$OUT/${name}_nccl"} > "$OUT/$name.log" 2>&1
       tail -14 "$OUT/$name.log" | cut -c1-400 ;;
     ray-batch) ray_batch ;;

@@ -14,8 +14,9 @@ a launch's (sandbox/docker.py `container_options`: no network, private IPC, read
                 from the go to its context, to its communicators, to its collective's end
   interference  a pair of ranks timing a 64 MiB all-reduce back to back (CUDA events, one call a
                 sample) for --seconds, alone, then with --disturbers sandboxes let go 0.5 s in taking
-                only their CUDA context, then taking the whole step: the samples while they ran
-                against the samples of the run alone
+                only their CUDA context ("context"), their context and communicators but no
+                collective ("group"), the whole step ("step"), as --disturbances lists: the samples
+                while they ran against the samples of the run alone
 
 Rows (JSON lines, appended to --out): {"part": "anatomy", "k", "repeat", per step median and max,
 "all_ready_s"} and {"part": "interference", "disturbance", "samples", "median_ms", "p90_ms",
@@ -81,6 +82,7 @@ def worker(folder: Path, rank: int, mode: str, seconds: float, cpus: str) -> Non
     if mode != "context":
         dist.init_process_group("nccl", store=store, rank=rank, world_size=2, device_id=device)
         times["group"] = time.time() - go
+    if mode not in ("context", "group"):
         dist.all_reduce(torch.ones(1, device=device))
         torch.cuda.synchronize()
         times["collective"] = time.time() - go
@@ -88,7 +90,9 @@ def worker(folder: Path, rank: int, mode: str, seconds: float, cpus: str) -> Non
     if mode == "timer":
         result["samples"] = _time_all_reduce(torch, dist, device, seconds, folder)
     (folder / f"result{rank}.json").write_text(json.dumps(result))
-    if mode != "context":
+    if mode == "group":  # both communicators made, no kernel run: wait for the peer's, not a barrier
+        _wait_for(folder / f"result{1 - rank}.json")
+    elif mode != "context":
         dist.barrier()
     os._exit(0)
 
@@ -184,7 +188,8 @@ def start_pair(
             subprocess.Popen(
                 [*command, "--rank", str(r), "--cpus", cpus[r]],
                 env={**env, **NCCL_LOG_ENV} if nccl_log else env,
-                stderr=log,
+                stdout=log,  # NCCL writes its lines to stdout
+                stderr=subprocess.STDOUT if log is not None else None,
             )
         )
     return procs
@@ -252,7 +257,7 @@ def interference(pairs: Pairs, scratch: Path, disturbance: str, disturbers: int,
     timer = scratch / f"t-{disturbance}"
     procs = pairs.start(timer, "timer", seconds)
     others = [scratch / f"d-{disturbance}-{i}" for i in range(disturbers if disturbance != "none" else 0)]
-    mode = "context" if disturbance == "context" else "step"
+    mode = disturbance if disturbance in ("context", "group") else "step"
     procs_others = [p for f in others for p in pairs.start(f, mode)]
     _staged([timer, *others])
     _go([timer])
@@ -266,7 +271,7 @@ def interference(pairs: Pairs, scratch: Path, disturbance: str, disturbers: int,
     row["disturbers"] = len(others)
     row.update(_summary([ms for _, ms in samples]))
     if let_go is not None:
-        last = "context_s" if disturbance == "context" else "collective_s"
+        last = {"context": "context_s", "group": "group_s"}.get(disturbance, "collective_s")
         ended = let_go + max(r[last] for r in results_others)
         row["disturbed_s"] = round(ended - let_go, 3)
         during = [ms for at, ms in samples if let_go <= at <= ended]
@@ -286,6 +291,7 @@ def main() -> None:
     parser.add_argument("--docker", action="store_true", help="each pair in a sandbox-like container")
     parser.add_argument("--nccl-log", type=Path, help="each rank's NCCL set-up lines, a file per rank")
     parser.add_argument("--anatomy-only", action="store_true")
+    parser.add_argument("--disturbances", default="none,context,group,step")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--pair", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -312,7 +318,7 @@ def main() -> None:
                 _write(args.out, {**anatomy(pairs, folder, k, args.nccl_log), "repeat": repeat})
             if args.anatomy_only:
                 continue
-            for disturbance in ("none", "context", "step"):
+            for disturbance in args.disturbances.split(","):
                 row = interference(pairs, folder, disturbance, args.disturbers, args.seconds)
                 _write(args.out, {**row, "repeat": repeat})
 
