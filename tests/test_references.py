@@ -28,7 +28,7 @@ from sandbox.process import ProcessBackend
 from .conftest import CANDIDATES
 
 P1 = problems.suite()[1]
-SHAPE = references.json.dumps([str(P1.path), [], {}, 5, True, "docker"])
+SHAPE = (str(P1.path), '[[], {}, 5, true, "docker"]')
 
 
 def prepared(nbytes: int = 8) -> Prepared:
@@ -52,7 +52,7 @@ def test_a_prepared_reference_is_taken_once_and_only_while_expected():
         assert stock.wanted(SHAPE) == 0
         assert stock.take(SHAPE) is first and stock.take(SHAPE) is second
         assert stock.take(SHAPE) is None, "each taken once"
-        other = SHAPE.replace('"docker"', '"process"')
+        other = (SHAPE[0], SHAPE[1].replace('"docker"', '"process"'))
         stock.put(other, [prepared()])
     assert stock.take(other) is None, "what is left goes with the batch"
 
@@ -64,7 +64,7 @@ def test_at_most_ahead_are_prepared_and_none_too_large():
         assert stock.wanted(SHAPE) == AHEAD
         stock.put(SHAPE, [prepared()])
         assert stock.wanted(SHAPE) == AHEAD - 1
-        other = SHAPE.replace('"docker"', '"process"')
+        other = (SHAPE[0], SHAPE[1].replace('"docker"', '"process"'))
         stock.put(other, [prepared(), prepared(MAX_BYTES + 1)])
         assert stock.take(other) is None, "outputs too large to hold in memory: none kept"
         assert stock.wanted(other) == 0, "nor prepared again"

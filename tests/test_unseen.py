@@ -26,8 +26,8 @@ from harness.context import ProblemContext
 from pkb_mcp import problems, service
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import RunRequest
+from pkb_mcp.runs import references, unseen
 from pkb_mcp.runs import run as run_module
-from pkb_mcp.runs import unseen
 from pkb_mcp.runs.run import Run
 from pkb_mcp.runs.unseen import Draw
 from sandbox.process import ProcessBackend
@@ -320,7 +320,7 @@ def test_later_trials_give_a_launch_of_their_own_s_outputs_and_only_to_the_refer
     )
     alone = run.run_one(run.launch("outputs", p.path, later_seeds, size=size), None)
     assert both.ok and alone.ok
-    first, later = unseen.split_outcome(both, [len(seeds), len(later_seeds)])
+    first, later = references.split_outcome(both, [len(seeds), len(later_seeds)])
     assert sorted(first.outputs) == [(t, r) for t in range(2) for r in range(2)]
     assert sorted(later.outputs) == sorted(alone.outputs) == [(0, 0), (0, 1)]
     for k in alone.outputs:
@@ -339,7 +339,7 @@ def test_an_outcome_splits_into_its_first_trials_and_the_later_ones():
     outcome = LaunchOutcome(ranks=[], wall_s=1.0, timed_out=False)
     outcome.outputs = {(t, r): f"out{t}{r}" for t in range(3) for r in range(2)}  # type: ignore[misc]
     outcome.output_errors = {(3, 1): "unreadable"}
-    first, later, last = unseen.split_outcome(outcome, [2, 1, 1])
+    first, later, last = references.split_outcome(outcome, [2, 1, 1])
     assert first.outputs == {(t, r): f"out{t}{r}" for t in range(2) for r in range(2)}
     assert later.outputs == {(0, 0): "out20", (0, 1): "out21"} and later.output_errors == {}
     assert last.outputs == {} and last.output_errors == {(0, 1): "unreadable"}

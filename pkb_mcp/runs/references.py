@@ -23,7 +23,7 @@ import secrets
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.contracts import LaterTrials
@@ -36,6 +36,9 @@ log = get(__name__)
 
 AHEAD = 4  # checks a reference launch prepares for at most, beyond its own
 MAX_BYTES = 256 << 20  # a prepared check's reference outputs kept at most (host memory)
+
+# what a prepared reference must match: its problem's file, and the rest of the run's shape (shape_of)
+Shape = tuple[str, str]
 
 
 @dataclass
@@ -56,8 +59,8 @@ class Stock:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._expected: dict[str, int] = {}  # checks still to come, by problem file
-        self._held: dict[str, list[Prepared]] = {}
-        self._too_large: set[str] = set()  # shapes whose outputs are not held: none prepared again
+        self._held: dict[Shape, list[Prepared]] = {}
+        self._too_large: set[Shape] = set()  # shapes whose outputs are not held: none prepared again
 
     @contextmanager
     def expecting(self, counts: dict[str, int]) -> Iterator[None]:
@@ -74,27 +77,27 @@ class Stock:
                     self._expected[path] = max(0, self._expected.get(path, 0) - n)
                     if not self._expected[path]:
                         del self._expected[path]
-                self._held = {k: v for k, v in self._held.items() if _problem_of(k) in self._expected}
-                self._too_large = {k for k in self._too_large if _problem_of(k) in self._expected}
+                self._held = {k: v for k, v in self._held.items() if k[0] in self._expected}
+                self._too_large = {k for k in self._too_large if k[0] in self._expected}
 
-    def take(self, shape: str) -> Prepared | None:
+    def take(self, shape: Shape) -> Prepared | None:
         """A prepared reference of this shape, taken for good; counts one expected check as come."""
         with self._lock:
-            path = _problem_of(shape)
+            path = shape[0]
             if self._expected.get(path, 0) > 0:
                 self._expected[path] -= 1
             held = self._held.get(shape)
             return held.pop(0) if held else None
 
-    def wanted(self, shape: str) -> int:
+    def wanted(self, shape: Shape) -> int:
         """How many more checks of this shape a reference launch should prepare for now."""
         with self._lock:
             if shape in self._too_large:
                 return 0
-            expected = self._expected.get(_problem_of(shape), 0)
+            expected = self._expected.get(shape[0], 0)
             return max(0, min(AHEAD, expected) - len(self._held.get(shape, ())))
 
-    def put(self, shape: str, prepared: list[Prepared]) -> None:
+    def put(self, shape: Shape, prepared: list[Prepared]) -> None:
         """Keep these for later checks of the shape, unless their outputs are too large to hold (then
         none of the shape is prepared again)."""
         if not prepared:
@@ -102,25 +105,21 @@ class Stock:
         with self._lock:
             if max(_bytes(p) for p in prepared) > MAX_BYTES:
                 self._too_large.add(shape)
-            elif self._expected.get(_problem_of(shape), 0) > 0:
+            elif self._expected.get(shape[0], 0) > 0:
                 self._held.setdefault(shape, []).extend(prepared)
 
 
 STOCK = Stock()
 
 
-def shape_of(run: Run, trials: int, with_trial: bool) -> str:
-    """What a prepared reference must match: the problem file, the GPUs, the reference launch's
+def shape_of(run: Run, trials: int, with_trial: bool) -> Shape:
+    """What a prepared reference must match: the problem file; the GPUs, the reference launch's
     settings but its seeds, the number of trials, whether the check runs an unseen-size trial, and
     the sandbox backend."""
     request = run.launch("outputs", run.problem.path, [])
     settings = {k: v for k, v in request.settings.items() if k not in ("seeds", "later")}
-    what = [str(request.problem_path), request.gpus, settings, trials, with_trial, run.backend.name]
-    return json.dumps(what, sort_keys=True)
-
-
-def _problem_of(shape: str) -> str:
-    return str(json.loads(shape)[0])
+    rest = [request.gpus, settings, trials, with_trial, run.backend.name]
+    return str(request.problem_path), json.dumps(rest, sort_keys=True)
 
 
 def _bytes(p: Prepared) -> int:
@@ -172,7 +171,7 @@ def judged_launches(
         return seeds, ref_outcome, cand_outcome
     if not ref_outcome.ok:  # told apart from the later parts: the judged trials' reference alone
         return seeds, run.run_one(run.launch("outputs", p.path, seeds), cancel), cand_outcome
-    parts = unseen.split_outcome(ref_outcome, [trials, *(len(group["seeds"]) for group in later)])
+    parts = split_outcome(ref_outcome, [trials, *(len(group["seeds"]) for group in later)])
     ref_outcome, rest = parts[0], iter(parts[1:])
     if trial is not None and own is not None:
         trial.take_reference(next(rest))
@@ -188,3 +187,23 @@ def judged_launches(
         trials_run = sum(len(group["seeds"]) for group in later)
         log.info("references.ahead", problem=p.id, checks=len(prepared), later_trials=trials_run)
     return seeds, ref_outcome, cand_outcome
+
+
+def split_outcome(outcome: LaunchOutcome, counts: list[int]) -> list[LaunchOutcome]:
+    """A launch that ran its trials and then later ones (harness/contracts.py LaterTrials), as one
+    outcome for each group of `counts` trials in turn, each numbered from 0."""
+    parts = []
+    low = 0
+    for count in counts:
+        high = low + count
+        parts.append(
+            replace(
+                outcome,
+                outputs={(t - low, r): v for (t, r), v in outcome.outputs.items() if low <= t < high},
+                output_errors={
+                    (t - low, r): v for (t, r), v in outcome.output_errors.items() if low <= t < high
+                },
+            )
+        )
+        low = high
+    return parts

@@ -262,6 +262,7 @@ class Run:
         return LaunchRequest(settings, self.problem.path, solution, gpus, self.problem.max_outputs)
 
     def run_one(self, request: LaunchRequest, cancel: threading.Event | None) -> LaunchOutcome:
+        """One launch in the run's backend (launches.run_launch)."""
         return run_launch(request, self.backend, cancel)
 
     def launch_pair(
@@ -273,13 +274,13 @@ class Run:
         starts, and a failed reference leaves the candidate unlaunched (None)."""
         if self.backend.isolated:
             with ThreadPoolExecutor(max_workers=2) as pool:
-                ref_future = pool.submit(run_launch, ref_request, self.backend, cancel)
-                cand_future = pool.submit(run_launch, cand_request, self.backend, cancel)
+                ref_future = pool.submit(self.run_one, ref_request, cancel)
+                cand_future = pool.submit(self.run_one, cand_request, cancel)
                 return ref_future.result(), cand_future.result()
-        ref_outcome = run_launch(ref_request, self.backend, cancel)
+        ref_outcome = self.run_one(ref_request, cancel)
         if not ref_outcome.ok:
             return ref_outcome, None
-        return ref_outcome, run_launch(cand_request, self.backend, cancel)
+        return ref_outcome, self.run_one(cand_request, cancel)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)

@@ -23,7 +23,7 @@ import random
 import secrets
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness import tensorfile
@@ -173,8 +173,8 @@ class Trial:
 
     def take_reference(self, outcome: LaunchOutcome) -> None:
         """Its reference part's outcome, from the launch that ran it after the judged trials (`later`;
-        runs/references.py splits that launch's outputs). Not given (the launch failed), `judge` runs
-        it in a launch of its own."""
+        runs/references.py `split_outcome` splits that launch's outputs). Not given (the launch
+        failed), `judge` runs it in a launch of its own."""
         self._reference = outcome
 
     def adopt(self, placed: tuple[int, dict[str, Any]], seeds: list[int], reference: LaunchOutcome) -> None:
@@ -235,25 +235,6 @@ class Trial:
         generalizes: Literal["yes", "no"] = "yes" if verdict == "pass" else "no"
         message = f"matches the reference at {where}" if verdict == "pass" else f"at {where}: {why}"
         return Generalization(generalizes, UnseenResult(world_size=world_size, size=size, message=message))
-
-
-def split_outcome(outcome: LaunchOutcome, counts: list[int]) -> list[LaunchOutcome]:
-    """A launch that ran its trials and then later ones (harness/contracts.py LaterTrials), as one
-    outcome for each group of `counts` trials in turn, each numbered from 0."""
-    parts = []
-    low = 0
-    for count in counts:
-        parts.append(
-            replace(
-                outcome,
-                outputs={(t - low, r): v for (t, r), v in outcome.outputs.items() if low <= t < low + count},
-                output_errors={
-                    (t - low, r): v for (t, r), v in outcome.output_errors.items() if low <= t < low + count
-                },
-            )
-        )
-        low += count
-    return parts
 
 
 def shown_size(problem: problems.Problem, size: dict[str, Any]) -> str:
