@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from harness.extensions import Request
 from pkb_mcp.compile import extensions
 from pkb_mcp.compile.literal_calls import literal_calls
 
@@ -132,6 +133,7 @@ def test_preparing_a_literal_solution_starts_no_discovery_launch(monkeypatch):
         "examples/001_allreduce_cuda_oneshot.py",
         "examples/original/013_gemm_allreduce_cpp.py",
         "tests/candidates/original_helper_cuda.py",
+        "tests/candidates/helper_cuda_bindings_apart.py",
     ],
 )
 def test_what_the_text_gives_is_what_the_discovery_launch_records(path):
@@ -145,3 +147,61 @@ def test_what_the_text_gives_is_what_the_discovery_launch_records(path):
     assert isinstance(found, dict), found
     assert extensions.parse_requests(literal) == extensions.parse_requests(found["calls"])
     assert extensions.parse_requests(literal)[0], "at least one request"
+
+
+def requests_of(path: str) -> list[Any]:
+    found = literal_calls((ROOT / path).read_text())
+    assert found is not None, path
+    wanted, why = extensions.parse_requests(found)
+    assert wanted and not why, why
+    return wanted
+
+
+def test_a_cuda_source_that_carries_its_bindings_is_told_how_to_rebuild_faster():
+    [helper] = requests_of("tests/candidates/original_helper_cuda.py")
+    advice = extensions.rebuild_advice(helper)
+    assert advice is not None
+    assert "includes torch/extension.h and defines PYBIND11_MODULE" in advice
+    assert advice.startswith("original_style_ext's CUDA source") and "functions=" in advice
+    # the same kernel with its bindings generated into the C++ unit, and example 001: nothing to say
+    for path in ("tests/candidates/helper_cuda_bindings_apart.py", "examples/001_allreduce_cuda_oneshot.py"):
+        assert [extensions.rebuild_advice(r) for r in requests_of(path)] == [None], path
+    # a mention in a comment or a C++ source is not an include
+    quiet = Request(
+        name="q", cpp_sources=("#include <torch/extension.h>",), cuda_sources=("// torch/extension.h\n",)
+    )
+    assert extensions.rebuild_advice(quiet) is None
+
+
+def test_only_a_build_made_now_carries_the_advice(monkeypatch, tmp_path):
+    """build_requests adds the advice for what its launch built, not for what the cache had or what
+    failed, and a result's notes end with it."""
+    [helper] = requests_of("tests/candidates/original_helper_cuda.py")
+    failing = Request(
+        name="broken", cpp_sources=("",), cuda_sources=("#include <torch/extension.h>\nint x = ;",)
+    )
+
+    class Built:
+        isolated = True
+
+        def new_dir(self) -> Path:
+            return tmp_path
+
+        def run(self, mode: str, *args: Any) -> Any:
+            return type("Outcome", (), {"timed_out": False})()
+
+    def install(todo: list[Any], result: Any, timed_out: bool, launch_dir: Path, prepared: Any) -> None:
+        prepared.built += [r.name for _, r in todo if r.name != "broken"]
+        prepared.failed += [r.name for _, r in todo if r.name == "broken"]
+
+    for name in ("prepare_soon", "prepare_parts_soon", "_install_objects"):
+        monkeypatch.setattr(extensions, name, lambda *a, **k: None)
+    monkeypatch.setattr(extensions, "_entry_state", lambda key: None)
+    monkeypatch.setattr(extensions, "read_result", lambda path: {})
+    monkeypatch.setattr(extensions, "_install_results", install)
+    prepared, _ = extensions.build_requests([helper, failing], Built(), 30.0)
+    assert prepared.advice == [extensions.rebuild_advice(helper)]
+    assert prepared.notes()[-1] == prepared.advice[0]
+    monkeypatch.setattr(extensions, "_entry_state", lambda key: "ok")  # in the cache: no build, no advice
+    cached, _ = extensions.build_requests([helper], Built(), 30.0)
+    assert cached.cached == ["original_style_ext"] and cached.advice == []

@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class Prepared:
     requests: list[requests.Request] = field(default_factory=list)  # every build the solution asks for
     logs: dict[str, str] = field(default_factory=dict)  # a failed build's compiler output, by name
     units: dict[str, dict[str, float]] = field(default_factory=dict)  # a build's seconds per unit, by name
+    advice: list[str] = field(default_factory=list)  # how a build just made would rebuild faster
 
     def notes(self) -> list[str]:
         out = []
@@ -100,7 +102,7 @@ class Prepared:
             why = f": {errors[0].one_line()}" if errors else " (its compiler output names no error)"
             out.append(f"extension {name} failed to build{why}")
         out += self.skipped
-        return out
+        return out + self.advice
 
 
 UNITS_CAP = 8192
@@ -248,6 +250,7 @@ def build_requests(
         prepared.build_s = time.monotonic() - start
         result = read_result(launch_dir / "build.json")
         _install_results(todo, result, outcome.timed_out, launch_dir, prepared)
+        prepared.advice = [a for _, r in todo if r.name in prepared.built and (a := rebuild_advice(r))]
         _install_objects(launch_dir / objects.OBJECTS)
         # the CUDA units' headers' parts the cache lacked, for the builds after this one
         prepare_parts_soon(unmade_parts(result, dict(todo)), tools)
@@ -302,6 +305,29 @@ def unmade_parts(result: Any, todo: dict[str, requests.Request]) -> dict[str, re
             if unmade and isinstance(part.get("key"), str):
                 wanted.setdefault(part["key"], request)
     return wanted
+
+
+_EXTENSION_H = re.compile(r'^\s*#\s*include\s*[<"]torch/extension\.h[>"]', re.MULTILINE)
+_BINDINGS = re.compile(r"\bPYBIND11_MODULE\s*\(")
+
+
+def rebuild_advice(request: requests.Request) -> str | None:
+    """A note for a request whose CUDA sources carry what an edit of a kernel need not compile again:
+    `torch/extension.h` or the pybind11 bindings (read as text). On an H200 node such a CUDA unit took
+    about twice the time of the same kernel's with its bindings in the C++ unit (docs/gpu-results.md,
+    "Builds"), whose object a kernel edit leaves unchanged and the object cache keeps."""
+    cuda = "\n".join(request.cuda_sources)
+    carries = (("includes torch/extension.h", _EXTENSION_H), ("defines PYBIND11_MODULE", _BINDINGS))
+    carried = [what for what, pattern in carries if pattern.search(cuda)]
+    if not carried:
+        return None
+    return (
+        f"{request.name}'s CUDA source {' and '.join(carried)}, so each edit of its kernels compiles "
+        "pybind11 and torch's whole API again (on an H200 node its CUDA unit took about twice as long as "
+        "the same kernel's with the bindings in the C++ unit, which an edit leaves cached): declare the "
+        "functions in cpp_sources and name them in load_inline's functions=, and let the CUDA source "
+        "include only what its kernels use (load_inline already gives it torch/types.h)"
+    )
 
 
 def _install_results(
