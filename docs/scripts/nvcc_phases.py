@@ -3,9 +3,11 @@
     python3 docs/scripts/nvcc_phases.py --out nvcc.jsonl [--file examples/001_allreduce_cuda_oneshot.py]
         [--variable CUDA_SOURCE] [--repeats 2]
 
-The unit is the `cuda.cu` that `load_inline` writes for the file's CUDA source string (read from the
-file as text, never imported), compiled with the exact command torch's build file gives it (its flags,
-include paths and architectures: this machine's torch and TORCH_CUDA_ARCH_LIST), in a scratch folder.
+The unit is the `cuda.cu` that `load_inline` writes for the file's first call with CUDA sources, as
+read from the file's text (pkb_mcp/compile/literal_calls.py: its sources and `no_implicit_headers`;
+never imported), else for the string --variable names, compiled with the exact command torch's
+build file gives it (its flags, include paths and architectures: this machine's torch and
+TORCH_CUDA_ARCH_LIST), in a scratch folder.
 Each repeat runs, side by side in time order, alternating which goes first:
 
   nvcc   the command as torch runs it, with `-time` (each phase's milliseconds, one row each)
@@ -34,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from harness import extensions, nvcc, objects  # noqa: E402
+from pkb_mcp.compile import extensions as builds  # noqa: E402
+from pkb_mcp.compile.literal_calls import literal_calls  # noqa: E402
 
 
 def cuda_source(path: Path, variable: str) -> str:
@@ -46,8 +50,17 @@ def cuda_source(path: Path, variable: str) -> str:
     raise SystemExit(f"{path} assigns no string to {variable}")
 
 
-def cuda_step(source: str, directory: Path) -> objects.Step:
-    request = extensions.Request(name="phases", cpp_sources=("",), cuda_sources=(source,))
+def cuda_request(path: Path, variable: str) -> extensions.Request:
+    """The file's first load_inline request with CUDA sources, read from its text, else one of the string
+    assigned to `variable` with load_inline's defaults."""
+    calls = literal_calls(path.read_text())
+    found = [r for r in builds.parse_requests(calls)[0] if r.cuda_sources] if calls else []
+    if found:
+        return found[0]
+    return extensions.Request(name="phases", cpp_sources=("",), cuda_sources=(cuda_source(path, variable),))
+
+
+def cuda_step(request: extensions.Request, directory: Path) -> objects.Step:
     steps = extensions.build_steps(request, extensions.source_files(request, directory), directory)
     if steps is None:
         raise SystemExit("this torch's build file is not one harness/objects.py runs")
@@ -89,7 +102,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="pkb-nvcc-") as scratch:
         directory = Path(scratch)
-        step = cuda_step(cuda_source(args.file, args.variable), directory)
+        step = cuda_step(cuda_request(args.file, args.variable), directory)
         for repeat in range(args.repeats):
             order = ("nvcc", "split") if repeat % 2 == 0 else ("split", "nvcc")
             for mode in order:
