@@ -1,7 +1,8 @@
 """A precompiled `torch/extension.h` for the C++ unit of extension builds.
 
 `load_inline`'s `main.cpp` opens with `#include <torch/extension.h>` (all of torch's C++ API and
-pybind11), and parsing it is most of that unit's compile: about 35 s on a 2-core machine, 8 s with a
+pybind11; with `no_implicit_headers`, a C++ source that opens so after blank or comment lines does
+too), and parsing it is most of that unit's compile: about 35 s on a 2-core machine, 8 s with a
 precompiled header (the same object, symbol for symbol). GCC looks for `torch/extension.h.gch` in
 each include directory before the header itself and uses it for a unit's first `#include` where the
 flags it was made with suit the compile; otherwise it reads the header beside it, a stub that
@@ -18,8 +19,10 @@ inside the sandbox.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -37,6 +40,7 @@ SCHEMA = 1
 HEADERS = "headers"  # the folder of headers under the node's object cache, and in a build launch
 HEADER = "torch/extension.h"
 OPENING = "#include <torch/extension.h>"  # what load_inline writes first in main.cpp
+MAX_OPENING_LINES = 64  # blank and comment lines read before a source's opening
 _DROPPED_WITH_VALUE = ("-MF", "-c", "-o")
 _DROPPED = ("-MMD", "-MD")
 
@@ -48,7 +52,7 @@ def flags(step: Step) -> list[str] | None:
         return None
     try:
         with open(step.inputs[0], errors="replace") as f:
-            if f.readline().strip() != OPENING:
+            if _opening(f) != OPENING:
                 return None
         argv = shlex.split(step.command)
     except (OSError, ValueError):
@@ -63,6 +67,17 @@ def flags(step: Step) -> list[str] | None:
         elif arg not in _DROPPED and not arg.startswith("-DTORCH_EXTENSION_NAME="):
             kept.append(arg)
     return kept if len(kept) > 1 and "-c" in argv and "-o" in argv else None
+
+
+def _opening(lines: Iterable[str]) -> str:
+    """A source's first line that is neither blank nor a `//` comment (GCC takes a precompiled header
+    for an `#include` before the unit's first token: `load_inline` with `no_implicit_headers` writes
+    the C++ sources as given, which often open with a blank line)."""
+    for line in itertools.islice(lines, MAX_OPENING_LINES):
+        text = line.strip()
+        if text and not text.startswith("//"):
+            return text
+    return ""
 
 
 def key(unit_flags: list[str], toolchain: dict[str, str]) -> str:

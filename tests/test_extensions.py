@@ -266,13 +266,22 @@ def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_
         thread.join(600)
     made = list(headers.cache_root().glob("*/torch/extension.h.gch"))
     assert len(made) == 1 and made[0].stat().st_size > 1 << 20, made
-    second, _ = extensions.build_requests([request("pkb_test_two")], tools, 600)
-    assert second.built == ["pkb_test_two"], second
+    # without load_inline's own include the source is main.cpp as given: its header after a blank line
+    bare = requests.Request(
+        name="pkb_test_own",
+        cpp_sources=("\n#include <torch/extension.h>\nint twice(int x) { return 2 * x; }",),
+        functions=("twice",),
+        no_implicit_headers=True,
+    )
+    second, _ = extensions.build_requests([request("pkb_test_two"), bare], tools, 600)
+    assert second.built == ["pkb_test_two", "pkb_test_own"], second
     chain = extensions.toolchain()
-    names = ("pkb_test_one", "pkb_test_two")
-    entries = {name: config.extensions_dir() / request(name).key(chain) for name in names}
-    units = json.loads((entries["pkb_test_two"] / requests.UNITS_MARK).read_text())
-    assert [Path(p).name for p in units["precompiled"]] == ["main.cpp"], units
+    names = ("pkb_test_one", "pkb_test_two", "pkb_test_own")
+    entries = {name: config.extensions_dir() / request(name).key(chain) for name in names[:2]}
+    entries["pkb_test_own"] = config.extensions_dir() / bare.key(chain)
+    for name in names[1:]:
+        units = json.loads((entries[name] / requests.UNITS_MARK).read_text())
+        assert [Path(p).name for p in units["precompiled"]] == ["main.cpp"], (name, units)
     assert json.loads((entries["pkb_test_one"] / requests.UNITS_MARK).read_text())["precompiled"] == []
 
     def symbols(name: str) -> list[str]:
@@ -280,4 +289,4 @@ def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_
         out = subprocess.run(nm, capture_output=True, text=True, check=True)
         return sorted(line.split()[-1].replace(name, "NAME") for line in out.stdout.splitlines())
 
-    assert symbols("pkb_test_one") == symbols("pkb_test_two")
+    assert symbols("pkb_test_one") == symbols("pkb_test_two") == symbols("pkb_test_own")

@@ -169,6 +169,12 @@ def test_a_header_s_flags_leave_out_the_source_output_dependency_file_and_extens
     assert headers.key(headers.flags(other), TOOLCHAIN) == headers.key(headers.flags(step), TOOLCHAIN)
     assert headers.key(["c++", "-DX=2"], TOOLCHAIN) != headers.key(["c++", "-DX=1"], TOOLCHAIN)
     assert headers.flags(cxx_step(tmp_path, "#include <vector>")) is None, "a source that opens otherwise"
+    # no_implicit_headers: the C++ source as given, after blank and comment lines
+    opened_later = cxx_step(tmp_path, "\n  \n// bindings\n#include <torch/extension.h>")
+    assert headers.flags(opened_later) == headers.flags(step)
+    assert headers.flags(cxx_step(tmp_path, "int x;\n#include <torch/extension.h>")) is None
+    too_late = "\n" * headers.MAX_OPENING_LINES + "#include <torch/extension.h>"
+    assert headers.flags(cxx_step(tmp_path, too_late)) is None
     assert headers.flags(objects.Step("cuda_compile", "x.o", step.inputs, step.command)) is None
 
 
