@@ -134,6 +134,7 @@ def test_preparing_a_literal_solution_starts_no_discovery_launch(monkeypatch):
         "examples/original/013_gemm_allreduce_cpp.py",
         "tests/candidates/original_helper_cuda.py",
         "tests/candidates/helper_cuda_bindings_apart.py",
+        "tests/candidates/helper_cuda_torch_free.py",
     ],
 )
 def test_what_the_text_gives_is_what_the_discovery_launch_records(path):
@@ -157,18 +158,29 @@ def requests_of(path: str) -> list[Any]:
     return wanted
 
 
-def test_a_cuda_source_that_carries_its_bindings_is_told_how_to_rebuild_faster():
+def test_a_cuda_unit_that_parses_torch_headers_is_told_how_to_rebuild_faster():
     [helper] = requests_of("tests/candidates/original_helper_cuda.py")
     advice = extensions.rebuild_advice(helper)
-    assert advice is not None
-    assert "includes torch/extension.h and defines PYBIND11_MODULE" in advice
-    assert advice.startswith("original_style_ext's CUDA source") and "functions=" in advice
-    # the same kernel with its bindings generated into the C++ unit, and example 001: nothing to say
+    assert advice is not None and "no_implicit_headers=True" in advice
+    assert advice.startswith(
+        "original_style_ext's CUDA source includes torch/extension.h and defines PYBIND11_MODULE"
+    )
+    # torch/types.h, which load_inline adds, and ATen's headers: said so
     for path in ("tests/candidates/helper_cuda_bindings_apart.py", "examples/001_allreduce_cuda_oneshot.py"):
-        assert [extensions.rebuild_advice(r) for r in requests_of(path)] == [None], path
-    # a mention in a comment or a C++ source is not an include
+        [request] = requests_of(path)
+        said = extensions.rebuild_advice(request)
+        assert said is not None and "includes torch's headers (load_inline adds torch/types.h)" in said, path
+    # a CUDA unit without torch headers, and one without CUDA: nothing to say
+    [torch_free] = requests_of("tests/candidates/helper_cuda_torch_free.py")
+    assert torch_free.no_implicit_headers and extensions.rebuild_advice(torch_free) is None
+    assert extensions.rebuild_advice(Request(name="cpu", cpp_sources=("int f();",))) is None
+    own = Request(
+        name="own", cpp_sources=("",), cuda_sources=("#include <ATen/ATen.h>",), no_implicit_headers=True
+    )
+    assert "own's CUDA source includes torch's headers," in (extensions.rebuild_advice(own) or "")
+    # a mention in a comment is not an include
     quiet = Request(
-        name="q", cpp_sources=("#include <torch/extension.h>",), cuda_sources=("// torch/extension.h\n",)
+        name="q", cpp_sources=("",), cuda_sources=("// torch/extension.h\n",), no_implicit_headers=True
     )
     assert extensions.rebuild_advice(quiet) is None
 
@@ -178,7 +190,7 @@ def test_only_a_build_made_now_carries_the_advice(monkeypatch, tmp_path):
     failed, and a result's notes end with it."""
     [helper] = requests_of("tests/candidates/original_helper_cuda.py")
     failing = Request(
-        name="broken", cpp_sources=("",), cuda_sources=("#include <torch/extension.h>\nint x = ;",)
+        name="broken", cpp_sources=("",), cuda_sources=("#include <torch/extension.h>\nint x;",)
     )
 
     class Built:
