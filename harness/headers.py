@@ -1,8 +1,8 @@
 """A precompiled `torch/extension.h` for the C++ unit of extension builds.
 
 `load_inline`'s `main.cpp` opens with `#include <torch/extension.h>` (all of torch's C++ API and
-pybind11; with `no_implicit_headers`, a C++ source that opens so after blank or comment lines does
-too), and parsing it is most of that unit's compile: about 35 s on a 2-core machine, 8 s with a
+pybind11; with `no_implicit_headers` the C++ source as given, which may open with blank or comment
+lines first), and parsing it is most of that unit's compile: about 35 s on a 2-core machine, 8 s with a
 precompiled header (the same object, symbol for symbol). GCC looks for `torch/extension.h.gch` in
 each include directory before the header itself and uses it for a unit's first `#include` where the
 flags it was made with suit the compile; otherwise it reads the header beside it, a stub that

@@ -25,7 +25,9 @@ whether its text names only builds in the cache), `Prepared` (what
 it did), and the steps themselves for compile_kernel, which adds its compiler runs to the build launch:
 `discover`, `parse_requests`, `build_requests`, `toolchain`. `ToolRunner` is what runs the discovery and
 build launches (pkb_mcp.launches.ToolLaunches). A build also asks for its flags' precompiled torch
-header, and its CUDA units' precompiled headers' parts, for the builds after it (compile/headers.py).
+header, and its CUDA units' precompiled headers' parts, for the builds after it (compile/headers.py),
+and a build whose CUDA unit parses torch's headers says in its notes how the same kernel rebuilds in
+other structures (`rebuild_advice`: an edit compiles the CUDA unit again, the C++ unit is cached).
 Imports pkb_mcp.config, log, launches and compile.flags, headers, literal_calls, parse,
 harness.extensions, objects and sandbox.toolchain.
 """
@@ -330,9 +332,10 @@ def rebuild_advice(request: requests.Request) -> str | None:
     else:
         return None
     return (
-        f"{subject}, which its compilers parse again on every edit of a kernel. The same kernel rebuilt "
-        "on 2 H200s in 29.8 s with torch/extension.h and PYBIND11_MODULE in the CUDA source, 13.8 s with "
-        "the bindings generated from functions= into cpp_sources (compiled once, then cached), and 2.2 s "
+        f"{subject}, which its compilers parse again on every edit of a kernel. After an edit, one "
+        "kernel rebuilt on 2 H200s in 29.8 s with torch/extension.h and PYBIND11_MODULE in the CUDA "
+        "source, 13.8 s with the bindings generated from functions= into cpp_sources (compiled once, "
+        "then cached), and 2.2 s "
         "with a CUDA source that includes no torch header: load_inline(..., no_implicit_headers=True), "
         "the kernels and a launcher taking raw pointers in cuda_sources, and torch/extension.h, the "
         "tensors and the function it binds in cpp_sources"
