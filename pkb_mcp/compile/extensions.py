@@ -335,10 +335,9 @@ def rebuild_advice(request: requests.Request) -> str | None:
         f"{subject}, which its compilers parse again on every edit of a kernel. After an edit, one "
         "kernel rebuilt on 2 H200s in 29.8 s with torch/extension.h and PYBIND11_MODULE in the CUDA "
         "source, 13.8 s with the bindings generated from functions= into cpp_sources (compiled once, "
-        "then cached), and 2.2 s "
-        "with a CUDA source that includes no torch header: load_inline(..., no_implicit_headers=True), "
-        "the kernels and a launcher taking raw pointers in cuda_sources, and torch/extension.h, the "
-        "tensors and the function it binds in cpp_sources"
+        "then cached), and 2.2 s with a CUDA source that includes no torch header: "
+        "load_inline(..., no_implicit_headers=True), the kernels and a launcher taking raw pointers in "
+        "cuda_sources, and torch/extension.h, the tensors and the function it binds in cpp_sources"
     )
 
 
