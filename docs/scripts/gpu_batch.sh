@@ -59,6 +59,9 @@
 #              through harness/nvcc.py (host and device front ends at once), side by side, $REPEATS
 #              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox);
 #              $NVCC_FILE: another solution's kernel, the string $NVCC_VARIABLE (else CUDA_SRC); $TAG names it
+#   nvcc-at-once issue 32: what a wave of builds does to each: $AT_ONCE (else 1,4,8) copies of the CUDA unit
+#              of $NVCC_FILE (else example 001) compiled through harness/nvcc.py at once, all but the first
+#              at niceness $NICE (else 0): docs/scripts/nvcc_phases.py --at-once, on the node (no sandbox)
 #   gpu-step   issue 32: what a warm sandbox's GPU step costs with 1-6 opened at once, and whether its parts
 #              disturb a benchmark timed beside them (docs/scripts/gpu_step.py); $REPEATS (else 2),
 #              $COUNTS (else 1,2,4,6); DOCKER=1: each pair in a container made as the sandbox's are;
@@ -284,6 +287,11 @@ for part in "$@"; do
         --repeats "${REPEATS:-2}" ${NVCC_FILE:+--file "$NVCC_FILE" --variable "${NVCC_VARIABLE:-CUDA_SRC}"} \
         > "$OUT/nvcc_phases.log" 2>&1
       tail -6 "$OUT/nvcc_phases.log" | cut -c1-400 ;;
+    nvcc-at-once)
+      timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/at_once${TAG:+_$TAG}.jsonl" \
+        --at-once "${AT_ONCE:-1,4,8}" --nice "${NICE:-0}" \
+        ${NVCC_FILE:+--file "$NVCC_FILE" --variable "${NVCC_VARIABLE:-CUDA_SRC}"} >> "$OUT/at_once.log" 2>&1
+      tail -8 "$OUT/at_once.log" | cut -c1-400 ;;
     gpu-step)
       name=gpu_step${TAG:+_$TAG}
       timeout "$(limit 300)" python3 docs/scripts/gpu_step.py --out "$OUT/$name.jsonl" \

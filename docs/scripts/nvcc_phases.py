@@ -16,6 +16,13 @@ Each repeat runs, side by side in time order, alternating which goes first:
 Rows (JSON lines, appended to --out as measured): {"mode", "repeat", "wall_s"} and, for nvcc,
 {"phases": {name: ms}}. Needs nvcc and torch's CUDA headers (a CUDA build of torch).
 
+With --at-once K[,K...] it measures instead what a wave of builds does to each of them, as a batch's
+build pool starts them: K copies of the unit, each in a folder of its own, compiled through
+harness/nvcc.py at once (K processes started together), each one's wall from the common start
+(rows {"mode": "at_once", "count", "index", "nice", "wall_s"}); with --nice N every copy but the
+first runs at that niceness, so the rows tell whether the first build of a wave can be given the
+CPU the others share (a priority) or whether they slow it where the cores are not all taken.
+
 It compiles outside any sandbox: a measurement of the project's own examples, never a tool for
 candidate files (pkb compiles those only in build launches).
 """
@@ -26,6 +33,7 @@ import argparse
 import ast
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -93,13 +101,56 @@ def measure(mode: str, step: objects.Step, directory: Path) -> dict:
     return row
 
 
+def at_once(request: extensions.Request, count: int, niceness: int, scratch: Path) -> list[dict]:
+    """`count` copies of the unit compiled through harness/nvcc.py at once, all but the first at
+    `niceness`: each copy's wall from the common start."""
+    jobs = []
+    for index in range(count):
+        directory = scratch / f"copy{count}-{niceness}-{index}"
+        directory.mkdir()
+        step = cuda_step(request, directory)
+        spec = json.dumps([step.command, str(directory), step.inputs[0], step.output])
+        jobs.append(
+            (directory / step.output, [sys.executable, __file__, "--one", spec], niceness if index else 0)
+        )
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(argv, preexec_fn=(lambda n=nice: os.nice(n)) if nice else None)
+        for _, argv, nice in jobs
+    ]
+    walls: dict[int, float] = {}
+    while len(walls) < len(procs):
+        for index, proc in enumerate(procs):
+            if index not in walls and proc.poll() is not None:
+                walls[index] = round(time.perf_counter() - start, 3)
+                if proc.returncode != 0 or not jobs[index][0].is_file():
+                    raise SystemExit(f"copy {index} of {count} failed (exit {proc.returncode})")
+        time.sleep(0.05)
+    return [
+        {"mode": "at_once", "count": count, "index": i, "nice": jobs[i][2], "wall_s": walls[i]}
+        for i in range(count)
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--file", type=Path, default=ROOT / "examples" / "001_allreduce_cuda_oneshot.py")
     ap.add_argument("--variable", default="CUDA_SOURCE")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--at-once", default="", help="comma-separated counts of copies compiled at once")
+    ap.add_argument("--nice", type=int, default=0, help="the niceness of every copy but the first")
     args = ap.parse_args()
+    if args.at_once:
+        with tempfile.TemporaryDirectory(prefix="pkb-nvcc-") as scratch:
+            request = cuda_request(args.file, args.variable)
+            for count in (int(c) for c in args.at_once.split(",")):
+                for row in at_once(request, count, args.nice, Path(scratch)):
+                    row.update(file=args.file.name, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(json.dumps(row), flush=True)
+        return
     with tempfile.TemporaryDirectory(prefix="pkb-nvcc-") as scratch:
         directory = Path(scratch)
         step = cuda_step(cuda_request(args.file, args.variable), directory)
@@ -115,4 +166,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":  # one copy of --at-once, in a process of its own
+        command, folder, source, output = json.loads(sys.argv[2])
+        sys.exit(0 if nvcc.compile_unit(command, Path(folder), Path(source), output) else 1)
     main()
