@@ -88,3 +88,28 @@ def test_diagnostics_parse_nvcc_gcc_and_tool_messages() -> None:
     assert "detected during instantiation" in found[0].message
     assert found[1].code == "177-D" and found[3].code == "-Wunused-variable"
     assert found[3].message == "unused variable 'y'"
+
+
+# ---------------------------------------------------------------------------------------------------
+# a unit's result from its compiler runs
+
+
+def test_a_units_build_time_is_what_ran_now_not_its_cached_commands(tmp_path) -> None:
+    from pkb_mcp.compile.units import Command, CommandRecord, UnitPlan, unit_result
+
+    plan = UnitPlan(
+        name="ext",
+        commands=[Command("nvcc", ["nvcc", "cuda.cu"], {}), Command("c++", ["g++", "main.cpp"], {})],
+        work=tmp_path,
+        toolchain={},
+    )
+    cuda = CommandRecord(returncode=0, output="", elapsed_s=1.25)
+    cpp = CommandRecord(returncode=0, output="", elapsed_s=30.5)
+    # an edit of the kernel: the CUDA unit compiled now, the C++ check taken from the cache
+    edited = unit_result(plan, [(cuda, False), (cpp, True)], timeout_s=60)
+    assert edited.build_time_s == 1.25 and not edited.cache_hit
+    # everything from the cache: the original build's time, as a cached .cu file reports it
+    cached = unit_result(plan, [(cuda, True), (cpp, True)], timeout_s=60)
+    assert cached.build_time_s == 30.5 and cached.cache_hit
+    # a first build: the slowest command, the two ran side by side
+    assert unit_result(plan, [(cuda, False), (cpp, False)], timeout_s=60).build_time_s == 30.5

@@ -75,7 +75,9 @@ class CompileUnit(Result):
     ok: bool
     diagnostics: list[Diagnostic] = Field(default_factory=list)
     kernels: list[KernelResources] = Field(default_factory=list)
-    build_time_s: float
+    build_time_s: float = Field(
+        description="its slowest compiler run of this build (the original build's where all were cached)"
+    )
     cache_hit: bool = False
     command: str
     log: str = ""
