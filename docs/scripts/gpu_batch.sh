@@ -135,6 +135,13 @@ side_by_side() {  # side_by_side QUARTER (1-4): every fourth original-format fil
 ray_batch() {  # issue 32 item 4: one node against a one-node Ray cluster, the same files
   local dir=/tmp/ray-batch n=${FILES:-8} src=${SOLUTION:-tests/candidates/original_helper_cuda.py} where
   python3 -m pip install -q --no-index --find-links "$RAY_WHEELS" ray > "$OUT/ray_install.log" 2>&1
+  # on 2026-11-28 no engine answered in the calls after the one that started it: start it again where its
+  # socket is left but nothing answers, and keep its log
+  if ! python3 -c "import docker; docker.from_env(timeout=5).ping()" 2> "$OUT/ray_docker.log"; then
+    cp /tmp/dockerd.log "$OUT/ray_dockerd_before.log" 2>/dev/null
+    [ -f /tmp/dk.pid ] && kill "$(cat /tmp/dk.pid)" 2>/dev/null; sleep 2; rm -f /tmp/dk.sock
+    source .gpu/setup.sh >> "$OUT/ray_docker.log" 2>&1
+  fi
   rm -rf "$dir" && mkdir -p "$dir/files"
   for i in $(seq 0 $((n - 1))); do  # a kernel of its own each (as build_speed.py's batch)
     sed "0,/CUDA_SRC = r\"\"\"/s//CUDA_SRC = r\"\"\"\/\/ file $i\n/" "$src" > "$dir/files/001_allreduce_kernel$i.py"
