@@ -1,10 +1,12 @@
-"""pkb_mcp.compile's parsers, on output captured from nvcc 13.0 and gcc (no compiler runs: fast tier)."""
+"""pkb_mcp.compile's parsers, on output captured from nvcc 13.0 and gcc, and a unit's result from its
+compiler runs (no compiler runs: fast tier)."""
 
 from __future__ import annotations
 
 import textwrap
 
 from pkb_mcp.compile import parse_diagnostics, parse_ptxas_resources
+from pkb_mcp.compile.units import Command, CommandRecord, UnitPlan, unit_result
 
 # ---------------------------------------------------------------------------------------------------
 # parsers, on output captured from nvcc 13.0 and on the older ptxas layout
@@ -95,8 +97,6 @@ def test_diagnostics_parse_nvcc_gcc_and_tool_messages() -> None:
 
 
 def test_a_units_build_time_is_what_ran_now_not_its_cached_commands(tmp_path) -> None:
-    from pkb_mcp.compile.units import Command, CommandRecord, UnitPlan, unit_result
-
     plan = UnitPlan(
         name="ext",
         commands=[Command("nvcc", ["nvcc", "cuda.cu"], {}), Command("c++", ["g++", "main.cpp"], {})],
