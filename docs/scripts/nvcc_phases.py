@@ -141,28 +141,28 @@ def main() -> None:
     ap.add_argument("--at-once", default="", help="comma-separated counts of copies compiled at once")
     ap.add_argument("--nice", type=int, default=0, help="the niceness of every copy but the first")
     args = ap.parse_args()
-    if args.at_once:
-        with tempfile.TemporaryDirectory(prefix="pkb-nvcc-") as scratch:
-            request = cuda_request(args.file, args.variable)
-            for count in (int(c) for c in args.at_once.split(",")):
-                for row in at_once(request, count, args.nice, Path(scratch)):
-                    row.update(file=args.file.name, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-                    with args.out.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    print(json.dumps(row), flush=True)
-        return
     with tempfile.TemporaryDirectory(prefix="pkb-nvcc-") as scratch:
         directory = Path(scratch)
-        step = cuda_step(cuda_request(args.file, args.variable), directory)
+        request = cuda_request(args.file, args.variable)
+        if args.at_once:
+            for count in (int(c) for c in args.at_once.split(",")):
+                for row in at_once(request, count, args.nice, directory):
+                    emit(args.out, {**row, "file": args.file.name})
+            return
+        step = cuda_step(request, directory)
         for repeat in range(args.repeats):
             order = ("nvcc", "split") if repeat % 2 == 0 else ("split", "nvcc")
             for mode in order:
                 row = {"mode": mode, "repeat": repeat, "file": args.file.name}
-                row.update(measure(mode, step, directory))
-                row["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                with args.out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(json.dumps(row), flush=True)
+                emit(args.out, {**row, **measure(mode, step, directory)})
+
+
+def emit(out: Path, row: dict) -> None:
+    """A measured row, dated, appended to `out` and printed."""
+    row = {**row, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
