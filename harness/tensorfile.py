@@ -27,7 +27,7 @@ import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -158,22 +158,34 @@ def save(
 def load(
     path: Path, max_bytes: int, max_tensors: int = MAX_TENSORS
 ) -> tuple[output_structure.Structure, list[torch.Tensor], dict[str, Any]]:
-    """Read a tensor file written by anyone, of at most `max_tensors` tensors (at most
-    HARD_MAX_TENSORS); returns (structure, tensors, meta) or raises TensorFileError."""
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise TensorFileError(f"{path.name} is {size} bytes, over the cap of {max_bytes}")
+    """Read the tensor file at `path` (a file of this process's own making: the host reads a
+    launch's files with `read`, from a descriptor the launch's doorway opened)."""
     with open(path, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            raise TensorFileError(f"{path.name} is not a tensor file")
-        (hlen,) = struct.unpack("<Q", f.read(8))
-        if hlen > MAX_HEADER_BYTES:
-            raise TensorFileError(f"{path.name} has an oversized header")
-        try:
-            header = json.loads(f.read(hlen))
-        except (ValueError, RecursionError) as exc:  # nesting too deep for the decoder
-            raise TensorFileError(f"{path.name} has a malformed header") from exc
-        data = bytearray(f.read())
+        return read(f, path.name, max_bytes, max_tensors)
+
+
+def read(
+    f: BinaryIO, name: str, max_bytes: int, max_tensors: int = MAX_TENSORS
+) -> tuple[output_structure.Structure, list[torch.Tensor], dict[str, Any]]:
+    """Read a tensor file written by anyone from `f` (named `name` in messages), of at most
+    `max_bytes` bytes and `max_tensors` tensors (at most HARD_MAX_TENSORS); returns (structure,
+    tensors, meta) or raises TensorFileError."""
+    if f.read(len(MAGIC)) != MAGIC:
+        raise TensorFileError(f"{name} is not a tensor file")
+    head = f.read(8)
+    if len(head) != 8:
+        raise TensorFileError(f"{name} is not a tensor file")
+    (hlen,) = struct.unpack("<Q", head)
+    if hlen > MAX_HEADER_BYTES:
+        raise TensorFileError(f"{name} has an oversized header")
+    try:
+        header = json.loads(f.read(hlen))
+    except (ValueError, RecursionError) as exc:  # nesting too deep for the decoder
+        raise TensorFileError(f"{name} has a malformed header") from exc
+    data = bytearray(f.read(max_bytes + 1))
+    if len(data) > max_bytes:
+        raise TensorFileError(f"{name} is over the cap of {max_bytes} bytes")
+    path = Path(name)
     if not isinstance(header, dict):
         raise TensorFileError(f"{path.name} has a malformed header")
     entries = header.get("tensors")

@@ -30,8 +30,9 @@ from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.log import get
 from sandbox import cpus
-from sandbox.base import Backend, SandboxLaunch, tail
+from sandbox.base import Backend, SandboxLaunch
 from sandbox.pool import WarmKey, WarmPool, WarmSlot
+from sandbox.untrusted import LaunchFiles
 
 if TYPE_CHECKING:
     import torch
@@ -99,13 +100,16 @@ class LaunchOutcome:
     fresh_output_errors: dict[tuple[int, int], str] = field(default_factory=dict)
     timing: TimingRecord | None = None
     launcher_log: str = ""
+    # what the host refused to read from the launch directory (sandbox/untrusted.py), one sentence
+    # each: a launch that left any such thing failed, whatever its ranks said
+    refused: list[str] = field(default_factory=list)
     warm: bool = False  # ran in a sandbox started ahead of need
     collected: Any = None  # what run_launch's `collect` read from the launch directory before its removal
     convention: dict[str, str] | None = None  # what rank 0 recorded it chose (informational)
 
     @property
     def ok(self) -> bool:
-        return all(r.state == "ok" for r in self.ranks)
+        return not self.refused and all(r.state == "ok" for r in self.ranks)
 
 
 @dataclass
@@ -122,6 +126,8 @@ class LaunchRequest:
     # its record may come before its sandbox's end, as a check's launch's does: a benchmark's last
     # launch (the next benchmark waits for that end first: timing_window)
     ends_early: bool = False
+    # bytes the host reads of this launch at most, all its files together (sandbox/untrusted.py)
+    read_budget: int = 8 << 30
 
 
 def new_launch_dir(launch_id: str) -> Path:
@@ -326,7 +332,8 @@ def ended_cleanly(launch_dir: Path, token: str) -> bool:
     rank ended ok (exit status 0, its own status "ok"). Only the launcher knows the token (no rank is
     sent it, and other processes cannot read the launcher's memory), and it writes it once every
     process of the ranks is gone (harness/launch.py): what is left is the launcher's exit and the
-    sandbox's end. A record a candidate forged has no token."""
+    sandbox's end. A record a candidate forged has no token; one it replaced by a FIFO or a link is
+    not read (sandbox/untrusted.py), and the launch is then awaited to its end."""
     record = read_result(launch_dir / "launch.json", RECORD_CAP)  # None while it is not written
     if not isinstance(record, dict) or not hmac.compare_digest(str(record.get("end_token", "")), token):
         return False
@@ -371,28 +378,32 @@ def longest_stages(ranks: list[RankOutcome]) -> dict[str, float]:
 def _collect(
     launch_dir: Path, request: LaunchRequest, launcher_log: str, killed: bool, wall_s: float
 ) -> LaunchOutcome:
-    try:
-        record = json.loads((launch_dir / "launch.json").read_text())
-        entries = record["ranks"]
-        timed_out = bool(record.get("timed_out")) or killed
-    except (OSError, ValueError, KeyError):
+    files = LaunchFiles(launch_dir, budget=request.read_budget)
+    record = _json(files, "launch.json", RECORD_CAP)
+    entries = record.get("ranks") if isinstance(record, dict) else None
+    if isinstance(entries, list):
+        timed_out = bool(record.get("timed_out")) or killed  # type: ignore[union-attr]
+    else:
         # the launcher itself never reported: everything it ran is lost
         state = "timeout" if killed else "crashed"
         entries = [{"rank": r, "state": state} for r in range(request.settings["world_size"])]
         timed_out = killed
     ranks: list[RankOutcome] = []
-    for e in entries[: request.settings["world_size"]]:
-        rank = int(e.get("rank", len(ranks)))
+    world_size = request.settings["world_size"]
+    for e in entries[:world_size]:
+        e = e if isinstance(e, dict) else {}
+        rank = e.get("rank")
+        rank = rank if type(rank) is int and 0 <= rank < world_size else len(ranks)
         ranks.append(
             RankOutcome(
                 rank=rank,
-                state=str(e.get("state", "crashed")),
-                error=str(e.get("error") or ""),
-                stage=str(e.get("stage") or ""),
-                traceback=str(e.get("traceback") or ""),
-                signal=e.get("signal"),
-                log_tail=tail(launch_dir / f"rank{rank}.log", RANK_LOG_CAP),
-                ended_s=float(e.get("elapsed_s") or 0.0),
+                state=_short(e.get("state"), "crashed"),
+                error=_short(e.get("error"), "", 4000),
+                stage=_short(e.get("stage"), ""),
+                traceback=_short(e.get("traceback"), "", 16000),
+                signal=_short(e.get("signal"), "") or None,
+                log_tail=files.tail(f"rank{rank}.log", RANK_LOG_CAP),
+                ended_s=seconds(e.get("elapsed_s")) or 0.0,
                 cpus=_cpu_list(e.get("cpus")),
                 stages=_stage_times(e.get("stages")),
             )
@@ -400,40 +411,75 @@ def _collect(
     outcome = LaunchOutcome(
         ranks=ranks, wall_s=wall_s, timed_out=timed_out, launcher_log=launcher_log[-4000:]
     )
-    out_dir = launch_dir / "out"
-    if out_dir.is_dir():
-        # trials write t<trial>_r<rank>, benchmarks s<set>_r<rank> and f<fresh call>_r<rank>: only
-        # this mode's files count
-        prefixes = "sf" if request.settings["mode"] == "benchmark" else "t"
-        for path in out_dir.iterdir():
-            m = OUTPUT_NAME.match(path.name)
-            if not m or m.group(1) not in prefixes:
-                continue
-            key = (int(m.group(2)), int(m.group(3)))
-            found, errors = (
-                (outcome.fresh_outputs, outcome.fresh_output_errors)
-                if m.group(1) == "f"
-                else (outcome.outputs, outcome.output_errors)
-            )
-            try:
-                structure, tensors, meta = tensorfile.load(path, OUTPUT_FILE_CAP, request.max_outputs)
-                found[key] = Outputs(structure, tensors, meta)
-            except (tensorfile.TensorFileError, OSError) as exc:
-                errors[key] = str(exc)
-    outcome.convention = _convention_record(launch_dir)
-    timing_path = launch_dir / "timing.json"
-    if timing_path.is_file() and timing_path.stat().st_size < (64 << 20):
-        try:
-            record = json.loads(timing_path.read_text())
-        except ValueError:  # UnicodeDecodeError included
-            record = None
-        outcome.timing = cast(TimingRecord, record) if isinstance(record, dict) else None
+    _read_outputs(files, request, outcome)
+    outcome.convention = _convention_record(files)
+    timing = _json(files, "timing.json", 64 << 20)
+    outcome.timing = cast(TimingRecord, timing) if isinstance(timing, dict) else None
+    _fail_on_refusals(outcome, files.refusals)
     return outcome
 
 
-def _convention_record(launch_dir: Path) -> dict[str, str] | None:
+def _read_outputs(files: LaunchFiles, request: LaunchRequest, outcome: LaunchOutcome) -> None:
+    """The output files of this launch's mode from out/: trials write t<trial>_r<rank>, benchmarks
+    s<set>_r<rank> and f<fresh call>_r<rank>; any other name is left unread."""
+    found = files.entries("out") or []
+    prefixes = "sf" if request.settings["mode"] == "benchmark" else "t"
+    for entry in found:
+        m = OUTPUT_NAME.match(entry.name)
+        if not m or m.group(1) not in prefixes:
+            continue
+        key = (int(m.group(2)), int(m.group(3)))
+        outputs, errors = (
+            (outcome.fresh_outputs, outcome.fresh_output_errors)
+            if m.group(1) == "f"
+            else (outcome.outputs, outcome.output_errors)
+        )
+        with files.open(f"out/{entry.name}", OUTPUT_FILE_CAP) as f:
+            if f is None:
+                errors[key] = files.refusals[-1] if files.refusals else "unreadable"
+                continue
+            try:
+                structure, tensors, meta = tensorfile.read(
+                    f, entry.name, OUTPUT_FILE_CAP, request.max_outputs
+                )
+                outputs[key] = Outputs(structure, tensors, meta)
+            except (tensorfile.TensorFileError, OSError) as exc:
+                errors[key] = str(exc)
+
+
+def _fail_on_refusals(outcome: LaunchOutcome, refused: list[str]) -> None:
+    """A launch whose directory held something the host would not read failed, with the first such
+    thing as every rank's error (where the rank said it was ok)."""
+    outcome.refused = list(refused)
+    if not refused:
+        return
+    why = f"the launch left what the host will not read: {refused[0]}"
+    for r in outcome.ranks:
+        if r.state == "ok":
+            r.state, r.stage, r.error = "error", "collect", why
+
+
+def _short(value: Any, default: str, limit: int = 200) -> str:
+    """A field a launch wrote (untrusted) as a string cut at `limit` characters; `default` where it
+    is absent or empty."""
+    if value is None or value == "":
+        return default
+    return (value if isinstance(value, str) else str(value))[:limit]
+
+
+def _json(files: LaunchFiles, rel: str, cap: int) -> Any:
+    data = files.read(rel, cap)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError included
+        return None
+
+
+def _convention_record(files: LaunchFiles) -> dict[str, str] | None:
     """How rank 0 says it called the candidate: written in the sandbox, so only short strings count."""
-    record = read_result(launch_dir / "convention.json", 4096)
+    record = _json(files, "convention.json", 4096)
     if not isinstance(record, dict):
         return None
     kept = {k: v[:300] for k, v in record.items() if k in ("requested", "used", "why") and isinstance(v, str)}
@@ -494,13 +540,13 @@ class ToolLaunches:
         run = self.backend.run(launch, self.cancel)
         if run.cancelled:
             raise Cancelled("cancelled while running; every process of the launch was killed")
-        try:
-            record = json.loads((launch_dir / "launch.json").read_text())
-        except (OSError, ValueError):
-            record = None
+        files = LaunchFiles(launch_dir)
+        record = _json(files, "launch.json", RECORD_CAP)
         exit_code = record.get("exit_code") if isinstance(record, dict) else None
         timed_out = run.killed_at_deadline or (exit_code is None and mode == "discover")
-        own_log = tail(launch_dir / f"{mode}.log", 4000)
+        own_log = files.tail(f"{mode}.log", 4000)
+        if files.refusals:  # the tool's candidate code left a trap where the host reads
+            own_log = f"{files.refusals[0]}\n{own_log}"
         log.info(
             "tool.end",
             launch=launch_id,
@@ -549,13 +595,9 @@ def seconds(value: Any) -> float | None:
 
 
 def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
-    """A JSON file a launch wrote: None when missing, over `cap` bytes, or not JSON."""
-    try:
-        if path.is_symlink() or path.stat().st_size > cap:
-            return None
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
+    """A JSON file a launch wrote, read through the doorway (sandbox/untrusted.py) from its folder:
+    None when missing, anything but a plain file, over `cap` bytes, or not JSON."""
+    return _json(LaunchFiles(path.parent), path.name, cap)
 
 
 def _use_extension_cache(backend: Backend) -> None:
