@@ -6,6 +6,9 @@ PKB_LAUNCH_DIR     where launch directories are made and removed (default: the s
                    PKB_JOBS_DIR, its former name, is still read)
 PKB_STATE_DIR      the server's job database and submitted sources (default: $XDG_STATE_HOME/pkb or
                    ~/.local/state/pkb)
+PKB_ROOTS          the folders a `path` given over MCP may lie in, separated by os.pathsep (as PATH is);
+                   `pkb serve --root DIR`, repeated, replaces it (default: the server's working
+                   directory at start; the state folder is always one)
 PKB_PIN_CPUS       1: each rank runs on CPU cores of its own (sandbox/cpus.py), 0: wherever the
                    kernel puts it (default: 1 for GPU launches, 0 for CPU launches)
 PKB_NCU            the Nsight Compute executable a profile's counter launch runs (default: found on PATH
@@ -17,7 +20,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+from pkb_mcp.errors import UserError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 HARNESS_ROOT = PACKAGE_DIR.parent  # the folder that holds the `harness` package
@@ -60,6 +66,25 @@ def state_dir() -> Path:
     )
     base.mkdir(parents=True, exist_ok=True)
     return base
+
+
+def mcp_roots(given: Sequence[str] = ()) -> tuple[Path, ...]:
+    """The folders a `path` given over MCP may lie in, resolved (frontends/server.py adds its state
+    folder): `given` (pkb serve --root), else PKB_ROOTS, else the working directory now. A folder that
+    is not one is a UserError: a typo would otherwise refuse every path."""
+    named = list(given) or [
+        part for part in os.environ.get("PKB_ROOTS", "").split(os.pathsep) if part.strip()
+    ]
+    if not named:
+        return (Path(os.path.realpath(Path.cwd())),)
+    roots = []
+    for folder in named:
+        root = Path(os.path.realpath(Path(folder).expanduser()))
+        if not root.is_dir():
+            where = "--root" if given else "PKB_ROOTS"
+            raise UserError(f"{where} names {folder}, which is not a folder; name folders that exist")
+        roots.append(root)
+    return tuple(roots)
 
 
 def _switch(name: str) -> bool | None:

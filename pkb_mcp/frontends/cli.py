@@ -198,6 +198,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "no Docker engine answers, and serving over HTTP with the process backend would run "
                 "remote code unisolated; start Docker, or pass --allow-process-sandbox"
             )
+    roots = config.mcp_roots(args.root or ())  # before anything starts: a folder that is none is refused
     state = config.state_dir()
     gpus = 0
     if service.default_device() == "cuda":
@@ -211,7 +212,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cluster = RayCluster(args.ray)  # the sandboxes are the nodes': no local warm pool below
         args.no_warm = True
     scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus, cluster=cluster)
-    server = build_server(scheduler, state / "sources")
+    server = build_server(scheduler, state / "sources", roots)
     pool = None
     if not args.no_warm:
         from pkb_mcp.launches import enable_warm_pool, warm_key
@@ -419,6 +420,14 @@ def _add_node(sub: Any) -> None:
     p.add_argument("--no-warm", action="store_true", help=NO_WARM_HELP)
     p.add_argument(
         "--ray", default=None, metavar="ADDRESS", help="run the jobs on this Ray cluster (docs/scale-out.md)"
+    )
+    p.add_argument(
+        "--root",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a folder whose files a tool's path may name (repeatable; replaces PKB_ROOTS and the default, "
+        "the working directory; the state folder is always one)",
     )
     p.set_defaults(func=cmd_serve)
 

@@ -11,18 +11,25 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedToolError
-from mcp_types import CallToolResult, InputRequiredResult, TextContent
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    CallToolResult,
+    InputRequiredResult,
+    ReadResourceRequestParams,
+    ReadResourceResult,
+    TextContent,
+)
 from mcp_types import Tool as PublishedTool
 from pydantic import BaseModel, Field, ValidationError
 
-from pkb_mcp import service
+from pkb_mcp import config, service
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import render
@@ -42,10 +49,14 @@ from pkb_mcp.models import (
 from pkb_mcp.profiling.profile import ProfileResult, profiles_root
 from pkb_mcp.runs import benchmark, pairing, run
 
+if TYPE_CHECKING:
+    from mcp.server.context import ServerRequestContext
+
 MAX_SOURCE_BYTES = 1 << 20
 TRACEBACK_CHARS = 1500
 LOG_CHARS = 600
 DETAILED_FAILURES = 2  # ranks whose traceback and log stay in the compact result
+ECHO_CHARS = 64  # the most of a client's id or name that an error repeats (a 100 KB id comes back short)
 POLL_S = 0.1
 
 INSTRUCTIONS = """\
@@ -88,7 +99,18 @@ def lean_input(schema: dict[str, Any]) -> dict[str, Any]:
 class _Server(MCPServer):
     """Publishes its tools in our order (frontends/surface.py), with lean input schemas and
     descriptions without the docstrings' indentation; answers a refused call in one sentence, with the
-    sentence as structured content too."""
+    sentence as structured content too; repeats at most ECHO_CHARS of a resource's URI in an error."""
+
+    async def _handle_read_resource(
+        self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
+    ) -> ReadResourceResult | InputRequiredResult:
+        # the SDK's own errors ("Unknown resource: ...", and their data) repeat the whole URI
+        try:
+            return await super()._handle_read_resource(ctx, params)
+        except MCPError as exc:
+            uri = str(params.uri)
+            said, data = shortened(exc.message, uri), {"uri": echoed(uri)} if exc.data is not None else None
+            raise MCPError(code=exc.code, message=said, data=data) from exc
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context | None = None
@@ -142,7 +164,7 @@ Variant = Annotated[
     Arg(description="original: the original benchmark's exact workload"),
 ]
 Source = Annotated[str | None, Arg(description="the code; or give path")]
-SourcePath = Annotated[str | None, Arg(description="a file on the server; or give source")]
+SourcePath = Annotated[str | None, Arg(description="a file under the server's roots; or give source")]
 Device = Annotated[Literal["cpu", "cuda"] | None, Arg(description="default: cuda when the node has GPUs")]
 Wait = Annotated[bool, Arg(description="false: return a job id at once")]
 Convention = Annotated[
@@ -192,13 +214,27 @@ OUTPUTS: dict[str, type[JobOutput]] = {
 
 
 @contextlib.contextmanager
-def tool_errors() -> Iterator[None]:
+def tool_errors(*given: str) -> Iterator[None]:
     """A user error becomes a ToolError whose one sentence the model reads, its hints in this front
-    end's words."""
+    end's words, and the client's values in `given` (ids, names) repeated at most ECHO_CHARS long."""
     try:
         yield
     except UserError as exc:
-        raise ToolError(in_tool_words(str(exc))) from exc
+        raise ToolError(shortened(in_tool_words(str(exc)), *given)) from exc
+
+
+def echoed(value: str) -> str:
+    """A client's value as an error repeats it: whole up to ECHO_CHARS characters, else cut to that."""
+    return value if len(value) <= ECHO_CHARS else value[: ECHO_CHARS - 3] + "..."
+
+
+def shortened(message: str, *given: str) -> str:
+    """A message with each of the client's values in it (as given, stripped, or quoted) cut by echoed."""
+    for value in given:
+        for form in {value, value.strip(), repr(value), repr(value.strip())}:
+            if len(form) > ECHO_CHARS:
+                message = message.replace(form, echoed(form))
+    return message
 
 
 # the service layer's hints name the CLI (its first front end); an agent reads the tools' names
@@ -241,12 +277,16 @@ def compact(result: BaseModel) -> BaseModel:
 
 
 class Tools:
-    """The server's state: the scheduler, and where submitted sources are kept."""
+    """The server's state: the scheduler, where submitted sources are kept, and the folders a `path`
+    argument may name (`roots`, default config.mcp_roots(); the state folder, which holds
+    `sources_dir`, is always one)."""
 
-    def __init__(self, scheduler: Scheduler, sources_dir: Path):
+    def __init__(self, scheduler: Scheduler, sources_dir: Path, roots: Sequence[Path] | None = None):
         self.scheduler = scheduler
         self.sources_dir = sources_dir
         sources_dir.mkdir(parents=True, exist_ok=True)
+        given = config.mcp_roots() if roots is None else roots
+        self.roots = tuple(dict.fromkeys(root.resolve() for root in [*given, sources_dir.parent]))
         # with a Ray cluster the nodes' GPUs run the jobs: this machine's do not count
         self.local_gpus = scheduler.cluster is None
 
@@ -265,7 +305,7 @@ class Tools:
         """A run tool's request: its candidate as a file, checked before any work starts (ToolErrors
         with one sentence)."""
         file = self.solution_file(source, path, (".py",))
-        with tool_errors():
+        with tool_errors(str(problem), size):
             paired, _ = pairing.for_request(problem, file)  # the problem the run will use (its note then)
             _, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus, variant)
         return RunRequest(
@@ -280,24 +320,30 @@ class Tools:
         )
 
     def solution_file(self, source: str | None, path: str | None, suffixes: tuple[str, ...]) -> Path:
-        """The candidate as a file: given text is stored by content; a given path must exist."""
+        """The candidate as a file of the server's own, stored by content: given text as it is; a given
+        path read once, confined to the roots (runs/run.py `read_confined`), kept under its own name
+        (a check pairs a problem by the file's name). Every later read of the job reads this copy, so
+        nothing the client changes on the machine afterwards can redirect it."""
         if (source is None) == (path is None):
             raise ToolError("give exactly one of source (the code as text) or path (a file on the server)")
+        name: str | None = None  # a given file's own name; text is stored as {digest}{suffix}
         if path is not None:
-            file = Path(path).expanduser()
-            if (wrong := run.path_error(file, suffixes)) is not None:
-                raise ToolError(f"{wrong} on the server; pass its path, or send the code as source instead")
-            return file.resolve()
-        assert source is not None
-        data = source.encode()
+            with tool_errors():
+                name, data = run.read_confined(path, self.roots, suffixes, MAX_SOURCE_BYTES)
+        else:
+            assert source is not None
+            data = source.encode()
+        what = name or "the source"
         if not data.strip():
             raise ToolError(
-                "the source is empty; send a file defining solution() with the reference's signature"
+                f"{what} is empty; send a file defining solution() with the reference's signature"
             )
         if len(data) > MAX_SOURCE_BYTES:
-            raise ToolError(f"the source is {len(data)} bytes, over the limit of {MAX_SOURCE_BYTES}")
-        file = self.sources_dir / f"{hashlib.sha256(data).hexdigest()[:24]}{suffixes[0]}"
+            raise ToolError(f"{what} is {len(data)} bytes, over the limit of {MAX_SOURCE_BYTES}")
+        digest = hashlib.sha256(data).hexdigest()[:24]
+        file = self.sources_dir / digest / name if name else self.sources_dir / f"{digest}{suffixes[0]}"
         if not file.exists():
+            file.parent.mkdir(exist_ok=True)
             file.write_bytes(data)
         return file
 
@@ -374,12 +420,13 @@ def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
     return service.VERBS[kind].result.model_validate(raw)
 
 
-def build_server(scheduler: Scheduler, sources_dir: Path) -> MCPServer:
+def build_server(scheduler: Scheduler, sources_dir: Path, roots: Sequence[Path] | None = None) -> MCPServer:
     """The server: tools on problems, tools that run candidate code, the job tools, and the context an
-    agent starts from (the reference resource and the attempt_problem prompt)."""
+    agent starts from (the reference resource and the attempt_problem prompt). A `path` argument must
+    name a file under `roots` (default config.mcp_roots()) or the state folder."""
     from pkb_mcp.frontends.tasks import TasksExtension
 
-    tools = Tools(scheduler, sources_dir)
+    tools = Tools(scheduler, sources_dir, roots)
     mcp = _Server(
         name="pkb",
         title="pkb: multi-GPU kernel problems",
@@ -410,7 +457,7 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         detail: Annotated[bool, Arg(description="add source, dtype, world-size rule")] = False,
     ) -> Annotated[CallToolResult, ProblemPage]:
         """The problems (all on one page): id, name, category, one-line summary."""
-        with tool_errors():
+        with tool_errors(category or "", text or ""):
             page = service.problem_page(category, text, offset, limit, detail)
         return CallToolResult(
             content=[TextContent(type="text", text=render.problem_page(page))],
@@ -422,7 +469,7 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         problem: ProblemRef, world_size: WorldSize = 4, size: SizePreset = "pkb", variant: Variant = "pkb"
     ) -> Annotated[CallToolResult, ProblemDetail]:
         """A problem's contract: reference source, signature, per-rank input shapes, tolerance, traffic."""
-        with tool_errors():
+        with tool_errors(str(problem), size):
             detail = service.show_problem(problem, world_size, size, variant)
         return reply(detail, render.show(detail) + "\n\nreference source:\n" + detail.reference_source)
 
@@ -437,7 +484,7 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         variant: Variant = "pkb",
     ) -> Annotated[CallToolResult, RooflineResult]:
         """The floor from NVLink bytes, HBM bytes and FLOPs per GPU and the node's ceilings; % of floor."""
-        with tool_errors():
+        with tool_errors(str(problem), size):
             result = service.roofline_of(problem, world_size, size, time_ms, variant)
         return reply(result, render.roofline(result))
 
@@ -544,7 +591,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
     @mcp.tool(annotations=READ_ONLY)
     def job_status(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
         """Where a job stands, with its progress."""
-        with tool_errors():
+        with tool_errors(job_id):
             return scheduler.get(job_id)
 
     @mcp.tool(annotations=READ_ONLY)
@@ -552,7 +599,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         job_id: Annotated[str, Arg(description="id from a wait=false call")],
     ) -> Annotated[CallToolResult, AnyJobOutput]:
         """A job's result (compacted; the full one is the resource in result_uri)."""
-        with tool_errors():
+        with tool_errors(job_id):
             record = scheduler.get(job_id)
         out = tools.output(record)
         result = getattr(out, "result", None)
@@ -566,7 +613,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
     @mcp.tool(annotations=CANCELS)
     def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
         """Cancel a queued or running job (its processes are killed)."""
-        with tool_errors():
+        with tool_errors(job_id):
             return scheduler.cancel(job_id)
 
     @mcp.resource("pkb://jobs/{job_id}/result", mime_type="application/json")
@@ -574,7 +621,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         """The full result of a finished job: every rank's traceback and log tail, every timing figure."""
         raw = scheduler.result(job_id)
         if raw is None:
-            raise ResourceError(f"job {job_id} has no result (unknown, or not finished)")
+            raise ResourceError(f"job {echoed(job_id)} has no result (unknown, or not finished)")
         return _parse(scheduler.get(job_id).kind, raw).model_dump_json(indent=2)
 
 
@@ -609,7 +656,9 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
         where = Path(entry["path"]).resolve() if isinstance(entry, dict) and entry.get("path") else None
         allowed = (profiles.resolve(), profiles_root().resolve())
         if where is None or not where.is_file() or not any(where.is_relative_to(a) for a in allowed):
-            raise ResourceError(f"job {job_id} has no {name} (not a finished profile, or since removed)")
+            raise ResourceError(
+                f"job {echoed(job_id)} has no {name} (not a finished profile, or since removed)"
+            )
         return where
 
     @mcp.resource("pkb://jobs/{job_id}/trace", mime_type="application/json")
@@ -632,7 +681,7 @@ def _add_agent_context(mcp: MCPServer) -> None:
         try:
             return service.show_problem(problem_id, world_size=2).reference_source
         except UserError as exc:
-            raise ResourceError(str(exc)) from exc
+            raise ResourceError(shortened(str(exc), problem_id)) from exc
 
     @mcp.prompt()
     def attempt_problem(problem: str, world_size: str = "4", size: str = "pkb") -> str:

@@ -6,9 +6,11 @@ reference says to the user."""
 from __future__ import annotations
 
 import ast
+import os
+import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,50 @@ def path_error(path: Path, suffixes: tuple[str, ...] = (".py",)) -> str | None:
     if path.suffix not in suffixes:
         return f"{path} is not a {' or '.join(suffixes)} file"
     return None
+
+
+def read_confined(
+    path: str, roots: Sequence[Path], suffixes: tuple[str, ...], limit: int
+) -> tuple[str, bytes]:
+    """A file that a remote client named, read once: its name and bytes. Every refusal (missing,
+    outside `roots`, not a regular file, another suffix, unreadable) is one UserError, the same
+    sentence whatever the reason, so that no answer tells what exists on the machine. The path is
+    resolved (links followed, `..` collapsed) before it is compared with the roots; the file is then
+    opened without following a link and without blocking (a FIFO), and the path of what was opened
+    compared again, so that a link swapped in meanwhile cannot lead out of the roots."""
+    kinds = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if len(suffixes) > 1 else suffixes[0]
+    refusal = UserError(
+        f"path is not a readable {kinds} file under the server's roots ({', '.join(map(str, roots))}); "
+        "send the code as source instead, or have the server started with --root DIR (or PKB_ROOTS)"
+    )
+    try:
+        file = Path(os.path.realpath(Path(path).expanduser()))
+    except (OSError, RuntimeError, ValueError):  # no home folder for ~, a NUL byte
+        raise refusal from None
+    if file.suffix not in suffixes or not any(file.is_relative_to(root) for root in roots):
+        raise refusal
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        raise refusal from None
+    try:
+        opened = Path(f"/proc/self/fd/{fd}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or (opened.exists() and opened.readlink() != file):
+            raise refusal
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise UserError(f"{file.name} is {size} bytes, over the limit of {limit}; send a smaller file")
+        chunks: list[bytes] = []
+        while (got := sum(map(len, chunks))) <= limit and (chunk := os.read(fd, limit + 1 - got)):
+            chunks.append(chunk)
+    except OSError:
+        raise refusal from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:  # grown since its size was read
+        raise UserError(f"{file.name} is over the limit of {limit} bytes; send a smaller file")
+    return file.name, data
 
 
 def read_solution(path: Path) -> str | None:
