@@ -4,6 +4,7 @@ buffers included (torch + stdlib only)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,52 @@ def normalize_output(out: Any) -> tuple[structure.Structure, list]:
         return structure.encode(out)
     except ValueError as exc:
         raise SolutionError(f"solution returned something the harness cannot judge: {exc}") from exc
+
+
+# the interpreter's trace and profile hooks as the harness found them, before any solution was imported
+_HOOKS = (sys.gettrace(), sys.getprofile())
+
+
+def returning_plain(solution: Callable[..., Any]) -> Callable[..., Any]:
+    """The solution, its return checked and rebuilt as plain values (harness/structure.py `plain`)
+    before the call returns: inside the call, and so inside the timed region, so that nothing of the
+    candidate's (a tensor subclass's __torch_function__, a container's __iter__, a torch mode or an
+    interpreter hook it left active) can run deferred work once the clock has stopped."""
+
+    def call(*args: Any) -> Any:
+        out = solution(*args)
+        try:
+            kept = structure.plain(out)
+        except ValueError as exc:
+            raise SolutionError(f"solution returned something the harness cannot judge: {exc}") from None
+        del out  # what the candidate's own objects do as they go, they do here, on the clock
+        left = left_active()
+        if left:
+            raise SolutionError(f"the solution left {left} active at return: {ACTIVE_AFTER}")
+        return kept
+
+    return call
+
+
+ACTIVE_AFTER = "it would run the harness's own work after the clock stops; leave nothing active"
+
+
+def left_active() -> str | None:
+    """What a solution left active that would run its code inside the harness's own calls: a torch
+    function or dispatch mode (torch's own default-device mode aside) or a trace or profile hook
+    the harness did not have; None when nothing."""
+    import torch
+    from torch.utils._device import DeviceContext
+
+    modes = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+    foreign = [m for m in modes if type(m) is not DeviceContext]
+    if foreign:
+        return f"a torch function mode ({structure.type_name(type(foreign[0]))})"
+    if torch._C._len_torch_dispatch_stack():
+        return "a torch dispatch mode"
+    if (sys.gettrace(), sys.getprofile()) != _HOOKS:
+        return "a trace or profile hook (sys.settrace, sys.setprofile)"
+    return None
 
 
 MAX_INPUT_DEPTH = 4  # nesting of tuples, lists and dicts searched for tensors among the inputs
@@ -193,7 +240,7 @@ class Calls:
         from harness.context import DTYPES
 
         self.problem = problem
-        self.solution = solution
+        self.solution = returning_plain(solution)  # every judged and timed call goes through it
         self.cfg = cfg
         self.rank = int(cfg["rank"])
         self.world_size = int(cfg["world_size"])

@@ -46,6 +46,100 @@ def _dense(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.layout == torch.strided
 
 
+# Plain outputs. What a solution returns is taken at return, inside the call (and so inside the
+# timed region): `plain` rebuilds it from exactly the types below, reading containers through their
+# base types' own slots and never through the object's attributes. Nothing the harness does with an
+# output afterwards (encode, copies, comparisons, its release) can then run the candidate's code: a
+# tensor subclass's __torch_function__, a container's __iter__, an object's __getattr__ or __del__
+# would otherwise do deferred work at the harness's first touch, after the clock stopped.
+_SCALARS = {type(None), bool, int, float, str}
+# torch's own named tuples (torch.return_types: topk, sort, max along a dim ...)
+_TORCH_TUPLES = {v for v in vars(torch.return_types).values() if isinstance(v, type) and issubclass(v, tuple)}
+_is_functional = getattr(torch, "_is_functional_tensor", lambda t: False)
+_is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def type_name(cls: type) -> str:
+    """A class's own name, read through `type` itself (a metaclass cannot redefine what it says)."""
+    name = type.__dict__["__name__"].__get__(cls, type)
+    return name if isinstance(name, str) else "?"
+
+
+def _derives(cls: type, base: type) -> bool:
+    """Whether `base` is in the class's real MRO (no __subclasscheck__ or __class__ consulted)."""
+    return base in type.__dict__["__mro__"].__get__(cls, type)
+
+
+def plain(out: Any) -> Any:
+    """A solution's return rebuilt from plain values only: tuples, lists and dicts (subclasses read
+    through tuple's, list's and dict's own slots, then rebuilt as those), None, bool, int, float,
+    str (their subclasses converted), torch.Size, and tensors of exactly `torch.Tensor` that are
+    dense or sparse COO, on the CPU or a GPU, with no Python attributes and no functional or functorch
+    wrapper. ValueError naming the first part that is not: a tensor subclass ("output 0 is a
+    LazyTensor, a subclass of torch.Tensor; return plain tensors") or anything else."""
+    budget = [MAX_NODES]
+    if type(out) is torch.Tensor or _derives(type(out), torch.Tensor):
+        return _plain(out, "output 0", 0, budget)
+    return _plain(out, "the output", 0, budget)
+
+
+def _plain(value: Any, where: str, depth: int, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError(f"the output holds more than {MAX_NODES} parts")
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{where} is nested deeper than {MAX_DEPTH} levels")
+    cls = type(value)
+    if cls is torch.Tensor:
+        _check_plain_tensor(value, where)
+        return value
+    if cls in _SCALARS:
+        return value
+    if cls is torch.Size:
+        return value
+    if _derives(cls, torch.Tensor):
+        raise ValueError(f"{where} is a {type_name(cls)}, a subclass of torch.Tensor; return plain tensors")
+    if _derives(cls, torch.Size):
+        return torch.Size(tuple.__getitem__(value, i) for i in range(tuple.__len__(value)))
+    if cls is tuple or cls in _TORCH_TUPLES or _derives(cls, tuple):
+        n = tuple.__len__(value)
+        return tuple(
+            _plain(tuple.__getitem__(value, i), _child(where, str(i)), depth + 1, budget) for i in range(n)
+        )
+    if cls is list or _derives(cls, list):
+        items = list.copy(value)
+        return [_plain(v, _child(where, str(i)), depth + 1, budget) for i, v in enumerate(items)]
+    if cls is dict or _derives(cls, dict):
+        pairs = list(dict.items(value))
+        if not all(type(k) is str or _derives(type(k), str) for k, _ in pairs):
+            raise ValueError(f"{where} is a dict whose keys are not all strings")
+        return {
+            str.__str__(k): _plain(v, _child(where, repr(str.__str__(k))), depth + 1, budget)
+            for k, v in pairs
+        }
+    if _derives(cls, int):  # an IntEnum, say (bool has no subclasses)
+        return int.__index__(value)
+    if _derives(cls, float):  # a NumPy float64, say
+        return float.__float__(value)
+    if _derives(cls, str):
+        return str.__str__(value)
+    raise ValueError(f"{where} is a {type_name(cls)}, which the harness cannot judge: return {RETURNABLE}")
+
+
+def _check_plain_tensor(t: torch.Tensor, where: str) -> None:
+    """A tensor of exactly torch.Tensor that is plain data: ValueError otherwise. Its attributes are
+    read from the class (data descriptors of torch's own), so nothing of the candidate's runs."""
+    if t.__dict__:
+        names = ", ".join(sorted(str(k)[:40] for k in list(t.__dict__)[:4]))
+        raise ValueError(f"{where} carries Python attributes ({names}); return plain tensors")
+    if t.is_nested:
+        raise ValueError(f"{where} is a nested tensor; return plain tensors")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{where} is a tensor on the {t.device.type} device; return plain tensors")
+    if _is_functional(t) or _is_wrapped(t):
+        raise ValueError(f"{where} is a functional or functorch wrapper tensor; return plain tensors")
+
+
 def encode(out: Any) -> tuple[Structure, list[torch.Tensor]]:
     """(structure, tensors in order) of a solution's return; ValueError for what cannot be judged."""
     if _dense(out):

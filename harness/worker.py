@@ -172,7 +172,7 @@ class Watch:
         import torch
         import torch.distributed as dist
 
-        from harness import context, convention, structure, tensorfile, timing
+        from harness import benchmark, calls, context, convention, structure, tensorfile, timing
 
         owners: dict[str, Any] = {
             "time": (time, ["perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "sleep"]),
@@ -218,6 +218,9 @@ class Watch:
             ("harness.timing", timing),
             ("harness.tensorfile", tensorfile),
             ("harness.structure", structure),
+            # the outputs taken plain at return (calls.returning_plain) and the calls that judge them
+            ("harness.calls", calls),
+            ("harness.benchmark", benchmark),
             ("harness.context", context),
             ("harness.convention", convention),
             ("harness.forking", forking),
@@ -226,10 +229,8 @@ class Watch:
             owners[label] = (module, [n for n in vars(module) if not n.startswith("__")])
         if problem is not None:  # the problem's hooks the harness calls on a candidate's outputs
             owners["the problem"] = (problem, ["canonical"])
-        owners["harness.timing.Timer"] = (
-            timing.Timer,
-            [n for n in vars(timing.Timer) if not n.startswith("__")],
-        )
+        for label, cls in [("harness.timing.Timer", timing.Timer), ("harness.calls.Calls", calls.Calls)]:
+            owners[label] = (cls, [n for n in vars(cls) if not n.startswith("__")])
         self._seen = [
             (f"{label}.{name}", owner, name, getattr(owner, name))
             for label, (owner, names) in owners.items()

@@ -166,6 +166,19 @@ def test_work_finished_on_a_side_thread_is_judged_at_return(isolated_dirs):
     assert_clean(isolated_dirs)
 
 
+def test_a_lazy_tensor_subclass_fails_at_return_in_check_and_bench(isolated_dirs):
+    """Its all-reduce waited for the harness's first touch, after the clock: credited 65.8x. Outputs
+    are taken plain at return, inside the call, so the subclass fails the rank there."""
+    words = "output 0 is a LazyTensor, a subclass of torch.Tensor; return plain tensors"
+    c = check(ADV / "lazy_tensor.py", trials=1)
+    assert c.verdict == "fail" and states(c) == ["error", "error"], c.message
+    assert words in c.message and "trial 0" in c.message
+    r = bench(ADV / "lazy_tensor.py")
+    assert r.verdict == "fail" and r.speedup is None and states(r) == ["error", "error"], r.message
+    assert words in r.message
+    assert_clean(isolated_dirs)
+
+
 def test_view_of_an_input_is_rejected_even_when_the_values_are_right(isolated_dirs):
     r = check(ADV / "returns_view.py", pid=3, trials=1)  # broadcast: the root's output equals its input
     assert r.verdict == "fail" and states(r) == ["wrong", "pass"]
