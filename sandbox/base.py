@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from harness.contracts import WarmSetup
+from sandbox.untrusted import LaunchFiles, usage
 
 
 @dataclass
@@ -45,6 +48,8 @@ class SandboxRun:
     killed_at_deadline: bool
     launcher_log: str
     cancelled: bool = False
+    # a limit of the node's that the launch went past and was killed for, in one sentence (DiskGuard)
+    exceeded: str | None = None
     warm: bool = False  # the launch ran in a sandbox started ahead of need
     # seconds from the run's start to each of its steps (the launch file handed over, the launcher's
     # clean end or its exit, the sandbox cleaned up): where a launch's time outside its ranks goes
@@ -80,7 +85,9 @@ def write_config(launch_dir: Path, config: Mapping[str, Any], owner: tuple[int, 
     """The launch file the launcher reads and deletes before any candidate code exists. It appears
     whole (a rename): a warm launcher polls for it."""
     part = launch_dir / (CONFIG_NAME + ".part")
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(part)  # never written through: whatever sits there (a link included) goes first
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(config))
     if owner is not None:
@@ -114,16 +121,99 @@ def warm_setup(
 
 
 OUTER_GRACE_S = 10.0  # the launcher enforces the deadline itself; this is the backstop
+
+# ---------------------------------------------------------------- what a launch may take of the node
+
+FILE_SIZE_CAP = 16 << 30  # RLIMIT_FSIZE of every process of a launch: no one file larger
+DISK_CAP = 32 << 30  # what a launch folder may hold at most (PKB_LAUNCH_DISK), and a quarter of the free disk
+MAX_LAUNCH_ENTRIES = 100_000  # files and folders a launch folder may hold
+DISK_POLL_S = 1.0
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "3g", "512m", "1048576" (Docker's way of writing a size)."""
+    value = text.strip().lower().removesuffix("b")
+    unit = value[-1:] if value[-1:] in _UNITS and not value[-1:].isdigit() else ""
+    number = value[: len(value) - len(unit)]
+    if not number.isdigit():
+        raise ValueError(f"{text!r} is not a size such as 512m or 3g")
+    return int(number) * _UNITS[unit]
+
+
+def launch_disk_cap(launches_dir: Path) -> int:
+    """Bytes one launch folder may hold: PKB_LAUNCH_DISK, else the least of DISK_CAP and a quarter of
+    the disk left where launches live (at least 1 GiB)."""
+    given = os.environ.get("PKB_LAUNCH_DISK", "").strip()
+    if given:
+        return parse_size(given)
+    try:
+        free = shutil.disk_usage(launches_dir).free
+    except OSError:
+        free = DISK_CAP * 4
+    return max(1 << 30, min(DISK_CAP, free // 4))
+
+
+class DiskGuard:
+    """Watches a running launch's folder (at most once every DISK_POLL_S): `over()` says, in one
+    sentence, that it holds more than its cap or more than MAX_LAUNCH_ENTRIES entries, else None.
+    A launch's files sit on the host's disk (a bind mount), so this, with RLIMIT_FSIZE for each file,
+    is what bounds them."""
+
+    def __init__(self, launch_dir: Path, cap: int | None = None) -> None:
+        self.launch_dir = launch_dir
+        self.cap = cap if cap is not None else launch_disk_cap(launch_dir.parent)
+        self._next = time.monotonic() + DISK_POLL_S
+
+    def over(self) -> str | None:
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + DISK_POLL_S
+        used, entries = usage(self.launch_dir, MAX_LAUNCH_ENTRIES)
+        if entries > MAX_LAUNCH_ENTRIES:
+            return f"the launch made more than {MAX_LAUNCH_ENTRIES} files and folders in its launch folder"
+        if used > self.cap:
+            return f"the launch wrote more than its launch folder's limit of {_gib(self.cap)} to disk"
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB"
+
+
+def node_memory() -> int:
+    """The node's memory in bytes (/proc/meminfo's MemTotal), or 0 where it cannot be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+MEMORY_CAP = 32 << 30
+CONCURRENT_SANDBOXES = 2  # a check's reference and candidate run at once (PKB_SANDBOX_CONCURRENT)
+
+
+def sandbox_memory() -> int:
+    """What one sandbox may hold in memory, its tmpfs folders included (they are charged to it):
+    PKB_SANDBOX_MEMORY, else the least of MEMORY_CAP and 80% of the node's memory shared by the
+    sandboxes that run at once (PKB_SANDBOX_CONCURRENT, default 2), at least 1 GiB."""
+    given = os.environ.get("PKB_SANDBOX_MEMORY", "").strip()
+    if given:
+        return parse_size(given)
+    at_once = max(1, int(os.environ.get("PKB_SANDBOX_CONCURRENT", "") or CONCURRENT_SANDBOXES))
+    total = node_memory() or MEMORY_CAP
+    return max(1 << 30, min(MEMORY_CAP, int(total * 0.8) // at_once))
+
+
 LOG_CAP_BYTES = 64 * 1024
 
 
 def tail(path: Path, limit: int = LOG_CAP_BYTES) -> str:
-    """The last `limit` bytes of a log file, decoded leniently."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    """The last `limit` bytes of a log file in a launch directory (`path`'s folder), decoded
+    leniently, read through the doorway (sandbox/untrusted.py): "" where it is absent, and the
+    refusal's sentence where it is anything but a plain file."""
+    files = LaunchFiles(path.parent)
+    text = files.tail(path.name, limit)
+    return text if not files.refusals else f"({files.refusals[0]})"

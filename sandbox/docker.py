@@ -30,15 +30,19 @@ from typing import Any
 import docker
 import docker.errors
 import requests.exceptions
-from docker.types import DeviceRequest, Mount
+from docker.types import DeviceRequest, Mount, Ulimit
 
 from sandbox.base import (
     CONFIG_NAME,
+    FILE_SIZE_CAP,
     LAUNCH_ENV,
     LOG_CAP_BYTES,
     OUTER_GRACE_S,
+    DiskGuard,
     SandboxLaunch,
     SandboxRun,
+    parse_size,
+    sandbox_memory,
     write_config,
 )
 from sandbox.cpus import union as cpus_union
@@ -51,13 +55,22 @@ LAUNCH_LABEL = "pkb.launch"  # the id of the launch, or of the warm slot, that t
 LAUNCH_MOUNT = "/launch"
 HARNESS_MOUNT = "/opt/pkb"
 EXTENSIONS_MOUNT = "/opt/pkb/extensions"
-# Limits per launch, overridable by environment: memory (RAM + swap), processes, /dev/shm (NCCL's
-# shared-memory transport needs room).
-DEFAULT_LIMITS = {"PKB_SANDBOX_MEMORY": "32g", "PKB_SANDBOX_PIDS": "512", "PKB_SANDBOX_SHM": "8g"}
+# Limits per launch, overridable by environment: processes, /dev/shm (NCCL's shared-memory transport
+# needs room). Memory (RAM + swap, the tmpfs folders included) is fitted to the node:
+# sandbox.base.sandbox_memory.
+DEFAULT_LIMITS = {"PKB_SANDBOX_PIDS": "512", "PKB_SANDBOX_SHM": "8g"}
 
 
 def _limit(name: str) -> str:
     return os.environ.get(name, DEFAULT_LIMITS[name])
+
+
+def memory_limits() -> tuple[int, int, int]:
+    """(memory, /tmp, /dev/shm) in bytes for one container: tmpfs pages are charged to the
+    container's memory, so neither folder may be larger than what the container may hold (/tmp at
+    most half of it, /dev/shm at most a quarter or PKB_SANDBOX_SHM)."""
+    memory = sandbox_memory()
+    return memory, min(16 << 30, memory // 2), min(parse_size(_limit("PKB_SANDBOX_SHM")), memory // 4)
 
 
 NVIDIA_DRIVER_DIRS = ("/usr/local/nvidia",)
@@ -188,6 +201,7 @@ class Ending:
     clean: bool = False  # the launcher's clean end was read (SandboxLaunch.ended): its exit not awaited
     killed: bool = False  # the deadline passed
     cancelled: bool = False
+    exceeded: str | None = None  # a limit of the node's that the launch went past (DiskGuard)
 
 
 def _await_end(
@@ -215,6 +229,7 @@ def _await_end(
             exited.set()
 
     threading.Thread(target=watch, name="pkb-container-wait", daemon=True).start()
+    disk = DiskGuard(launch.launch_dir)
     try:
         while not exited.wait(ENDED_POLL_S if launch.ended is not None else WAIT_CALL_S):
             if launch.ended is not None and launch.ended(launch.launch_dir):
@@ -223,6 +238,8 @@ def _await_end(
                 return Ending(cancelled=True)
             if time.monotonic() > deadline:
                 return Ending(killed=True)
+            if (over := disk.over()) is not None:
+                return Ending(exceeded=over)
     finally:
         stop.set()
     if errors:
@@ -347,6 +364,7 @@ class DockerBackend(Pooled):
         if self.extensions_dir is not None:  # built by build launches only; read-only to every launch
             mounts.append(Mount(EXTENSIONS_MOUNT, str(self.extensions_dir), type="bind", read_only=True))
             env["PKB_EXTENSIONS"] = EXTENSIONS_MOUNT
+        memory, tmp_size, shm_size = memory_limits()
         return dict(
             user=f"{SANDBOX_UID}:{SANDBOX_GID}",
             working_dir=LAUNCH_MOUNT,
@@ -354,13 +372,18 @@ class DockerBackend(Pooled):
             mounts=mounts,
             network_mode="none",
             read_only=True,
-            tmpfs={"/tmp": "rw,exec,nosuid,size=16g,mode=1777"},
+            tmpfs={"/tmp": f"rw,exec,nosuid,size={tmp_size},mode=1777"},
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             pids_limit=int(_limit("PKB_SANDBOX_PIDS")),
-            mem_limit=_limit("PKB_SANDBOX_MEMORY"),
-            memswap_limit=_limit("PKB_SANDBOX_MEMORY"),
-            shm_size=_limit("PKB_SANDBOX_SHM"),
+            mem_limit=memory,
+            memswap_limit=memory,
+            shm_size=shm_size,
+            # no file larger than FILE_SIZE_CAP (the launch folder as a whole: DiskGuard), no core dumps
+            ulimits=[
+                Ulimit(name="fsize", soft=FILE_SIZE_CAP, hard=FILE_SIZE_CAP),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
             init=True,
             ipc_mode="private",
             labels={LABEL: "1", LAUNCH_LABEL: launch_id, OWNER_LABEL: owner_id()},
@@ -444,6 +467,7 @@ class DockerBackend(Pooled):
             killed_at_deadline=end.killed,
             launcher_log=log,
             cancelled=end.cancelled,
+            exceeded=end.exceeded,
             warm=launch.warm is not None,
             steps_s=steps,
         )
@@ -457,7 +481,9 @@ class DockerBackend(Pooled):
     def _hand_over(launch_dir: Path) -> None:
         """Give the launch directory to the sandbox user (or open it up when we cannot chown)."""
         for path in [launch_dir, *launch_dir.rglob("*")]:
+            if path.is_symlink():
+                continue  # the host makes no links there; whatever made one gets nothing through it
             try:
-                os.chown(path, SANDBOX_UID, SANDBOX_GID)
+                os.chown(path, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
             except PermissionError:
                 os.chmod(path, 0o777 if path.is_dir() else 0o666)

@@ -29,8 +29,10 @@ import structlog
 from harness.forking import Signalled
 from sandbox.base import (
     CONFIG_NAME,
+    FILE_SIZE_CAP,
     LAUNCH_ENV,
     OUTER_GRACE_S,
+    DiskGuard,
     SandboxLaunch,
     SandboxRun,
     tail,
@@ -39,7 +41,6 @@ from sandbox.base import (
 from sandbox.pool import Pooled, WarmSlot
 from sandbox.toolchain import jit_env
 
-FILE_SIZE_CAP = 16 << 30
 log = structlog.get_logger("sandbox.process")
 PASS_THROUGH = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME")
 
@@ -363,10 +364,14 @@ class ProcessBackend(Pooled):
                 None,
             )
         killed = cancelled = False
+        exceeded: str | None = None
         deadline = t0 + launch.timeout_s + OUTER_GRACE_S
+        disk = DiskGuard(launch.launch_dir)
         while proc.poll() is None:
             if cancel is not None and cancel.is_set():
                 cancelled = True
+                break
+            if (exceeded := disk.over()) is not None:
                 break
             if time.monotonic() > deadline:
                 killed = True
@@ -382,5 +387,6 @@ class ProcessBackend(Pooled):
             killed_at_deadline=killed,
             launcher_log=tail(launch.launch_dir / "launcher.log"),
             cancelled=cancelled,
+            exceeded=exceeded,
             warm=launch.warm is not None,
         )

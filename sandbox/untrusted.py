@@ -92,8 +92,7 @@ class LaunchFiles:
         """Whether `rel` names something in the launch, of any kind (nothing is opened but folders)."""
         try:
             with self._parent(rel) as (fd, name):
-                os.stat(name, dir_fd=fd, follow_symlinks=False)
-                return True
+                return fd is not None and os.stat(name, dir_fd=fd, follow_symlinks=False) is not None
         except (OSError, Refused):
             return False
 
@@ -101,7 +100,17 @@ class LaunchFiles:
         """What `rel` is (kind_of's words), without following it; None when absent."""
         try:
             with self._parent(rel) as (fd, name):
-                return kind_of(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+                return (
+                    None if fd is None else kind_of(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+                )
+        except (OSError, Refused):
+            return None
+
+    def size(self, rel: str) -> int | None:
+        """The size `rel` has, without following it; None when absent."""
+        try:
+            with self._parent(rel) as (fd, name):
+                return None if fd is None else os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
         except (OSError, Refused):
             return None
 
@@ -308,6 +317,24 @@ class LaunchFiles:
             raise Refused(f"{shown} could not be opened as a folder ({exc.strerror})") from None
         finally:
             os.close(fd)
+
+
+def usage(root: Path, max_entries: int) -> tuple[int, int]:
+    """(bytes, entries) under the folder `root`, a file's bytes the larger of its size and its blocks,
+    walked from descriptors without following a link; the walk stops once it has seen more than
+    `max_entries` entries (what it saw so far)."""
+    used = entries = 0
+    with contextlib.suppress(OSError):
+        for _, dirs, names, fd in os.fwalk(root, follow_symlinks=False):
+            for name in (*dirs, *names):
+                entries += 1
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    # what it holds or will: blocks may be allocated only at writeback
+                    used += max(st.st_size, st.st_blocks * 512)
+                if entries > max_entries:
+                    return used, entries
+    return used, entries
 
 
 class _Bounded(io.RawIOBase):

@@ -250,11 +250,17 @@ def test_a_docker_launch_asks_for_a_locked_down_container(docker_backend, tmp_pa
     assert options["cap_drop"] == ["ALL"] and options["security_opt"] == ["no-new-privileges"]
     assert options["user"] == "65534:65534" and options["ipc_mode"] == "private"
     assert (options["mem_limit"], options["memswap_limit"], options["pids_limit"], options["shm_size"]) == (
-        "5g",
-        "5g",
+        5 << 30,
+        5 << 30,
         77,
-        "1g",
+        1 << 30,
     )
+    # the tmpfs folders are charged to the container's memory: within it; no file over the size cap
+    assert f"size={5 << 29}" in options["tmpfs"]["/tmp"].split(",")
+    assert {(u["Name"], u["Soft"], u["Hard"]) for u in options["ulimits"]} == {
+        ("fsize", 16 << 30, 16 << 30),
+        ("core", 0, 0),
+    }
     assert options["labels"] == {"pkb.sandbox": "1", "pkb.launch": "abc", "pkb.owner": owner_id()}
     assert options["cpuset_cpus"] == "2,3,4,5"
     env = options["environment"]

@@ -181,3 +181,52 @@ def test_no_path_can_name_a_place_outside_the_launch(rel, launch):
     assert files.read(rel, 100) is None and files.refusals
     with pytest.raises(Refused):
         _parts(rel)
+
+
+# ---------------------------------------------------------------- what a launch may take of the node
+
+
+def test_the_disk_guard_names_a_folder_over_its_cap_or_with_too_many_entries(tmp_path, monkeypatch):
+    from sandbox import base
+
+    monkeypatch.setattr(base, "DISK_POLL_S", 0.0)
+    root = tmp_path / "launch"
+    root.mkdir()
+    guard = base.DiskGuard(root, cap=1 << 20)
+    (root / "small").write_bytes(b"x" * 1000)
+    assert guard.over() is None
+    (root / "out").mkdir()
+    (root / "out" / "big").write_bytes(b"x" * (2 << 20))
+    assert "limit of 0.000977 GiB" in (guard.over() or "")
+    (root / "out" / "big").unlink()
+    os.symlink("/", root / "everything")  # a link to the root of the host counts as a link, not its tree
+    assert guard.over() is None
+    monkeypatch.setattr(base, "MAX_LAUNCH_ENTRIES", 50)
+    for i in range(60):
+        (root / f"f{i}").touch()
+    assert "more than 50 files and folders" in (guard.over() or "")
+
+
+def test_memory_is_fitted_to_the_node_and_the_tmpfs_folders_within_it(monkeypatch):
+    from sandbox import base, docker
+
+    monkeypatch.delenv("PKB_SANDBOX_MEMORY", raising=False)
+    monkeypatch.delenv("PKB_SANDBOX_CONCURRENT", raising=False)
+    monkeypatch.setattr(base, "node_memory", lambda: 23_500 << 20)  # this CI machine's 23.5 GiB
+    memory, tmp, shm = docker.memory_limits()
+    assert memory == int((23_500 << 20) * 0.8) // 2 and tmp == memory // 2 and shm == memory // 4
+    assert memory + 0 < 23_500 << 20, "two sandboxes at once fit the node"
+    monkeypatch.setenv("PKB_SANDBOX_CONCURRENT", "4")
+    assert docker.memory_limits()[0] == int((23_500 << 20) * 0.8) // 4
+    monkeypatch.setattr(base, "node_memory", lambda: 2 << 40)
+    assert docker.memory_limits()[0] == base.MEMORY_CAP
+    monkeypatch.setenv("PKB_SANDBOX_MEMORY", "3g")
+    assert docker.memory_limits() == (3 << 30, 3 << 29, 3 << 28)
+    assert [base.parse_size(s) for s in ("512m", "2G", "1048576", "1k")] == [
+        512 << 20,
+        2 << 30,
+        1 << 20,
+        1024,
+    ]
+    with pytest.raises(ValueError, match="not a size"):
+        base.parse_size("lots")

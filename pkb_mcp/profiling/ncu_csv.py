@@ -172,6 +172,7 @@ def parse(text: str, metrics: list[str]) -> NcuRead:
     return NcuRead(kernels=kernels, passes=passes, messages=messages)
 
 
-def read(path: Path, metrics: list[str], cap: int = NCU_CSV_CAP) -> NcuRead:
-    """One rank's ncu log file: size-capped, decoded leniently, parsed by `parse`."""
-    return parse(read_capped(path, cap).decode("utf-8", "replace"), metrics)
+def read(path: Path, metrics: list[str], cap: int = NCU_CSV_CAP, root: Path | None = None) -> NcuRead:
+    """One rank's ncu log file: size-capped, decoded leniently, parsed by `parse`; `root`: the launch
+    directory it lies in (traces.read_capped)."""
+    return parse(read_capped(path, cap, root).decode("utf-8", "replace"), metrics)

@@ -132,12 +132,13 @@ def read_counter_launch(launch_dir: Path, world_size: int, metrics: list[str]) -
         got = RankCounters(rank)
         folder = launch_dir / "profile"
         try:
-            info = traces.parse_info(traces.load_json(folder / f"r{rank}.info.json", traces.INFO_CAP, 10_000))
+            info_file = folder / f"r{rank}.info.json"
+            info = traces.parse_info(traces.load_json(info_file, traces.INFO_CAP, 10_000, root=launch_dir))
             got.nvml = info.get("nvlink")
         except traces.TraceError:
             pass  # the call's NVML count is a complement; ncu's log says what went wrong
         try:
-            got.ncu = ncu_csv.read(folder / f"r{rank}.ncu.csv", metrics)
+            got.ncu = ncu_csv.read(folder / f"r{rank}.ncu.csv", metrics, root=launch_dir)
         except traces.TraceError as exc:
             got.error = str(exc)
         out.append(got)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.untrusted import LaunchFiles
+
 TRACE_CAP = 16 << 20  # bytes of one rank's trace file
 INFO_CAP = 64 << 10
 MAX_CONTAINERS = 1_000_000  # `{` and `[` in a trace file: bounds the objects json.loads can make
@@ -87,22 +89,28 @@ class RankTrace:
 # ---------------------------------------------------------------- reading
 
 
-def read_capped(path: Path, cap: int) -> bytes:
-    if not path.is_file() or path.is_symlink():
-        raise TraceError(f"{path.name} is missing")
-    size = path.stat().st_size
+def read_capped(path: Path, cap: int, root: Path | None = None) -> bytes:
+    """A file the sandbox wrote, through the launch's doorway (sandbox/untrusted.py) anchored at
+    `root`, the launch directory that `path` lies under (default: the file's own folder): no link
+    followed on the way from `root`, nothing but a plain file read, at most `cap` bytes."""
+    root = root or path.parent
+    files = LaunchFiles(root, budget=cap)
+    rel = str(path.relative_to(root))
+    kind = files.kind(rel)
+    if kind != "a file":
+        raise TraceError(f"{path.name} is missing" + ("" if kind is None else f" (it is {kind})"))
+    size = files.size(rel) or 0
     if size > cap:
         raise TraceError(f"{path.name} is {size} bytes, over the {cap}-byte limit")
-    with path.open("rb") as f:
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise TraceError(f"{path.name} grew over the {cap}-byte limit while being read")
+    data = files.read(rel, cap)
+    if data is None:
+        raise TraceError(f"{path.name} could not be read: {'; '.join(files.refusals) or 'it went away'}")
     return data
 
 
-def load_json(path: Path, cap: int, max_containers: int | None = None) -> Any:
+def load_json(path: Path, cap: int, max_containers: int | None = None, root: Path | None = None) -> Any:
     """A JSON file the sandbox wrote: size-capped, container-capped, never anything but JSON."""
-    data = read_capped(path, cap)
+    data = read_capped(path, cap, root)
     max_containers = MAX_CONTAINERS if max_containers is None else max_containers
     if data.count(b"{") + data.count(b"[") > max_containers:
         raise TraceError(f"{path.name} holds more than {max_containers} JSON objects and arrays")
@@ -221,11 +229,15 @@ def parse_info(data: Any) -> dict[str, Any]:
     return info
 
 
-def read_rank(profile_dir: Path, rank: int, max_events: int | None = None) -> RankTrace:
-    """One rank's trace and info, or a RankTrace carrying the reason it is missing."""
+def read_rank(
+    profile_dir: Path, rank: int, max_events: int | None = None, root: Path | None = None
+) -> RankTrace:
+    """One rank's trace and info, or a RankTrace carrying the reason it is missing; `root`: the
+    launch directory `profile_dir` lies in (read_capped)."""
     try:
-        trace = parse_trace(load_json(profile_dir / f"r{rank}.trace.json", TRACE_CAP), rank, max_events)
-        trace.info = parse_info(load_json(profile_dir / f"r{rank}.info.json", INFO_CAP, 10_000))
+        trace_file, info_file = profile_dir / f"r{rank}.trace.json", profile_dir / f"r{rank}.info.json"
+        trace = parse_trace(load_json(trace_file, TRACE_CAP, root=root), rank, max_events)
+        trace.info = parse_info(load_json(info_file, INFO_CAP, 10_000, root=root))
     except TraceError as exc:
         return RankTrace(rank=rank, error=str(exc))
     return trace
@@ -235,7 +247,7 @@ def read_launch(launch_dir: Path, world_size: int) -> list[RankTrace]:
     """Every rank's trace from a profile launch's directory (run_launch's `collect`), each rank kept to its
     share of SIDE_EVENTS."""
     share = min(MAX_EVENTS, max(SIDE_EVENTS // max(world_size, 1), 10_000))
-    return [read_rank(launch_dir / "profile", rank, share) for rank in range(world_size)]
+    return [read_rank(launch_dir / "profile", rank, share, root=launch_dir) for rank in range(world_size)]
 
 
 # ---------------------------------------------------------------- intervals
