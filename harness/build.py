@@ -110,6 +110,8 @@ def _build_extension(data: dict[str, Any], launch_dir: Path) -> ExtensionBuild:
         request = extensions.Request.from_json(data)
         key = request.key(extensions.toolchain())
         entry["key"] = key
+        if (flag := extensions.unsafe_flag(request)) is not None:
+            raise extensions.Unplanned(f"{extensions.UNPLANNED}its flag {flag[:80]!r} is not plain text")
         directory = launch_dir / "extensions" / key
         # quiet: a failed build raises with the compiler's output, which is all the host needs
         with contextlib.redirect_stdout(io.StringIO()):
@@ -137,14 +139,16 @@ def make_header(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     # this set's own folder: sets are made side by side, and each removes only its own
     scratch = launch_dir / "headers-scratch" / hashlib.sha256(repr(request).encode()).hexdigest()[:16]
     with _header_entry(scratch) as entry:
+        chain = extensions.toolchain()
+        header_key = extensions.header_key(request, chain)
+        entry["key"] = header_key
+        if (flag := extensions.unsafe_flag(request)) is not None:
+            raise RuntimeError(f"the flag {flag[:80]!r} is not plain text: no header is made for it")
         steps = extensions.build_steps(request, extensions.source_files(request, scratch), scratch)
         step = next((s for s in steps or () if s.rule == "compile"), None)
         unit_flags = headers.flags(step) if step is not None else None
         if unit_flags is None:
             raise RuntimeError("torch's build file has no C++ step this module knows")
-        chain = extensions.toolchain()
-        header_key = headers.key(unit_flags, chain)
-        entry["key"] = header_key
         if cache is not None and headers.path(cache, header_key).is_file():
             entry["ok"] = entry["cached"] = True
             return entry
@@ -172,6 +176,8 @@ def make_part(data: Any, launch_dir: Path, cache: Path | None) -> HeaderBuild:
     scratch = launch_dir / "parts-scratch" / hashlib.sha256(json.dumps(data).encode()).hexdigest()[:16]
     with _header_entry(scratch) as entry:
         request = extensions.Request.from_json(data)
+        if (flag := extensions.unsafe_flag(request)) is not None:
+            raise RuntimeError(f"the flag {flag[:80]!r} is not plain text: no part is made for it")
         steps = extensions.build_steps(request, extensions.source_files(request, scratch), scratch)
         step = next((s for s in steps or () if s.rule == "cuda_compile"), None)
         if step is None:

@@ -3,16 +3,20 @@
 A `Request` is everything that decides what a `load_inline` call builds (name, source strings, flags)
 plus the toolchain it is built with; its `key` (sha256) names the build. Three places use it:
 
-- inside a candidate's launch, `install()` replaces `load_inline`: a build already in the node's extension
-  cache (mounted read-only at PKB_EXTENSIONS) is loaded from there; otherwise the launch builds it itself,
-  once for all of its ranks (the first rank to take the lock builds, the others wait and load);
+- inside a candidate's launch, `install()` replaces `load_inline`: a build found in the launch's own
+  view of the node's extension cache (PKB_EXTENSIONS: the entries of this launch's own requests, which
+  the host put there one by one, read-only) is loaded from there; otherwise the launch builds it
+  itself, once for all of its ranks (the first rank to take the lock builds, the others wait and load);
 - in a build launch (harness/build.py, no candidate code), `build()` compiles a request into a directory
   without loading it (loading runs the extension's initializers, which are candidate code), one unit at
-  a time through the node's object cache (harness/objects.py);
-- on the host, pkb_mcp/compile/extensions.py computes the same keys to decide what to build before a run.
+  a time through the node's object cache (harness/objects.py), every step as argv (no shell);
+- on the host, pkb_mcp/compile/extensions.py computes the same keys (the request's, its units'
+  objects', its header's: `unit_keys`, `header_key`, `part_index`) to decide what to build, what a
+  launch may see and what of a build launch's output it installs.
 
-Only a build launch writes what lands in the cache, so a candidate's launch never changes what another launch
-loads (docs/sandbox.md). Stdlib + torch only: this runs inside the sandbox.
+Only the host writes the cache, and only under keys it computed for the requests it asked a build
+launch for, so a candidate's launch never changes what another launch loads (docs/sandbox.md).
+Stdlib + torch only: this runs inside the sandbox.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import objects
+from harness import headers, objects
 
 SCHEMA = 1
-CACHE_ENV = "PKB_EXTENSIONS"  # the node's extension cache, read-only inside a candidate's launch
+# the launch's own view of the node's extension cache (its requests' entries, read-only; the layout
+# of the cache: <key>/, objects/<key>.o, objects/headers/<key>/, objects/prefixes/<key>/)
+CACHE_ENV = "PKB_EXTENSIONS"
 OK_MARK = "ok.json"  # written last by a successful build: the directory is complete
 FAILED_MARK = "failed.json"  # a build that failed, with the compiler's output
 UNITS_MARK = (
@@ -197,8 +203,8 @@ def toolchain(env: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
-def source_files(request: Request, directory: Path) -> list[str]:
-    """Write the files `load_inline` would write for this request; their paths, C++ first."""
+def unit_texts(request: Request) -> dict[str, str]:
+    """The units `load_inline` would write for this request, by file name, C++ first: their text."""
     cpp = list(request.cpp_sources)
     if not request.no_implicit_headers:
         cpp.insert(0, "#include <torch/extension.h>")
@@ -209,16 +215,104 @@ def source_files(request: Request, directory: Path) -> list[str]:
             target = f"torch::wrap_pybind_function({f})" if wrap else f
             cpp.append(f'm.def("{f}", {target}, "{f}");')
         cpp.append("}")
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / "main.cpp"]
-    paths[0].write_text("\n".join(cpp))
+    texts = {CPP_UNIT: "\n".join(cpp)}
     if request.cuda_sources:
         cuda = list(request.cuda_sources)
         if not request.no_implicit_headers:
             cuda[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
-        paths.append(directory / "cuda.cu")
-        paths[1].write_text("\n".join(cuda))
+        texts[CUDA_UNIT] = "\n".join(cuda)
+    return texts
+
+
+def source_files(request: Request, directory: Path) -> list[str]:
+    """Write the files `load_inline` would write for this request; their paths, C++ first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in unit_texts(request).items():
+        paths.append(directory / name)
+        paths[-1].write_text(text)
     return [str(p) for p in paths]
+
+
+CPP_UNIT, CUDA_UNIT = "main.cpp", "cuda.cu"
+# the request's fields that only decide the other unit's text (each unit's key leaves them out)
+_ONLY_TEXT_OF = {
+    CPP_UNIT: ("cuda_sources",),
+    CUDA_UNIT: ("cpp_sources", "functions", "with_pytorch_error_handling"),
+}
+
+
+def with_cuda(request: Request) -> bool:
+    """Whether torch builds the request with CUDA (its own default: when it has CUDA sources)."""
+    return request.with_cuda if request.with_cuda is not None else bool(request.cuda_sources)
+
+
+def unit_keys(request: Request, toolchain: dict[str, str]) -> dict[str, str]:
+    """Each unit's object key (harness/objects.py `object_key`), by file name: its text and the
+    request's fields but those that only write the other unit. The host computes these to know which
+    objects a build launch of this request may add to the cache, and which it may see."""
+    keys = {}
+    for unit, text in unit_texts(request).items():
+        fields = {k: v for k, v in request.to_json().items() if k not in _ONLY_TEXT_OF[unit]}
+        fields["with_cuda"] = with_cuda(request)
+        keys[unit] = objects.object_key(unit, text, fields, toolchain)
+    return keys
+
+
+def header_key(request: Request, toolchain: dict[str, str]) -> str:
+    """The key of the precompiled torch header the request's C++ unit may use (harness/headers.py)."""
+    return headers.key(list(request.extra_cflags), with_cuda(request), toolchain)
+
+
+_LEADING = re.compile(r"\s*(#\s*include\b.*|//.*)?")
+
+
+def part_index(request: Request, toolchain: dict[str, str]) -> str | None:
+    """A host-computable name for the headers' part (harness/prefixes.py) the request's CUDA unit will
+    likely use: sha256 of its leading lines (blank, comment and #include lines before its own code),
+    its CUDA flags and the toolchain. The part's own key is over the text cudafe++ writes, which only
+    a build learns; the host keeps which part a build of this name reported, and lets the next build
+    of the same name see that part alone (a build still takes it only where its key is its own).
+    None for a request without a CUDA unit."""
+    text = unit_texts(request).get(CUDA_UNIT)
+    if text is None:
+        return None
+    leading = []
+    for line in text.splitlines():
+        if not _LEADING.fullmatch(line):
+            break
+        leading.append(line)
+    material = {
+        "schema": SCHEMA,
+        "leading": leading,
+        "extra_cuda_cflags": list(request.extra_cuda_cflags),
+        "with_cuda": with_cuda(request),
+        "toolchain": toolchain,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+# what a flag of a build launch may be made of: no blank, quote, backslash, $, backtick, ;, |, &, <,
+# >, parentheses or newline, so that no shell (nvcc runs its own steps through one) reads more into it
+SAFE_FLAG = re.compile(r"[A-Za-z0-9_=+,.:/%@-]+")
+
+
+def unsafe_flag(request: Request) -> str | None:
+    """The first flag of the request that is not plain text for a shell (SAFE_FLAG), or None. The host
+    allow-lists a build launch's flags already (pkb_mcp/compile/flags.py); a build launch checks again."""
+    for flag in (*request.extra_cflags, *request.extra_cuda_cflags, *request.extra_ldflags):
+        if not SAFE_FLAG.fullmatch(flag):
+            return flag
+    return None
+
+
+UNPLANNED = "not built by a build launch: "  # how a build launch's log says it left a request alone
+
+
+class Unplanned(RuntimeError):
+    """A request a build launch does not build (torch's own builder would run its steps through a
+    shell, or a flag is not plain text): the candidate's launch builds it, in its own sandbox. Its
+    message starts with UNPLANNED, which the host reads as "left to the launch", not as a failure."""
 
 
 def _write_build_file(request: Request, sources: list[str], directory: Path) -> None:
@@ -294,23 +388,33 @@ def build(
 ) -> Path:
     """Compile and link the request in `directory` without loading it; the shared library's path.
 
-    Each unit's object comes from the node's object cache when it is there (harness/objects.py);
-    `store` (a build launch's) receives the objects compiled here. Raises RuntimeError with the
-    compiler's output when the build fails. `steps_s` receives how long the plan took (the sources
-    and torch's build file written, read back) and the compiles and link after it."""
+    Each unit's object comes from the launch's view of the object cache when it is there
+    (harness/objects.py); `store` (a build launch's) receives the objects compiled here. Raises
+    RuntimeError with the compiler's output when the build fails, Unplanned in a build launch (`store`
+    given) for a build file harness/objects.py does not run. `steps_s` receives how long the plan took
+    (the sources and torch's build file written, read back) and the compiles and link after it."""
     start = time.monotonic()
     sources = source_files(request, directory)
     steps = build_steps(request, sources, directory)
     planned = time.monotonic()
     if steps_s is not None:
         steps_s["plan"] = round(planned - start, 3)
+    if steps is None and store is not None:
+        raise Unplanned(f"{UNPLANNED}torch's build file for {request.name} is not one harness/objects.py runs")
     if steps is None:
         _build_with_torch(request, sources, directory, verbose)
     else:
         cache = os.environ.get(CACHE_ENV)
+        chain = toolchain()
         try:
             done = objects.run(
-                steps, directory, toolchain(), Path(cache) / objects.OBJECTS if cache else None, store
+                steps,
+                directory,
+                chain,
+                Path(cache) / objects.OBJECTS if cache else None,
+                store,
+                unit_keys(request, chain),
+                header_key(request, chain),
             )
         except RuntimeError as exc:
             raise RuntimeError(f"Error building extension '{request.name}': {exc}") from None

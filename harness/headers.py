@@ -8,11 +8,13 @@ each include directory before the header itself and uses it for a unit's first `
 flags it was made with suit the compile; otherwise it reads the header beside it, a stub that
 includes torch's own (`stub_text`): the result is the same either way.
 
-A header is keyed by everything that enters its compile: the C++ unit's flags as torch's build file
-gives them, less the source, the output, the dependency file and the extension's name (which the
-header never reads), and the toolchain. It is made by a build launch that holds no candidate
+A header is keyed by what decides its compile: the request's flag set (`extra_cflags` and whether it
+builds with CUDA: torch's build file makes the C++ unit's flags of these, and of the extension's name,
+which the header never reads) and the toolchain, so that the host computes the key from the request
+and installs only the header it asked for. It is made by a build launch that holds no candidate
 source (harness/build.py `make_header`: the host asks for one per set of a request's allow-listed
-flags), and found by later builds in the node's cache, read-only (`command_with`). Stdlib only: runs
+flags), and found by later builds in their view of the cache, read-only (`command_with`); GCC
+takes it only where the unit's flags suit it, so the object is the same either way. Stdlib only: runs
 inside the sandbox.
 """
 
@@ -36,7 +38,7 @@ class Step(Protocol):  # harness/objects.py's Step, as far as this module reads 
     def command(self) -> str: ...
 
 
-SCHEMA = 1
+SCHEMA = 2
 HEADERS = "headers"  # the folder of headers under the node's object cache, and in a build launch
 HEADER = "torch/extension.h"
 OPENING = "#include <torch/extension.h>"  # what load_inline writes first in main.cpp
@@ -80,9 +82,12 @@ def _opening(lines: Iterable[str]) -> str:
     return ""
 
 
-def key(unit_flags: list[str], toolchain: dict[str, str]) -> str:
-    material = {"schema": SCHEMA, "flags": unit_flags, "toolchain": toolchain}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+def key(extra_cflags: list[str], with_cuda: bool, toolchain: dict[str, str]) -> str:
+    """A flag set's header key (harness/extensions.py `header_key` for a request): the host's too."""
+    material = {"schema": SCHEMA, "extra_cflags": list(extra_cflags), "with_cuda": bool(with_cuda)}
+    return hashlib.sha256(
+        json.dumps({**material, "toolchain": toolchain}, sort_keys=True).encode()
+    ).hexdigest()
 
 
 def path(root: Path, header_key: str) -> Path:
@@ -97,12 +102,12 @@ def stub_text(real: Path) -> str:
     return f'#include "{real}"\n'
 
 
-def command_with(step: Step, root: Path | None, toolchain: dict[str, str]) -> str | None:
-    """The step's command finding its precompiled header in `root`, or None when there is none."""
-    unit_flags = flags(step)
-    if root is None or unit_flags is None:
+def command_with(step: Step, root: Path | None, header_key: str | None) -> str | None:
+    """The step's command finding the precompiled header `header_key` (its request's flag set's) in
+    `root`, or None when there is none or the step cannot use one."""
+    if root is None or header_key is None or flags(step) is None:
         return None
-    found = path(root, key(unit_flags, toolchain))
+    found = path(root, header_key)
     beside = found.with_suffix("")  # the stub, for what does not use the header
     if not found.is_file() or found.is_symlink() or not beside.is_file() or beside.is_symlink():
         return None

@@ -15,16 +15,19 @@ nvcc's own commands, taken from `nvcc -dryrun --keep` and run unchanged but for 
 id instead of writing it and, where nvcc was asked for a dependency file (`-MD -MF`, as torch's build
 file asks), the preprocessor runs listing the files they read, from which that file is written as nvcc
 would. A dry run whose commands do not have that shape (a flag that changes nvcc's plan in a way not
-met before) is left to nvcc itself, so the result is always nvcc's. Stdlib only: this runs inside the
-sandbox, in build launches.
+met before) is left to nvcc itself, so the result is always nvcc's. Every command runs as argv, never
+through a shell: the dry run's lines are split by harness/commands.py, nvcc's variables taken from its
+own assignments, and a line that is more than words (a backtick, `$(...)`, an operator) is never run:
+the unit is then left to nvcc (whose flags the host's grammar has kept plain: pkb_mcp/compile/flags.py).
+Stdlib only: this runs inside the sandbox, in build launches.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import time
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import prefixes
+from harness.commands import NotPlain, words
 
 MAX_LOG_BYTES = 1 << 20
 _ASSIGN = re.compile(r"([A-Za-z_]\w*)=(.*)")
@@ -141,15 +145,30 @@ def module_id(command: str, source: Path, directory: Path) -> str:
     return f"_{digest}_{len(stem)}_{stem}_pkb"
 
 
-def _chain(commands: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        ["/bin/sh", "-c", " && ".join(commands)],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+def _argv(commands: list[str], env: dict[str, str]) -> list[list[str]]:
+    """Each command's argv, nvcc's variables from `env` (raises NotPlain for a line that is more)."""
+    return [words(command, env) for command in commands]
+
+
+@dataclass
+class _Ran:
+    """A chain's end: the first failing command's status (else 0) and every command's output."""
+
+    returncode: int
+    output: bytes
+
+
+def _chain(commands: list[str], cwd: Path, env: dict[str, str]) -> _Ran:
+    """The commands one after the other, as argv, up to the first that fails (as `a && b` would)."""
+    output = b""
+    for argv in _argv(commands, env):
+        proc = subprocess.run(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        output += proc.stdout
+        if proc.returncode != 0:
+            return _Ran(proc.returncode, output)
+    return _Ran(0, output)
 
 
 def _failed(output_name: str, command: str, output: bytes) -> RuntimeError:
@@ -165,10 +184,28 @@ class Split:
     seconds: dict[str, float] | None = None  # "host" and "device" (the chains, side by side), "compile"
 
 
+def environment(steps: Plan) -> dict[str, str]:
+    """What nvcc's commands run with: the sandbox's variables, then nvcc's own assignments, each read
+    as the shell reads an assignment's value (quotes removed, earlier variables expanded); one that is
+    not plain words keeps its text (no command refers to those)."""
+    env = dict(os.environ)
+    for name, value in steps.env.items():
+        try:
+            env[name] = " ".join(words(value, env)) if value.strip() else ""
+        except NotPlain:
+            env[name] = value
+    return env
+
+
 def _planned(command: str, cwd: Path, source: Path, keep: str) -> Plan | None:
-    """nvcc's plan for `command`, its module id written, or None for a plan this module does not split."""
+    """nvcc's plan for `command`, its module id written, or None for a plan this module does not split
+    (nor for one whose commands are more than words for the shell)."""
+    try:
+        argv = words(command)
+    except NotPlain:
+        return None
     dry = subprocess.run(
-        ["/bin/sh", "-c", f"{command} -dryrun --keep --keep-dir {shlex.quote(keep)}"],
+        [*argv, "-dryrun", "--keep", "--keep-dir", keep],
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -176,6 +213,11 @@ def _planned(command: str, cwd: Path, source: Path, keep: str) -> Plan | None:
     )
     steps = plan((dry.stdout + dry.stderr).decode("utf-8", errors="replace"))
     if dry.returncode != 0 or steps is None:
+        return None
+    env = environment(steps)
+    try:
+        _argv([*steps.host, *steps.device, *steps.rest], env)
+    except NotPlain:
         return None
     (cwd / steps.module_id).write_text(module_id(command, source, cwd))
     return steps
@@ -205,34 +247,33 @@ def compile_unit(
         steps = _planned(command, cwd, source, keep)
         if steps is None:
             return None
-        env = {**os.environ, **steps.env}
+        env = environment(steps)
         host, device, read = steps.host, steps.device, []
         if steps.dependencies is not None:
             host, read_host = _with_dependencies(host, keep, "host")
             device, read_device = _with_dependencies(device, keep, "device")
             read = read_host + read_device
         start = time.monotonic()
-        chains = [_chain(host, cwd, env), _chain(device, cwd, env)]
-        outputs, seconds = [], {}
-        for name, chain in zip(("host", "device"), chains, strict=True):
-            outputs.append(chain.communicate()[0])
-            # the device chain's time is the host chain's where it ended first
-            seconds[name] = round(time.monotonic() - start, 3)
-        for chain, output in zip(chains, outputs, strict=True):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [pool.submit(_chain, host, cwd, env), pool.submit(_chain, device, cwd, env)]
+            chains, seconds = [], {}
+            for name, future in zip(("host", "device"), futures, strict=True):
+                chains.append(future.result())
+                # the device chain's time is the host chain's where it ended first
+                seconds[name] = round(time.monotonic() - start, 3)
+        for chain in chains:
             if chain.returncode != 0:  # the host chain's errors first: they are nvcc's first
-                raise _failed(output_name, command, output)
+                raise _failed(output_name, command, chain.output)
         used = prefixes.use(steps.rest, cwd, source, toolchain, parts) if toolchain is not None else None
         start = time.monotonic()
         last = _chain(used.rest if used is not None else steps.rest, cwd, env)
-        output = last.communicate()[0]
-        part = used.part.after(output) if used is not None else None
+        part = used.part.after(last.output) if used is not None else None
         if last.returncode != 0 and used is not None and used.original is not None:
-            part = used.undo(output)  # as nvcc would have compiled it, without the part
+            part = used.undo(last.output)  # as nvcc would have compiled it, without the part
             last = _chain(steps.rest, cwd, env)
-            output = last.communicate()[0]
         seconds["compile"] = round(time.monotonic() - start, 3)
         if last.returncode != 0:
-            raise _failed(output_name, command, output)
+            raise _failed(output_name, command, last.output)
         if steps.dependencies is not None:
             _write_dependencies(cwd, read, output_name, steps.dependencies)
         return Split(part, seconds)
@@ -250,10 +291,10 @@ def make_part(
         steps = _planned(command, cwd, source, keep)
         if steps is None:
             raise RuntimeError("nvcc's plan for this unit is not one harness/nvcc.py splits")
-        chain = _chain(steps.host, cwd, {**os.environ, **steps.env})
-        output = chain.communicate()[0]
+        env = environment(steps)
+        chain = _chain(steps.host, cwd, env)
         if chain.returncode != 0:
-            raise _failed("part", command, output)
-        return prefixes.make(steps.rest, cwd, source, toolchain, out, {**os.environ, **steps.env})
+            raise _failed("part", command, chain.output)
+        return prefixes.make(steps.rest, cwd, source, toolchain, out, env)
     finally:
         shutil.rmtree(cwd / keep, ignore_errors=True)

@@ -7,15 +7,20 @@ writes the build file (`build.ninja`: its flags, its include paths, its link lin
 runs it: each compile step whose object is in the cache is copied from there, the others run side
 by side (a CUDA unit's own front ends too: harness/nvcc.py), then the link.
 
-An object's key is the sha256 of the step's command (the build directory written as a placeholder),
-the unit's source text and the toolchain (harness/extensions.py `toolchain`). A step whose
-dependency file names a header outside the toolchain's read-only roots (torch, Python, CUDA, /usr)
-is compiled but never stored: its key would not cover what it read.
+An object's key is the sha256 of its unit's name and text, the request's fields that enter that
+unit's command (everything but the other unit's sources) and the toolchain (harness/extensions.py
+`unit_keys`): the command is torch's function of those, and the host computes the same keys from the
+request alone, so that it installs into the node's cache only the objects of the units it asked a
+build launch for (pkb_mcp/compile/extensions.py), whatever else the launch left. A step whose
+dependency file names a header outside the toolchain's read-only roots (torch, Python, CUDA, /usr) is
+compiled but never stored: its key would not cover what it read.
 
-Only build launches store objects (into their launch directory, which the host installs into the
-node's cache: pkb_mcp/compile/extensions.py); every launch may read the cache, read-only. A build
-file this module does not understand (a rule it does not know, a variable it cannot expand) is
-left to ninja itself, uncached. Stdlib only: this runs inside the sandbox.
+Every step runs as argv, never through a shell (harness/commands.py): a build file whose commands are
+more than words for the shell is not run here. Only build launches store objects (into their launch
+directory); a launch finds the objects it may use in its own view of the cache, read-only. A build file
+this module does not understand (a rule it does not know, a variable it cannot expand) is left to
+ninja itself, uncached, in a candidate's own launch only (harness/extensions.py `build`). Stdlib only:
+this runs inside the sandbox.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import headers, nvcc, prefixes
+from harness.commands import NotPlain, words
 
-SCHEMA = 1
+SCHEMA = 2
 OBJECTS = "objects"  # the folder of objects in the node's extension cache and in a build launch
 KEY_RE = re.compile(r"[0-9a-f]{64}\.o")
 COMPILE_RULES = ("compile", "cuda_compile")
@@ -105,7 +111,12 @@ def plan(build_file: Path) -> list[Step]:
             if len(outputs) != 1:
                 raise PlanError("a build step with several outputs")
             scope = {**variables, "in": " ".join(inputs), "out": outputs[0]}
-            steps.append(Step(rule, outputs[0], tuple(inputs), _expand(rules[rule]["command"], scope)))
+            command = _expand(rules[rule]["command"], scope)
+            try:
+                words(command)
+            except NotPlain as exc:
+                raise PlanError(f"build step {outputs[0]} is not plain words for the shell: {exc}") from None
+            steps.append(Step(rule, outputs[0], tuple(inputs), command))
         elif raw.startswith("default ") or raw.startswith("ninja_required_version"):
             continue
         else:
@@ -127,14 +138,10 @@ def _roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
-def object_key(step: Step, directory: Path, toolchain: dict[str, str]) -> str:
-    source = Path(step.inputs[0])
-    material = {
-        "schema": SCHEMA,
-        "command": step.command.replace(str(directory), "<build>"),
-        "source": source.read_text(errors="replace"),
-        "toolchain": toolchain,
-    }
+def object_key(unit: str, source: str, request: dict[str, object], toolchain: dict[str, str]) -> str:
+    """The key of a unit's object: its file's name and text, the request's fields that enter its command
+    (harness/extensions.py `unit_keys` chooses them), the toolchain. The host computes it too."""
+    material = {"schema": SCHEMA, "unit": unit, "source": source, "request": request, "toolchain": toolchain}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
@@ -171,9 +178,12 @@ LINK = "(link)"
 
 
 def _run(command: str, directory: Path, output_name: str) -> None:
-    proc = subprocess.run(
-        ["/bin/sh", "-c", command], cwd=directory, stdin=subprocess.DEVNULL, capture_output=True, check=False
-    )
+    """One step as argv (never a shell: harness/commands.py); RuntimeError with its output if it fails."""
+    try:
+        argv = words(command)
+    except NotPlain as exc:
+        raise RuntimeError(f"FAILED: {output_name}\n{command}\nnot run: {exc}") from None
+    proc = subprocess.run(argv, cwd=directory, stdin=subprocess.DEVNULL, capture_output=True, check=False)
     if proc.returncode != 0:
         output = (proc.stdout + proc.stderr)[-MAX_LOG_BYTES:].decode("utf-8", errors="replace")
         raise RuntimeError(f"FAILED: {output_name}\n{command}\n{output}")
@@ -205,16 +215,19 @@ def run(
     toolchain: dict[str, str],
     cache: Path | None,
     store: Path | None,
+    keys: dict[str, str] | None = None,
+    header_key: str | None = None,
 ) -> Outcome:
     """Run a plan in `directory`: cached objects from `cache` (read-only), the other compile steps in
-    parallel (a C++ unit with the precompiled header the cache may hold), objects of those whose
-    dependencies the key covers written to `store`, then the link. An object's key is its own
-    command's, with or without the header: its output is the same."""
+    parallel (a C++ unit with the precompiled header `header_key` where the cache holds it), objects
+    of those whose dependencies the key covers written to `store`, then the link. `keys`: each unit's
+    object key by its file's name (harness/extensions.py `unit_keys`); a unit without one is compiled
+    and never stored. An object's key is the same with or without the header: its output is."""
     outcome = Outcome([], [], [])
-    todo: list[tuple[Step, str]] = []
+    todo: list[tuple[Step, str | None]] = []
     for step in steps[:-1]:
-        key = object_key(step, directory, toolchain)
-        hit = cache / f"{key}.o" if cache is not None else None
+        key = (keys or {}).get(Path(step.inputs[0]).name)
+        hit = cache / f"{key}.o" if cache is not None and key is not None else None
         if hit is not None and hit.is_file() and not hit.is_symlink():
             shutil.copyfile(hit, directory / step.output)
             outcome.cached.append(step.inputs[0])
@@ -225,7 +238,7 @@ def run(
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(todo), 1)) as pool:
         futures = []
         for step, _ in todo:
-            command = headers.command_with(step, header_root, toolchain)
+            command = headers.command_with(step, header_root, header_key)
             if command is not None:
                 outcome.precompiled.append(step.inputs[0])
             futures.append((step, pool.submit(_compile, step, directory, command, part_root, toolchain)))
@@ -238,7 +251,7 @@ def run(
                 outcome.chains[name] = split.seconds
     for step, key in todo:
         outcome.compiled.append(step.inputs[0])
-        if store is not None and _depends_only_on_toolchain(step, directory):
+        if store is not None and key is not None and _depends_only_on_toolchain(step, directory):
             store.mkdir(parents=True, exist_ok=True)
             part = store / f".{key}.o.part"
             shutil.copyfile(directory / step.output, part)

@@ -27,6 +27,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.commands import NotPlain, words
+
 SCHEMA = 1
 PREFIXES = "prefixes"  # the folder of parts under the node's object cache, and in a build launch
 HEADER = "prefix.h"
@@ -75,8 +77,8 @@ def host_compile(rest: list[str]) -> HostCompile | None:
     if len(rest) != 1:
         return None
     try:
-        argv = shlex.split(rest[0])
-    except ValueError:
+        argv = words(rest[0])  # no variables: one of nvcc's would be refused (NotPlain)
+    except NotPlain:
         return None
     sources = [i for i, a in enumerate(argv) if _INPUT.fullmatch(a)]
     outputs = [i + 1 for i, a in enumerate(argv[:-1]) if a == "-o"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness import nvcc, objects
+from harness.commands import NotPlain, words
 
 DRY_RUN = "\n".join(
     [
@@ -179,6 +180,53 @@ def test_a_build_file_s_cuda_unit_goes_through_the_split_compile(tmp_path, monke
     split: list[str] = []
     real = nvcc.compile_unit
     monkeypatch.setattr(nvcc, "compile_unit", lambda *a: split.append(a[3]) or real(*a))
-    done = objects.run(steps, tmp_path, {"torch": "x"}, None, None)
+    done = objects.run(steps, tmp_path, {"torch": "x"}, None, None, {})
     assert split == ["k.o"] and done.compiled == [str(tmp_path / "k.cu")]
     assert "add_one(float*, int)" in _symbols(tmp_path / "k.so")
+
+
+def test_a_dry_run_line_is_split_as_the_shell_would_without_one():
+    env = {"CICC_PATH": "/cuda/nvvm/bin", "FLAGS": " -a  -b "}
+    assert words('"$CICC_PATH/cicc" -x "a b" \'c d\' e\\ f ${CICC_PATH}', env) == [
+        "/cuda/nvvm/bin/cicc",
+        "-x",
+        "a b",
+        "c d",
+        "e f",
+        "/cuda/nvvm/bin",
+    ]
+    assert words("gcc $FLAGS -c", env) == ["gcc", "-a", "-b", "-c"]
+    assert words('gcc "" x') == ["gcc", "", "x"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'gcc "-DX=$(touch pwned)"',
+        'gcc -D "Y=`touch pwned`"',
+        "gcc -DX=`touch pwned`",
+        "gcc -c k.cu && touch pwned",
+        "gcc -c k.cu; touch pwned",
+        "gcc -c k.cu | tee pwned",
+        "gcc -c k.cu > pwned",
+        "gcc $UNKNOWN",
+        "gcc 'unclosed",
+        "gcc *.cu",
+    ],
+)
+def test_a_line_that_is_more_than_words_is_refused(line):
+    with pytest.raises(NotPlain):
+        words(line)
+
+
+@needs_nvcc
+def test_a_flag_with_a_command_substitution_is_never_run_by_a_shell(tmp_path):
+    """nvcc prints `-DX=$(touch ...)` into its plan, and its own steps go through a shell: the split
+    compile refuses such a plan (its caller is then the build, whose flags the host's grammar keeps
+    plain), and planning it ran nothing."""
+    (tmp_path / "k.cu").write_text(KERNEL)
+    pwned = tmp_path / "pwned"
+    for flag in (f"'-DX=$(touch {pwned})'", f"'-DY=`touch {pwned}`'", f"-Xcompiler '-DZ=$(touch {pwned})'"):
+        command = f"{NVCC} {ARCH} {flag} -c k.cu -o k.o"
+        assert nvcc._planned(command, tmp_path, tmp_path / "k.cu", nvcc._keep_dir(tmp_path, "k.o")) is None
+        assert not pwned.exists()

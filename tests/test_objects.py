@@ -1,6 +1,7 @@
 """harness/objects.py: an extension's build file run one unit at a time, each unit's object cached by
-what enters its compiler. Stand-in compilers (`cp`, `cat`) keep the unit tests fast; one integration
-test builds a real C++ extension twice (tests/test_extensions.py runs builds in Docker)."""
+what enters its compiler, every step as argv. Stand-in compilers (a Python script that copies) keep the
+unit tests fast; one integration test builds a real C++ extension twice (tests/test_extensions.py runs
+builds in Docker)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,15 @@ TOOLCHAIN = {"torch": "x", "cxx": "c++"}
 # a build file in the form torch writes: variables, a compile rule with a dependency file, a link rule
 BUILD = """ninja_required_version = 1.3
 cxx = c++
-cflags = -DX=1 -O2
+cflags = -DX=1 -O2{extra}
 
 rule compile
-  command = cp $in $out && printf '%s: %s {dep}\\n' $out $in > $out.d && echo $cflags >> $out
+  command = {py} {cc} compile $in $out {dep} $cflags
   depfile = $out.d
   deps = gcc
 
 rule link
-  command = cat $in > $out
+  command = {py} {cc} link $out $in
 
 build main.o: compile {src}
 build ext.so: link main.o
@@ -35,13 +36,38 @@ build ext.so: link main.o
 default ext.so
 """
 
+# the stand-in compiler: copies its input and its flags into the object and writes the dependency
+# file; fails as a compiler does on a source that says ERROR; links by concatenating
+COMPILER = """import sys
+what, args = sys.argv[1], sys.argv[2:]
+if what == "link":
+    with open(args[0], "w") as out:
+        out.write("".join(open(p).read() for p in args[1:]))
+    sys.exit(0)
+source, output, dep, flags = args[0], args[1], args[2], args[3:]
+text = open(source).read()
+if "ERROR" in text:
+    print("main.cpp:1:1: error: no")
+    sys.exit(1)
+open(output + ".d", "w").write(f"{output}: {source} {dep}\\n")
+open(output, "w").write(text + " ".join(flags) + "\\n")
+"""
 
-def build_dir(tmp_path: Path, name: str, source: str, dep: str = "") -> Path:
+
+def build_dir(tmp_path: Path, name: str, source: str, dep: str = "", extra: str = "") -> Path:
     d = tmp_path / name
     d.mkdir()
     (d / "main.cpp").write_text(source)
-    (d / "build.ninja").write_text(BUILD.format(src=d / "main.cpp", dep=dep))
+    compiler = tmp_path / "cc.py"
+    compiler.write_text(COMPILER)
+    text = BUILD.format(src=d / "main.cpp", dep=dep or d / "main.cpp", py=sys.executable, cc=compiler, extra=extra)
+    (d / "build.ninja").write_text(text)
     return d
+
+
+def keys(d: Path, toolchain: dict[str, str] = TOOLCHAIN) -> dict[str, str]:
+    """The unit's key as harness/extensions.py `unit_keys` would make it (here of its text alone)."""
+    return {"main.cpp": objects.object_key("main.cpp", (d / "main.cpp").read_text(), {}, toolchain)}
 
 
 def test_a_build_file_becomes_its_compile_steps_then_its_link(tmp_path):
@@ -49,8 +75,8 @@ def test_a_build_file_becomes_its_compile_steps_then_its_link(tmp_path):
     steps = objects.plan(d / "build.ninja")
     assert [(s.rule, s.output) for s in steps] == [("compile", "main.o"), ("link", "ext.so")]
     assert steps[0].inputs == (str(d / "main.cpp"),)
-    assert "-DX=1 -O2" in steps[0].command and "$" not in steps[0].command.replace("'%s: %s", "")
-    assert steps[1].command == "cat main.o > ext.so"
+    assert "-DX=1 -O2" in steps[0].command and "$" not in steps[0].command
+    assert steps[1].command == f"{sys.executable} {tmp_path / 'cc.py'} link ext.so main.o"
 
 
 @pytest.mark.parametrize(
@@ -72,40 +98,73 @@ def test_a_build_file_it_does_not_understand_is_left_to_ninja(tmp_path, edit, wh
 def test_an_object_is_compiled_once_and_then_taken_from_the_cache(tmp_path):
     cache = tmp_path / "cache"
     first = build_dir(tmp_path, "first", "int f();")
-    done = objects.run(objects.plan(first / "build.ninja"), first, TOOLCHAIN, cache, cache)
+    done = objects.run(objects.plan(first / "build.ninja"), first, TOOLCHAIN, cache, cache, keys(first))
     assert done.compiled == [str(first / "main.cpp")] and done.stored == done.compiled and not done.cached
     assert (first / "ext.so").read_text().startswith("int f();")
     # the same unit in another build directory (another request: another link) is not compiled again
     second = build_dir(tmp_path, "second", "int f();")
-    done = objects.run(objects.plan(second / "build.ninja"), second, TOOLCHAIN, cache, cache)
+    done = objects.run(objects.plan(second / "build.ninja"), second, TOOLCHAIN, cache, cache, keys(second))
     assert done.cached == [str(second / "main.cpp")] and not done.compiled
     assert (second / "ext.so").read_bytes() == (first / "ext.so").read_bytes()
     # an edited source, another toolchain: compiled
     third = build_dir(tmp_path, "third", "int g();")
-    assert objects.run(objects.plan(third / "build.ninja"), third, TOOLCHAIN, cache, None).compiled
+    assert objects.run(
+        objects.plan(third / "build.ninja"), third, TOOLCHAIN, cache, None, keys(third)
+    ).compiled
     fourth = build_dir(tmp_path, "fourth", "int f();")
     other = {**TOOLCHAIN, "torch": "y"}
-    assert objects.run(objects.plan(fourth / "build.ninja"), fourth, other, cache, None).compiled
+    assert objects.run(
+        objects.plan(fourth / "build.ninja"), fourth, other, cache, None, keys(fourth, other)
+    ).compiled
+    # a unit the caller gave no key is compiled and never stored
+    fifth = build_dir(tmp_path, "fifth", "int k();")
+    done = objects.run(objects.plan(fifth / "build.ninja"), fifth, TOOLCHAIN, cache, cache, {})
+    assert done.compiled and not done.stored
+
+
+def test_a_step_runs_as_argv_so_a_flag_s_command_substitution_is_only_text(tmp_path):
+    """A flag carrying `$(...)` and backticks reaches the compiler as it is: no shell reads it."""
+    flag = " '-DX=$(touch pwned)' '-DY=`touch pwned2`'"
+    d = build_dir(tmp_path, "b", "int f();", extra=flag)
+    objects.run(objects.plan(d / "build.ninja"), d, TOOLCHAIN, None, None, keys(d))
+    assert not (d / "pwned").exists() and not (d / "pwned2").exists()
+    assert "-DX=$(touch pwned) -DY=`touch pwned2`" in (d / "main.o").read_text()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "cp $in $out && touch pwned",
+        "cp $in $out; touch pwned",
+        "cp $in `touch pwned`",
+        "cp $in $$(touch pwned)",
+    ],
+)
+def test_a_build_file_whose_steps_need_a_shell_is_not_run_here(tmp_path, command):
+    d = build_dir(tmp_path, "b", "int f();")
+    text = (d / "build.ninja").read_text()
+    (d / "build.ninja").write_text(re.sub(r"(rule compile\n  command = ).*", rf"\g<1>{command}", text))
+    with pytest.raises(objects.PlanError, match="not plain words for the shell"):
+        objects.plan(d / "build.ninja")
+    assert not (d / "pwned").exists()
 
 
 def test_a_unit_that_read_a_file_outside_the_toolchain_is_compiled_but_never_stored(tmp_path):
     header = tmp_path / "mine.h"
     header.write_text("#define N 3")
     d = build_dir(tmp_path, "b", '#include "mine.h"', dep=str(header))
-    done = objects.run(objects.plan(d / "build.ninja"), d, TOOLCHAIN, tmp_path / "cache", tmp_path / "cache")
+    cache = tmp_path / "cache"
+    done = objects.run(objects.plan(d / "build.ninja"), d, TOOLCHAIN, cache, cache, keys(d))
     assert done.compiled and not done.stored and not (tmp_path / "cache").exists()
     # a header under the toolchain's roots (here the interpreter's prefix) is covered by the key
     d2 = build_dir(tmp_path, "b2", "int h();", dep=os.path.join(sys.prefix, "include"))
-    assert objects.run(objects.plan(d2 / "build.ninja"), d2, TOOLCHAIN, None, tmp_path / "cache").stored
+    assert objects.run(objects.plan(d2 / "build.ninja"), d2, TOOLCHAIN, None, cache, keys(d2)).stored
 
 
 def test_a_compiler_error_names_the_unit_and_keeps_the_compiler_s_output(tmp_path):
-    d = build_dir(tmp_path, "b", "int f();")
-    (d / "build.ninja").write_text(
-        (d / "build.ninja").read_text().replace("cp $in", "echo 'main.cpp:1:1: error: no' && false && cp $in")
-    )
+    d = build_dir(tmp_path, "b", "ERROR")
     with pytest.raises(RuntimeError, match=r"FAILED: main\.o") as raised:
-        objects.run(objects.plan(d / "build.ninja"), d, TOOLCHAIN, None, None)
+        objects.run(objects.plan(d / "build.ninja"), d, TOOLCHAIN, None, None, keys(d))
     assert "main.cpp:1:1: error: no" in str(raised.value)
 
 
@@ -166,8 +225,10 @@ def test_a_header_s_flags_leave_out_the_source_output_dependency_file_and_extens
     step = cxx_step(tmp_path)
     assert headers.flags(step) == ["c++", "-DX=1", "-isystem", "/inc", "-fPIC"]
     other = objects.Step("compile", "main.o", step.inputs, step.command.replace("ext1", "ext2"))
-    assert headers.key(headers.flags(other), TOOLCHAIN) == headers.key(headers.flags(step), TOOLCHAIN)
-    assert headers.key(["c++", "-DX=2"], TOOLCHAIN) != headers.key(["c++", "-DX=1"], TOOLCHAIN)
+    assert headers.flags(other) == headers.flags(step)
+    # the key is the flag set's, which the host computes from the request alone
+    assert headers.key(["-DX=2"], True, TOOLCHAIN) != headers.key(["-DX=1"], True, TOOLCHAIN)
+    assert headers.key(["-DX=1"], False, TOOLCHAIN) != headers.key(["-DX=1"], True, TOOLCHAIN)
     assert headers.flags(cxx_step(tmp_path, "#include <vector>")) is None, "a source that opens otherwise"
     # no_implicit_headers: the C++ source as given, after blank and comment lines
     opened_later = cxx_step(tmp_path, "\n  \n// bindings\n#include <torch/extension.h>")
@@ -183,18 +244,20 @@ def test_a_build_finds_the_header_in_the_cache_or_compiles_as_before(tmp_path):
 
     step = cxx_step(tmp_path)
     root = tmp_path / "cache" / "headers"
-    assert headers.command_with(step, root, TOOLCHAIN) is None, "none made yet"
-    found = headers.path(root, headers.key(headers.flags(step), TOOLCHAIN))
+    key = headers.key(["-DX=1"], False, TOOLCHAIN)
+    assert headers.command_with(step, root, key) is None, "none made yet"
+    found = headers.path(root, key)
     found.parent.mkdir(parents=True)
     found.write_bytes(b"gch")
-    assert headers.command_with(step, root, TOOLCHAIN) is None, "no stub beside it: GCC could not fall back"
+    assert headers.command_with(step, root, key) is None, "no stub beside it: GCC could not fall back"
     found.with_suffix("").write_text(headers.stub_text(Path("/torch/include/torch/extension.h")))
-    command = headers.command_with(step, root, TOOLCHAIN)
+    assert headers.command_with(step, root, None) is None, "no key: no header"
+    command = headers.command_with(step, root, key)
     assert command is not None and command.startswith(f"c++ -I{root / found.parent.parent.name} -MMD ")
     assert command.endswith(step.command.split(" ", 1)[1]), "the step's own command otherwise"
     found.unlink()
     found.symlink_to(tmp_path / "main.cpp")
-    assert headers.command_with(step, root, TOOLCHAIN) is None, "a link is not a header"
+    assert headers.command_with(step, root, key) is None, "a link is not a header"
 
 
 def test_header_sets_made_side_by_side_keep_their_own_folders(tmp_path, monkeypatch):
