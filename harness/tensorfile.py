@@ -26,6 +26,7 @@ import math
 import os
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -164,12 +165,57 @@ def load(
         return read(f, path.name, max_bytes, max_tensors)
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What one result file must hold, known before it is read (the reference's outputs of the same
+    trial or input set): the structure, and each tensor's dtype name and shape, in order."""
+
+    structure: output_structure.Structure
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, structure: output_structure.Structure, tensors: list[torch.Tensor]) -> Expected:
+        return cls(structure, tuple((dtype_name(t.dtype), tuple(int(d) for d in t.shape)) for t in tensors))
+
+    @property
+    def data_bytes(self) -> int:
+        """The bytes of its tensors' data."""
+        return sum(math.prod(shape) * DTYPE_NAMES[dtype].itemsize for dtype, shape in self.tensors)
+
+    @property
+    def file_bytes(self) -> int:
+        """The most a file holding these outputs takes: the data and the largest header allowed."""
+        return len(MAGIC) + 8 + MAX_HEADER_BYTES + self.data_bytes
+
+
+class Mismatch(str):
+    """How a file's header first differs from its expected outputs, in the words of the host's judge
+    (pkb_mcp/runs/judge.py): "output 0 is float32[8], expected float32[4]". A str, kept where a
+    file's read error would be, so that the judge can tell it from one."""
+
+
+class HeaderMismatch(TensorFileError):
+    """The header describes other outputs than the expected ones (`difference` says how); no data
+    was read."""
+
+    def __init__(self, difference: str) -> None:
+        super().__init__(difference)
+        self.difference = Mismatch(difference)
+
+
 def read(
-    f: BinaryIO, name: str, max_bytes: int, max_tensors: int = MAX_TENSORS
+    f: BinaryIO,
+    name: str,
+    max_bytes: int,
+    max_tensors: int = MAX_TENSORS,
+    expect: Expected | None = None,
 ) -> tuple[output_structure.Structure, list[torch.Tensor], dict[str, Any]]:
     """Read a tensor file written by anyone from `f` (named `name` in messages), of at most
-    `max_bytes` bytes and `max_tensors` tensors (at most HARD_MAX_TENSORS); returns (structure,
-    tensors, meta) or raises TensorFileError."""
+    `max_bytes` bytes of data and `max_tensors` tensors (at most HARD_MAX_TENSORS); returns
+    (structure, tensors, meta) or raises TensorFileError. The header is read and checked first, and
+    only the data its tensors take is read after it, each tensor straight into its own memory. With
+    `expect`, a header that describes other outputs (structure, count, dtypes, shapes) raises
+    HeaderMismatch before any data is read."""
     if f.read(len(MAGIC)) != MAGIC:
         raise TensorFileError(f"{name} is not a tensor file")
     head = f.read(8)
@@ -182,43 +228,92 @@ def read(
         header = json.loads(f.read(hlen))
     except (ValueError, RecursionError) as exc:  # nesting too deep for the decoder
         raise TensorFileError(f"{name} has a malformed header") from exc
-    data = bytearray(f.read(max_bytes + 1))
-    if len(data) > max_bytes:
-        raise TensorFileError(f"{name} is over the cap of {max_bytes} bytes")
-    path = Path(name)
     if not isinstance(header, dict):
-        raise TensorFileError(f"{path.name} has a malformed header")
+        raise TensorFileError(f"{name} has a malformed header")
     entries = header.get("tensors")
     if not isinstance(entries, list) or len(entries) > min(max_tensors, HARD_MAX_TENSORS):
         count = len(entries) if isinstance(entries, list) else "?"
         raise TensorFileError(
-            f"{path.name} lists {count} tensors, over the cap of {min(max_tensors, HARD_MAX_TENSORS)} "
+            f"{name} lists {count} tensors, over the cap of {min(max_tensors, HARD_MAX_TENSORS)} "
             "(a problem whose outputs are more raises it with MAX_OUTPUTS)"
         )
     structure = header.get("structure")
     try:
         expected = len(entries) if structure == "tuple" else output_structure.check(structure)
     except output_structure.StructureError as exc:
-        raise TensorFileError(f"{path.name} has a malformed output structure: {exc}") from exc
+        raise TensorFileError(f"{name} has a malformed output structure: {exc}") from exc
     if expected != len(entries):
         raise TensorFileError(
-            f"{path.name}: its structure holds {expected} tensors, its header lists {len(entries)}"
+            f"{name}: its structure holds {expected} tensors, its header lists {len(entries)}"
         )
-    buf = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-    tensors = []
+    assert isinstance(structure, (str, list))  # output_structure.check accepted it
+    described = _entries(entries, name)
+    if expect is not None:
+        difference = _difference(structure, described, expect)
+        if difference is not None:
+            raise HeaderMismatch(difference)
+    end = described[-1][3] + described[-1][4] if described else 0
+    if end > max_bytes:
+        raise TensorFileError(f"{name} is over the cap of {max_bytes} bytes")
+    tensors = [_read_tensor(f, name, dtype, shape, nbytes) for _, dtype, shape, _, nbytes in described]
+    meta = header.get("meta")
+    return structure, tensors, meta if isinstance(meta, dict) else {}
+
+
+def _entries(entries: list, name: str) -> list[tuple[str, torch.dtype, list[int], int, int]]:
+    """Each tensor entry of a header as (dtype name, dtype, shape, offset, bytes), checked: a known
+    dtype, a shape whose size is its byte count, and the data laid out in order, each tensor right
+    after the one before (as `save` writes it)."""
+    described = []
+    at = 0
     for e in entries:
         try:
             dtype = DTYPE_NAMES[e["dtype"]]
             shape = [int(s) for s in e["shape"]]
             offset, nbytes = int(e["offset"]), int(e["nbytes"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise TensorFileError(f"{path.name} has a malformed tensor entry") from exc
+            raise TensorFileError(f"{name} has a malformed tensor entry") from exc
         if any(s < 0 for s in shape) or math.prod(shape) * dtype.itemsize != nbytes:
-            raise TensorFileError(f"{path.name}: shape and byte count disagree")
-        if offset < 0 or offset + nbytes > len(data):
-            raise TensorFileError(f"{path.name}: tensor data runs past the end of the file")
-        chunk = buf[offset : offset + nbytes].clone()
-        tensors.append(chunk.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype))
-    meta = header.get("meta")
-    assert isinstance(structure, (str, list))  # output_structure.check accepted it
-    return structure, tensors, meta if isinstance(meta, dict) else {}
+            raise TensorFileError(f"{name}: shape and byte count disagree")
+        if offset != at:
+            raise TensorFileError(f"{name}: tensor data is not laid out in order")
+        described.append((e["dtype"], dtype, shape, offset, nbytes))
+        at = offset + nbytes
+    return described
+
+
+def _difference(
+    structure: output_structure.Structure,
+    described: list[tuple[str, torch.dtype, list[int], int, int]],
+    expect: Expected,
+) -> str | None:
+    """The first difference between a header and the expected outputs, worded as the judge words it
+    (pkb_mcp/runs/judge.py); None when they agree."""
+    want = output_structure.tree(expect.structure, len(expect.tensors))
+    got = output_structure.tree(structure, len(described))
+    found = output_structure.difference(got, want)
+    if found is not None:
+        return found
+    if len(described) != len(expect.tensors):  # only a malformed expectation gets here
+        return f"the output holds {len(described)} tensors, expected {len(expect.tensors)}"
+    names = output_structure.tensor_names(want)
+    for i, ((dtype, _, shape, _, _), (want_dtype, want_shape)) in enumerate(
+        zip(described, expect.tensors, strict=True)
+    ):
+        if dtype != want_dtype or shape != list(want_shape):
+            return f"{names[i]} is {dtype}{shape}, expected {want_dtype}{list(want_shape)}"
+    return None
+
+
+def _read_tensor(f: BinaryIO, name: str, dtype: torch.dtype, shape: list[int], nbytes: int) -> torch.Tensor:
+    """The next `nbytes` of `f` as a tensor of `dtype` and `shape`, read into its own memory."""
+    raw = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes:
+        view = _bytes_of(raw)
+        got = 0
+        while got < nbytes:
+            n = f.readinto(view[got:])  # type: ignore[attr-defined]
+            if not n:
+                raise TensorFileError(f"{name}: tensor data runs past the end of the file")
+            got += n
+    return raw.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype)

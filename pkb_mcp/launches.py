@@ -14,10 +14,11 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
@@ -26,11 +27,13 @@ from typing import TYPE_CHECKING, Any, cast
 from harness import structure as output_structure
 from harness import tensorfile
 from harness.contracts import LaunchConfig, LaunchSettings, TimingRecord
+from harness.extensions import VIEW
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.log import get
 from sandbox import cpus
-from sandbox.base import Backend, SandboxLaunch
+from sandbox.backend import Backend
+from sandbox.base import SandboxLaunch
 from sandbox.pool import WarmKey, WarmPool, WarmSlot
 from sandbox.untrusted import LaunchFiles
 
@@ -42,6 +45,10 @@ log = get(__name__)
 OUTPUT_FILE_CAP = 8 << 30
 RANK_LOG_CAP = 8 * 1024
 OUTPUT_NAME = re.compile(r"^([tsf])(\d+)_r(\d+)\.pkbt$")
+# a rank's stage where the host, not the rank, ended it: a limit of the node's that the launch went
+# past (sandbox.base.DiskGuard), or what the launch left that the host would not read
+LIMIT_STAGE, COLLECT_STAGE = "limit", "collect"
+HOST_STAGES = (LIMIT_STAGE, COLLECT_STAGE)
 
 
 @dataclass
@@ -128,6 +135,13 @@ class LaunchRequest:
     ends_early: bool = False
     # bytes the host reads of this launch at most, all its files together (sandbox/untrusted.py)
     read_budget: int = 8 << 30
+    # the extension cache's keys this launch may load (its solution's load_inline requests,
+    # harness/extensions.py Request.key): only these entries are put into its view (show_entries)
+    extensions: tuple[str, ...] = ()
+    # the output files it must leave, by name, and what each holds (the reference's outputs of the
+    # same trials): asked for once the launch has ended, before its outputs are read (it may wait for
+    # the reference's launch to be collected); None, or None returned: nothing is expected
+    expected: Callable[[], dict[str, tensorfile.Expected] | None] | None = None
 
 
 def new_launch_dir(launch_id: str) -> Path:
@@ -145,17 +159,12 @@ def enable_warm_pool(backend: Backend, first: WarmKey | None = None, batch: bool
     """Start sandboxes ahead of need for this backend (a long-running server or a batch wants this; a
     one-shot CLI command does not), the shape `first` at once when given; a `batch`, whose jobs follow
     each other, keeps spares (config.warm_spare). None when the backend cannot."""
-    enable = getattr(backend, "enable_pool", None)
     _use_extension_cache(backend)
-    pool: WarmPool | None = (
-        enable(
-            new_launch_dir,
-            config.HARNESS_ROOT,
-            lambda key: config.warm_per_shape(key.device) if key.world_size else TOOL_SANDBOXES,
-            lambda key: config.warm_spare(key.device, batch),
-        )
-        if enable
-        else None
+    pool = backend.enable_pool(
+        new_launch_dir,
+        config.HARNESS_ROOT,
+        lambda key: config.warm_per_shape(key.device) if key.world_size else TOOL_SANDBOXES,
+        lambda key: config.warm_spare(key.device, batch),
     )
     if pool is not None and first is not None:
         pool.replenish(first)
@@ -174,19 +183,17 @@ def kept_warm(backend: Backend, first: WarmKey | None = None) -> Iterator[None]:
     try:
         yield
     finally:
-        backend.disable_pool()  # type: ignore[attr-defined]  # sandbox.pool.Pooled, as enable_pool
+        backend.disable_pool()
 
 
 def warm_pool(backend: Backend) -> WarmPool | None:
-    return getattr(backend, "pool", None)
+    return backend.pool
 
 
 def settle_ended(backend: Backend) -> None:
     """Return once the sandboxes of launches that ended cleanly (`ended_cleanly`) have ended too, where
     the backend ends them in the background: a benchmark must have the node to itself."""
-    settle = getattr(backend, "settle_ended", None)
-    if settle is not None:
-        settle()
+    backend.settle_ended()
 
 
 @cache
@@ -255,6 +262,7 @@ def run_launch(
     try:
         src = launch_dir / "src"
         src.mkdir()
+        show_entries(launch_dir, extension_entries(request.extensions))
         problem_copy = src / f"problem_{request.problem_path.name}"
         shutil.copyfile(request.problem_path, problem_copy)
         if request.solution_path == request.problem_path:
@@ -273,7 +281,7 @@ def run_launch(
         # must not run beside it, so only a check's launch and a benchmark's last may end before it
         ended = None
         early = request.settings["mode"] == "outputs" or request.ends_early
-        if early and getattr(backend, "ends_early", False):
+        if early and backend.ends_early:
             cfg["end_token"] = secrets.token_hex(16)
             ended = partial(ended_cleanly, token=cfg["end_token"])
         launch = SandboxLaunch(
@@ -301,6 +309,9 @@ def run_launch(
             log.info("launch.cancelled", launch=launch_id)
             raise Cancelled("cancelled while running; every process of the launch was killed")
         outcome = _collect(launch_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
+        if run.exceeded is not None:  # killed for it: what its ranks said is beside the point
+            for r in outcome.ranks:
+                r.state, r.stage, r.error = "error", LIMIT_STAGE, run.exceeded
         if collect is not None:
             outcome.collected = collect(launch_dir)
         log.info(
@@ -421,9 +432,20 @@ def _collect(
 
 def _read_outputs(files: LaunchFiles, request: LaunchRequest, outcome: LaunchOutcome) -> None:
     """The output files of this launch's mode from out/: trials write t<trial>_r<rank>, benchmarks
-    s<set>_r<rank> and f<fresh call>_r<rank>; any other name is left unread."""
+    s<set>_r<rank> and f<fresh call>_r<rank>; any other name is left unread.
+
+    Where outputs are expected (`request.expected`), only the expected files are read, each at most
+    what its expected outputs take: a larger file is refused from its size, and one whose header
+    describes other outputs from its header, before any data is read (its error then is the first
+    difference, as the judge words it: tensorfile.Mismatch). The launch's byte budget is cut to what
+    the expected files take, and what the host reads after them (`after`)."""
     found = files.entries("out") or []
     prefixes = "sf" if request.settings["mode"] == "benchmark" else "t"
+    expected = request.expected() if request.expected is not None else None
+    if expected is not None:
+        after = (64 << 20) + 4096  # _collect's caps of timing.json and convention.json, read next
+        wanted = sum(e.file_bytes for e in expected.values())
+        files.budget = min(files.budget, files.read_bytes_total + wanted + after)
     for entry in found:
         m = OUTPUT_NAME.match(entry.name)
         if not m or m.group(1) not in prefixes:
@@ -434,15 +456,27 @@ def _read_outputs(files: LaunchFiles, request: LaunchRequest, outcome: LaunchOut
             if m.group(1) == "f"
             else (outcome.outputs, outcome.output_errors)
         )
-        with files.open(f"out/{entry.name}", OUTPUT_FILE_CAP) as f:
+        want = expected.get(entry.name) if expected is not None else None
+        if expected is not None and want is None:
+            continue  # no output the launch was asked for: never read
+        cap = want.file_bytes if want is not None else OUTPUT_FILE_CAP
+        if want is not None and entry.size > cap:
+            errors[key] = (
+                f"{entry.name} holds {entry.size} bytes, more than outputs of the expected shapes take "
+                f"({want.data_bytes} bytes of data and a header)"
+            )
+            continue
+        with files.open(f"out/{entry.name}", cap) as f:
             if f is None:
                 errors[key] = files.refusals[-1] if files.refusals else "unreadable"
                 continue
             try:
                 structure, tensors, meta = tensorfile.read(
-                    f, entry.name, OUTPUT_FILE_CAP, request.max_outputs
+                    f, entry.name, OUTPUT_FILE_CAP, request.max_outputs, expect=want
                 )
                 outputs[key] = Outputs(structure, tensors, meta)
+            except tensorfile.HeaderMismatch as exc:
+                errors[key] = exc.difference
             except (tensorfile.TensorFileError, OSError) as exc:
                 errors[key] = str(exc)
 
@@ -456,7 +490,7 @@ def _fail_on_refusals(outcome: LaunchOutcome, refused: list[str]) -> None:
     why = f"the launch left what the host will not read: {refused[0]}"
     for r in outcome.ranks:
         if r.state == "ok":
-            r.state, r.stage, r.error = "error", "collect", why
+            r.state, r.stage, r.error = "error", COLLECT_STAGE, why
 
 
 def _short(value: Any, default: str, limit: int = 200) -> str:
@@ -601,6 +635,64 @@ def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
 
 
 def _use_extension_cache(backend: Backend) -> None:
-    """Every launch mounts the node's extension cache read-only (pkb_mcp/compile/extensions.py fills it)."""
+    """Every launch finds its own entries of the node's extension cache in its view (show_entries): the
+    backend points PKB_EXTENSIONS there; no launch sees the cache itself."""
     if hasattr(backend, "extensions_dir"):
         backend.extensions_dir = config.extensions_dir()  # type: ignore[attr-defined]
+
+
+VIEW_COPY_CAP = 256 << 20  # an entry copied (not linked) into a view: a precompiled header is left out
+
+
+def extension_entries(keys: Iterable[str]) -> list[str]:
+    """The files of these extension cache entries (built or failed, harness/extensions.py), as paths
+    in the cache: what a candidate's launch loads or reports from."""
+    root = config.extensions_dir()
+    found: list[str] = []
+    for key in keys:
+        if not KEY.fullmatch(key):
+            continue
+        with contextlib.suppress(OSError), os.scandir(root / key) as it:
+            found += [f"{key}/{e.name}" for e in it if e.is_file(follow_symlinks=False)]
+    return found
+
+
+KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def show_entries(launch_dir: Path, entries: Iterable[str]) -> int:
+    """Put these files of the node's extension cache (paths in it) into the launch's own view,
+    `launch_dir`/.pkb-cache, in the cache's layout; the number put there. A launch sees no other
+    entry: nobody's kernels can be listed, read or loaded by another's candidate.
+
+    Each is a hard link where the cache and the launch share a file system (else a copy, of at most
+    VIEW_COPY_CAP bytes): the same inode as the cache's, so it must stay unchangeable by the launch.
+    The files are the host's, written once and never writable by others (0444); the view's folders
+    are the host's, 0755, and the hand-over of the launch directory to the sandbox's user leaves the
+    view alone (sandbox/docker.py). The launch may rename the view away, which changes only its own
+    launch: the host never reads the view back."""
+    root = config.extensions_dir()
+    view = launch_dir / VIEW
+    shown = 0
+    for rel in entries:
+        source = root / rel
+        try:
+            st = os.lstat(source)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or ".." in Path(rel).parts:
+            continue
+        target = view / rel
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        try:
+            os.link(source, target, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        except OSError:
+            if st.st_size > VIEW_COPY_CAP:
+                log.info("view.left_out", entry=rel[:200], bytes=st.st_size)
+                continue
+            shutil.copyfile(source, target, follow_symlinks=False)
+            os.chmod(target, 0o444)
+        shown += 1
+    return shown

@@ -1,4 +1,6 @@
-"""The one small interface every sandbox backend implements."""
+"""What a sandbox backend is handed and gives back (a launch, how it ended), and what every backend
+shares: the launch file, the variables and limits of every launch, the warm set-up. The interface
+itself is sandbox/backend.py."""
 
 from __future__ import annotations
 
@@ -6,12 +8,11 @@ import contextlib
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from harness.contracts import WarmSetup
 from sandbox.untrusted import LaunchFiles, usage
@@ -54,16 +55,6 @@ class SandboxRun:
     # seconds from the run's start to each of its steps (the launch file handed over, the launcher's
     # clean end or its exit, the sandbox cleaned up): where a launch's time outside its ranks goes
     steps_s: dict[str, float] = field(default_factory=dict)
-
-
-class Backend(Protocol):
-    name: str
-    isolated: bool
-    note: str
-
-    def run(self, launch: SandboxLaunch, cancel: threading.Event | None = None) -> SandboxRun:
-        """Run the launch to its end, its deadline, or until `cancel` is set; always clean up."""
-        ...
 
 
 # Variables every launch gets: NVLink multicast stays off (it can take a shared host's GPUs out of

@@ -32,6 +32,8 @@ import docker.errors
 import requests.exceptions
 from docker.types import DeviceRequest, Mount, Ulimit
 
+from harness.extensions import VIEW
+from sandbox.backend import Backend
 from sandbox.base import (
     CONFIG_NAME,
     FILE_SIZE_CAP,
@@ -54,7 +56,6 @@ LABEL = "pkb.sandbox"
 LAUNCH_LABEL = "pkb.launch"  # the id of the launch, or of the warm slot, that the container serves
 LAUNCH_MOUNT = "/launch"
 HARNESS_MOUNT = "/opt/pkb"
-EXTENSIONS_MOUNT = "/opt/pkb/extensions"
 # Limits per launch, overridable by environment: processes, /dev/shm (NCCL's shared-memory transport
 # needs room). Memory (RAM + swap, the tmpfs folders included) is fitted to the node:
 # sandbox.base.sandbox_memory.
@@ -287,7 +288,7 @@ removals = Removals()  # one per process: its containers carry its owner label (
 atexit.register(removals.drain, 10.0)
 
 
-class DockerBackend(Pooled):
+class DockerBackend(Pooled, Backend):
     name = "docker"
     isolated = True
     ends_early = True  # returns at a launch's clean end (SandboxLaunch.ended), its container removed later
@@ -361,9 +362,11 @@ class DockerBackend(Pooled):
             *[Mount(p, p, type="bind", read_only=True) for p in extra_mounts()],
             *gpu.get("mounts", []),
         ]
-        if self.extensions_dir is not None:  # built by build launches only; read-only to every launch
-            mounts.append(Mount(EXTENSIONS_MOUNT, str(self.extensions_dir), type="bind", read_only=True))
-            env["PKB_EXTENSIONS"] = EXTENSIONS_MOUNT
+        if self.extensions_dir is not None:
+            # the node's cache is never mounted: each launch sees only its own entries, which the host
+            # links into the launch directory's view before the hand-over (pkb_mcp/launches.py
+            # show_entries), so a warm container, made before its launch is known, finds them too
+            env["PKB_EXTENSIONS"] = f"{LAUNCH_MOUNT}/{VIEW}"
         memory, tmp_size, shm_size = memory_limits()
         return dict(
             user=f"{SANDBOX_UID}:{SANDBOX_GID}",
@@ -479,8 +482,13 @@ class DockerBackend(Pooled):
 
     @staticmethod
     def _hand_over(launch_dir: Path) -> None:
-        """Give the launch directory to the sandbox user (or open it up when we cannot chown)."""
+        """Give the launch directory to the sandbox user (or open it up when we cannot chown), all but
+        its view of the extension cache: hard links to the cache's own files, which must stay the
+        host's and unwritable by the launch (a chown or a chmod would change the cache itself)."""
+        view = launch_dir / VIEW
         for path in [launch_dir, *launch_dir.rglob("*")]:
+            if path == view or view in path.parents:
+                continue
             if path.is_symlink():
                 continue  # the host makes no links there; whatever made one gets nothing through it
             try:

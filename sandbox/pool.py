@@ -414,13 +414,12 @@ class WarmPool:
 
 
 class Pooled:
-    """What both backends share to keep warm sandboxes: each defines `_start` (start a sandbox, warm
-    when given a set-up), `_alive(handle)`, `_discard(slot)` and `_describe(slot)`."""
+    """What both backends share to keep warm sandboxes (a mixin before sandbox.backend.Backend, whose
+    `enable_pool` and `disable_pool` it provides): each defines `_start` (start a sandbox, warm when
+    given a set-up), `_alive(handle)`, `_discard(slot)` and `_describe(slot)`."""
 
     pool: WarmPool | None = None
     _harness_root: Path | None = None
-    # the node's extension cache (harness/extensions.py), mounted read-only into every launch; set by the host
-    extensions_dir: Path | None = None
 
     def enable_pool(
         self,

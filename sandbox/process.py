@@ -26,7 +26,9 @@ from pathlib import Path
 
 import structlog
 
+from harness.extensions import VIEW
 from harness.forking import Signalled
+from sandbox.backend import Backend
 from sandbox.base import (
     CONFIG_NAME,
     FILE_SIZE_CAP,
@@ -255,7 +257,7 @@ class ForkServer:
             self._proc = None
 
 
-class ProcessBackend(Pooled):
+class ProcessBackend(Pooled, Backend):
     name = "process"
     isolated = False
     note = "process backend: candidate code ran as this user without isolation"
@@ -289,8 +291,8 @@ class ProcessBackend(Pooled):
                 **jit_env(),
             }
         )
-        if self.extensions_dir is not None:
-            env["PKB_EXTENSIONS"] = str(self.extensions_dir)
+        if self.extensions_dir is not None:  # the launch's own entries (pkb_mcp/launches.py show_entries)
+            env["PKB_EXTENSIONS"] = str(launch_dir / VIEW)
         args = ["--config-file", str(launch_dir / CONFIG_NAME)]
         if warm is not None:
             args += ["--warm", json.dumps(warm)]

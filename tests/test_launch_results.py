@@ -17,12 +17,13 @@ from harness import tensorfile
 from pkb_mcp import launches
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.launches import RANK_LOG_CAP, ToolLaunches, read_result, run_launch
+from sandbox.backend import Backend
 from sandbox.base import SandboxLaunch, SandboxRun
 
 from .conftest import cpu_launch
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """A backend whose 'launch' writes the given files into the launch directory and ends as told."""
 
     name = "scripted"
@@ -312,3 +313,83 @@ def test_a_tool_launch_runs_on_cpu_with_its_parameters_in_the_config():
     cancel.set()
     with pytest.raises(Cancelled):
         ToolLaunches(backend, cancel).run("build", launch_dir, {}, 1.0)
+
+
+class SparseBackend(ScriptedBackend):
+    """Writes its files, then extends some of them with holes to the given sizes (free on disk)."""
+
+    def __init__(self, files: dict[str, bytes | str], grow: dict[str, int]) -> None:
+        super().__init__(files)
+        self.grow = grow
+
+    def run(self, launch: SandboxLaunch, cancel: threading.Event | None = None) -> SandboxRun:
+        done = super().run(launch, cancel)
+        for name, size in self.grow.items():
+            os.truncate(launch.launch_dir / name, size)
+        return done
+
+
+def test_a_candidate_s_outputs_are_read_only_as_far_as_the_expected_outputs_go(tmp_path, monkeypatch):
+    """Each expected file's header is compared with the reference's outputs before its data, a file
+    larger than those outputs is refused from its size, an unexpected one is never opened, and the
+    launch's byte budget is cut to the expected outputs (plus the records read after them)."""
+    made: list = []
+
+    class Recorded(launches.LaunchFiles):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(launches, "LaunchFiles", Recorded)
+    ok = ranks_record({"rank": 0, "state": "ok"}, {"rank": 1, "state": "ok"})
+    right = tensor_file(tmp_path, "right.pkbt", torch.ones(4))
+    wrong = tensor_file(tmp_path, "wrong.pkbt", torch.ones(8))
+    files = {
+        "launch.json": ok,
+        "out/t0_r0.pkbt": right,
+        "out/t0_r1.pkbt": wrong,
+        "out/t1_r0.pkbt": right,  # its data then grows past what the expected outputs take
+        "out/t7_r0.pkbt": right,  # no trial of this launch
+    }
+    expected = {
+        f"t{t}_r{r}.pkbt": tensorfile.Expected.of("tuple", [torch.ones(4)]) for t in (0, 1) for r in (0, 1)
+    }
+    request = cpu_launch(seeds=[1, 2])
+    request.expected = lambda: expected
+    outcome = run_launch(request, SparseBackend(files, {"out/t1_r0.pkbt": 1 << 30}))
+    assert set(outcome.outputs) == {(0, 0)} and torch.equal(outcome.outputs[(0, 0)].tensors[0], torch.ones(4))
+    mismatch = outcome.output_errors[(0, 1)]
+    assert (
+        isinstance(mismatch, tensorfile.Mismatch)
+        and mismatch == "output 0 is float32[8], expected float32[4]"
+    )
+    assert "more than outputs of the expected shapes take" in outcome.output_errors[(1, 0)]
+    assert (7, 0) not in outcome.output_errors, "an unexpected file is not read"
+    assert outcome.ok, "a wrong output is the candidate's verdict, not a refused launch"
+    files_read = made[0]  # the collection's reader
+    cap = sum(e.file_bytes for e in expected.values())
+    assert files_read.budget <= cap + (66 << 20), "the launch's budget is the expected outputs'"
+    assert files_read.read_bytes_total < 2 * len(right) + len(wrong) + (64 << 10), "headers, not data"
+
+
+def test_the_verdict_of_a_refused_header_is_the_judge_s_and_a_benchmark_expects_the_reference_s_files():
+    from pkb_mcp import problems
+    from pkb_mcp.runs import judge, verdicts
+
+    ref = launches.LaunchOutcome(ranks=[launches.RankOutcome(0, "ok")], wall_s=0, timed_out=False)
+    ref.outputs[(0, 0)] = launches.Outputs("tensor", [torch.ones(4)], {})
+    cand = launches.LaunchOutcome(ranks=[launches.RankOutcome(0, "ok")], wall_s=0, timed_out=False)
+    cand.output_errors[(0, 0)] = tensorfile.Mismatch("output 0 is float32[8], expected float32[4]")
+    (rank,) = verdicts.judge_ranks(problems.resolve(1), 1, [0], cand, ref)
+    assert rank.state == "wrong" and rank.message == "output 0 is float32[8], expected float32[4]"
+
+    ref.fresh_outputs[(3, 0)] = launches.Outputs("tuple", [torch.ones(2), torch.zeros(3)], {})
+    bench = judge.expecting(cpu_launch(mode="benchmark", world_size=1), ref)
+    assert bench.expected is not None
+    files = bench.expected()
+    assert files is not None and sorted(files) == ["f3_r0.pkbt", "s0_r0.pkbt"]
+    assert bench.read_budget == judge.read_budget(files, 1) < 100 << 20, "relative to the expected outputs"
+    check = judge.expecting(cpu_launch(seeds=[5], world_size=1), ref)
+    assert check.expected is not None and list(check.expected() or {}) == ["t0_r0.pkbt"]
+    failed = launches.LaunchOutcome(ranks=[launches.RankOutcome(0, "error")], wall_s=0, timed_out=False)
+    assert judge.expecting(cpu_launch(), failed).expected is None, "no reference, no expectation"

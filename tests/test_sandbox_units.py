@@ -379,3 +379,28 @@ def test_a_deep_launch_folder_reaches_its_tmp_through_a_short_link(tmp_path):
     finally:
         process._drop_short_tmp("0123456789abcdef")
     assert not link.is_symlink() and deep.is_dir(), "only the link goes"
+
+
+def test_every_registered_backend_declares_the_one_interface():
+    """The host asks a backend what it can do (sandbox/backend.py) and never probes it: every row of
+    the registry is a Backend with a name and a note, and what it does not declare has its default."""
+    from sandbox.backend import BACKENDS, Backend, backend_class
+
+    for name in BACKENDS:
+        cls = backend_class(name)
+        assert issubclass(cls, Backend) and cls.name == name and cls.note
+    process = select_backend("process")
+    assert process.ends_early is False and process.extensions_dir is None or process.extensions_dir
+    assert backend_class("docker").ends_early and backend_class("docker").isolated
+
+    class Bare(Backend):
+        name, note = "bare", "a backend with no capability but run"
+
+        def run(self, launch, cancel=None):
+            raise NotImplementedError
+
+    bare = Bare()
+    assert bare.enable_pool(lambda _: Path("/nowhere"), Path("/nowhere")) is None and bare.pool is None
+    bare.disable_pool()
+    bare.settle_ended()
+    assert not bare.isolated and not bare.ends_early

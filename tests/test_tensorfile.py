@@ -1,4 +1,5 @@
 import json
+import os
 import struct
 
 import pytest
@@ -155,3 +156,73 @@ def test_the_tensor_count_cap_is_the_problems_up_to_the_hard_cap(tmp_path):
     tensorfile.save(path, [torch.ones(1)] * (tensorfile.HARD_MAX_TENSORS + 1))
     with pytest.raises(tensorfile.TensorFileError, match="over the cap of 1024"):
         tensorfile.load(path, 1 << 20, max_tensors=10_000)
+
+
+class CountingReader:
+    """A binary file that counts the bytes taken from it."""
+
+    def __init__(self, f):
+        self.f, self.taken = f, 0
+
+    def read(self, n=-1):
+        data = self.f.read(n)
+        self.taken += len(data)
+        return data
+
+    def readinto(self, buffer):
+        n = self.f.readinto(buffer)
+        self.taken += n
+        return n
+
+
+def _header_bytes(header):
+    raw = json.dumps(header).encode()
+    return tensorfile.MAGIC + struct.pack("<Q", len(raw)) + raw
+
+
+EXPECT_4 = tensorfile.Expected("tensor", (("float32", (4,)),))
+
+
+@pytest.mark.parametrize("sparse_data", [False, True], ids=["data absent", "1 GiB of sparse data"])
+def test_a_wrong_shape_is_refused_from_the_header_before_any_data_is_read(tmp_path, sparse_data):
+    """Four wrong-shape 1 GiB outputs took the host to 7.7 GB: each was read whole before its shape
+    was compared. Now the header is compared with the expected outputs first."""
+    huge = 1 << 28  # float32 elements: 1 GiB
+    head = _header_bytes(
+        {
+            "structure": "tensor",
+            "tensors": [{"dtype": "float32", "shape": [huge], "offset": 0, "nbytes": 4 * huge}],
+        }
+    )
+    path = tmp_path / "t0_r0.pkbt"
+    path.write_bytes(head)
+    if sparse_data:
+        os.truncate(path, len(head) + 4 * huge)  # a hole: costs the disk nothing
+    with open(path, "rb") as raw:
+        f = CountingReader(raw)
+        with pytest.raises(tensorfile.HeaderMismatch) as caught:
+            tensorfile.read(f, path.name, 8 << 30, expect=EXPECT_4)
+    assert str(caught.value) == f"output 0 is float32[{huge}], expected float32[4]", "the judge's words"
+    assert isinstance(caught.value.difference, tensorfile.Mismatch)
+    assert f.taken == len(head), "only the header was read"
+
+
+def test_a_header_that_matches_is_read_in_full_and_other_differences_are_named(tmp_path):
+    path = tmp_path / "ok.pkbt"
+    tensorfile.save(path, [torch.arange(4.0)], "tensor")
+    with open(path, "rb") as f:
+        _, tensors, _ = tensorfile.read(f, path.name, 1 << 20, expect=EXPECT_4)
+    assert torch.equal(tensors[0], torch.arange(4.0))
+    tensorfile.save(path, [torch.arange(4.0), torch.ones(2)], "tuple")
+    with (
+        open(path, "rb") as f,
+        pytest.raises(tensorfile.HeaderMismatch, match="expected tensor, got a tuple"),
+    ):
+        tensorfile.read(f, path.name, 1 << 20, expect=EXPECT_4)
+    tensorfile.save(path, [torch.arange(4, dtype=torch.float64)], "tensor")
+    with (
+        open(path, "rb") as f,
+        pytest.raises(tensorfile.HeaderMismatch, match=r"float64\[4\], expected float32\[4\]"),
+    ):
+        tensorfile.read(f, path.name, 1 << 20, expect=EXPECT_4)
+    assert EXPECT_4.data_bytes == 16 and EXPECT_4.file_bytes == 16 + tensorfile.MAX_HEADER_BYTES + 14

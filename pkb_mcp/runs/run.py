@@ -19,11 +19,18 @@ from harness.contracts import LaterTrials, LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
-from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches, run_launch
+from pkb_mcp.launches import (
+    HOST_STAGES,
+    LaunchOutcome,
+    LaunchRequest,
+    RankOutcome,
+    ToolLaunches,
+    run_launch,
+)
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
-from pkb_mcp.runs import conventions, pairing, signature, static_report
+from pkb_mcp.runs import conventions, judge, pairing, signature, static_report
 from sandbox import SandboxUnavailable, select_backend
-from sandbox.base import Backend
+from sandbox.backend import Backend
 
 Progress = Callable[[float, float | None, str], None]
 MAX_SOLUTION_BYTES = 1 << 20
@@ -305,7 +312,10 @@ class Run:
             assert solution == self.problem.path and mode == "outputs", "the reference's trials only"
             settings["later"] = later
         gpus = self.gpus[:world_size]
-        return LaunchRequest(settings, self.problem.path, solution, gpus, self.problem.max_outputs)
+        request = LaunchRequest(settings, self.problem.path, solution, gpus, self.problem.max_outputs)
+        if solution == self.problem.path:  # a candidate's is cut to its expected outputs (judge.expecting)
+            request.read_budget = judge.reference_budget()
+        return request
 
     def run_one(self, request: LaunchRequest, cancel: threading.Event | None) -> LaunchOutcome:
         """One launch in the run's backend (launches.run_launch)."""
@@ -317,16 +327,19 @@ class Run:
         """The reference's launch and the candidate's, side by side where the sandbox isolates them.
         Without isolation the candidate could read the reference's outputs from its launch directory
         while both run: the reference's launch ends (and its directory is gone) before the candidate
-        starts, and a failed reference leaves the candidate unlaunched (None)."""
+        starts, and a failed reference leaves the candidate unlaunched (None). The candidate's
+        outputs are expected to be the reference's in structure, count, dtypes and shapes, checked
+        from their files' headers before their data (judge.expecting)."""
         if self.backend.isolated:
             with ThreadPoolExecutor(max_workers=2) as pool:
                 ref_future = pool.submit(self.run_one, ref_request, cancel)
+                cand_request = judge.expecting_later(cand_request, ref_future.result)
                 cand_future = pool.submit(self.run_one, cand_request, cancel)
                 return ref_future.result(), cand_future.result()
         ref_outcome = self.run_one(ref_request, cancel)
         if not ref_outcome.ok:
             return ref_outcome, None
-        return ref_outcome, self.run_one(cand_request, cancel)
+        return ref_outcome, self.run_one(judge.expecting(cand_request, ref_outcome), cancel)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 3)
@@ -364,6 +377,8 @@ def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | N
     errors, at the solution's lines where `sources` finds them (pkb_mcp/compile/failures.py)."""
     error = rank_outcome.error.strip().splitlines()[0][:300] if rank_outcome.error.strip() else ""
     raised = f"raised {error}" + (f" during {rank_outcome.stage}" if rank_outcome.stage else "")
+    if rank_outcome.stage in HOST_STAGES:  # the host's own sentence about the launch, as it is
+        raised = error
     if rank_outcome.state == "error":
         text = f"{rank_outcome.error}\n{rank_outcome.traceback}"
         raised = failures.build_failure(text, sources) or raised
