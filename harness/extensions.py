@@ -43,6 +43,7 @@ SCHEMA = 1
 # the launch's own view of the node's extension cache (its requests' entries, read-only; the layout
 # of the cache: <key>/, objects/<key>.o, objects/headers/<key>/, objects/prefixes/<key>/)
 CACHE_ENV = "PKB_EXTENSIONS"
+VIEW = ".pkb-cache"  # that view's folder in the launch directory (the host's, read-only to the launch)
 OK_MARK = "ok.json"  # written last by a successful build: the directory is complete
 FAILED_MARK = "failed.json"  # a build that failed, with the compiler's output
 UNITS_MARK = (

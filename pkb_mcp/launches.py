@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from harness import structure as output_structure
 from harness import tensorfile
-from harness.contracts import LaunchConfig, LaunchSettings, TimingRecord
+from harness.contracts import (
+    ConventionRecord,
+    LaunchConfig,
+    LaunchRecord,
+    LaunchSettings,
+    RankRecord,
+    TimingRecord,
+    ToolRecord,
+)
 from harness.extensions import VIEW
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
@@ -35,7 +43,7 @@ from sandbox import cpus
 from sandbox.backend import Backend
 from sandbox.base import SandboxLaunch
 from sandbox.pool import WarmKey, WarmPool, WarmSlot
-from sandbox.untrusted import LaunchFiles
+from sandbox.untrusted import LaunchFiles, typed
 
 if TYPE_CHECKING:
     import torch
@@ -345,15 +353,12 @@ def ended_cleanly(launch_dir: Path, token: str) -> bool:
     process of the ranks is gone (harness/launch.py): what is left is the launcher's exit and the
     sandbox's end. A record a candidate forged has no token; one it replaced by a FIFO or a link is
     not read (sandbox/untrusted.py), and the launch is then awaited to its end."""
-    record = read_result(launch_dir / "launch.json", RECORD_CAP)  # None while it is not written
-    if not isinstance(record, dict) or not hmac.compare_digest(str(record.get("end_token", "")), token):
+    # {} while it is not written
+    record = typed(read_result(launch_dir / "launch.json", RECORD_CAP), LaunchRecord)
+    if not hmac.compare_digest(record.get("end_token", ""), token):
         return False
-    ranks = record.get("ranks")
-    return (
-        isinstance(ranks, list)
-        and bool(ranks)
-        and all(isinstance(r, dict) and r.get("state") == "ok" and r.get("exit_code") == 0 for r in ranks)
-    )
+    ranks = record.get("ranks", [])
+    return bool(ranks) and all(r.get("state") == "ok" and r.get("exit_code") == 0 for r in ranks)
 
 
 def _cpu_list(value: Any) -> list[int]:
@@ -390,29 +395,27 @@ def _collect(
     launch_dir: Path, request: LaunchRequest, launcher_log: str, killed: bool, wall_s: float
 ) -> LaunchOutcome:
     files = LaunchFiles(launch_dir, budget=request.read_budget)
-    record = _json(files, "launch.json", RECORD_CAP)
-    entries = record.get("ranks") if isinstance(record, dict) else None
-    if isinstance(entries, list):
-        timed_out = bool(record.get("timed_out")) or killed  # type: ignore[union-attr]
+    record = typed(_json(files, "launch.json", RECORD_CAP), LaunchRecord)
+    world_size = request.settings["world_size"]
+    entries: list[RankRecord]
+    if "ranks" in record:
+        entries, timed_out = record["ranks"], record.get("timed_out", False) or killed
     else:
         # the launcher itself never reported: everything it ran is lost
         state = "timeout" if killed else "crashed"
-        entries = [{"rank": r, "state": state} for r in range(request.settings["world_size"])]
-        timed_out = killed
+        entries, timed_out = [{"rank": r, "state": state} for r in range(world_size)], killed
     ranks: list[RankOutcome] = []
-    world_size = request.settings["world_size"]
     for e in entries[:world_size]:
-        e = e if isinstance(e, dict) else {}
-        rank = e.get("rank")
-        rank = rank if type(rank) is int and 0 <= rank < world_size else len(ranks)
+        rank = e.get("rank", -1)
+        rank = rank if 0 <= rank < world_size else len(ranks)
         ranks.append(
             RankOutcome(
                 rank=rank,
-                state=_short(e.get("state"), "crashed"),
-                error=_short(e.get("error"), "", 4000),
-                stage=_short(e.get("stage"), ""),
-                traceback=_short(e.get("traceback"), "", 16000),
-                signal=_short(e.get("signal"), "") or None,
+                state=e.get("state", "crashed")[:40] or "crashed",
+                error=e.get("error", "")[:4000],
+                stage=e.get("stage", "")[:200],
+                traceback=e.get("traceback", ""),
+                signal=(e.get("signal") or "")[:40] or None,
                 log_tail=files.tail(f"rank{rank}.log", RANK_LOG_CAP),
                 ended_s=seconds(e.get("elapsed_s")) or 0.0,
                 cpus=_cpu_list(e.get("cpus")),
@@ -493,14 +496,6 @@ def _fail_on_refusals(outcome: LaunchOutcome, refused: list[str]) -> None:
             r.state, r.stage, r.error = "error", COLLECT_STAGE, why
 
 
-def _short(value: Any, default: str, limit: int = 200) -> str:
-    """A field a launch wrote (untrusted) as a string cut at `limit` characters; `default` where it
-    is absent or empty."""
-    if value is None or value == "":
-        return default
-    return (value if isinstance(value, str) else str(value))[:limit]
-
-
 def _json(files: LaunchFiles, rel: str, cap: int) -> Any:
     data = files.read(rel, cap)
     if data is None:
@@ -513,10 +508,8 @@ def _json(files: LaunchFiles, rel: str, cap: int) -> Any:
 
 def _convention_record(files: LaunchFiles) -> dict[str, str] | None:
     """How rank 0 says it called the candidate: written in the sandbox, so only short strings count."""
-    record = _json(files, "convention.json", 4096)
-    if not isinstance(record, dict):
-        return None
-    kept = {k: v[:300] for k, v in record.items() if k in ("requested", "used", "why") and isinstance(v, str)}
+    record = typed(_json(files, "convention.json", 4096), ConventionRecord)
+    kept = {k: v[:300] for k, v in record.items() if isinstance(v, str)}
     return kept or None
 
 
@@ -575,8 +568,8 @@ class ToolLaunches:
         if run.cancelled:
             raise Cancelled("cancelled while running; every process of the launch was killed")
         files = LaunchFiles(launch_dir)
-        record = _json(files, "launch.json", RECORD_CAP)
-        exit_code = record.get("exit_code") if isinstance(record, dict) else None
+        record = typed(_json(files, "launch.json", RECORD_CAP), ToolRecord)
+        exit_code = record.get("exit_code")
         timed_out = run.killed_at_deadline or (exit_code is None and mode == "discover")
         own_log = files.tail(f"{mode}.log", 4000)
         if files.refusals:  # the tool's candidate code left a trap where the host reads
@@ -586,7 +579,7 @@ class ToolLaunches:
             launch=launch_id,
             tool=mode,
             wall_s=round(run.wall_s, 3),
-            tool_s=seconds(record.get("wall_s")) if isinstance(record, dict) else None,  # the tool's own run
+            tool_s=seconds(record.get("wall_s")),  # the tool's own run
             exit_code=exit_code,
         )
         return ToolOutcome(

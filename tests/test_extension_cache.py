@@ -21,6 +21,12 @@ SOURCE = "torch::Tensor twice(torch::Tensor x) { return x * 2; }"
 SOLUTION = "from torch.utils.cpp_extension import load_inline\nEXT = load_inline('twice', [SRC])\n"
 
 
+# the object key of an honest candidate's unit, which a hostile build launch plants an object under
+PLANTED = requests.unit_keys(
+    requests.Request(name="honest", cpp_sources=("int honest();",)), extensions.toolchain()
+)["main.cpp"]
+
+
 def call(name: str = "twice", **more: Any) -> dict[str, Any]:
     """A load_inline call as discovery records it."""
     return {"api": "load_inline", "name": name, "cpp_sources": [SOURCE], "functions": ["twice"], **more}
@@ -63,7 +69,10 @@ class StandInTools:
                 entries.append({"key": key, "ok": True})
                 units = launch_dir / "objects"  # the units it compiled (harness/objects.py)
                 units.mkdir(exist_ok=True)
-                (units / f"{'a' * 64}.o").write_bytes(b"\x7fELF object")
+                own = requests.unit_keys(request, chain)["main.cpp"]
+                (units / f"{own}.o").write_bytes(b"\x7fELF object")
+                # planted: another unit's key (computable from a known source), a stray name, a link
+                (units / f"{PLANTED}.o").write_bytes(b"\x7fELF poisoned")
                 (units / "stray.o").write_bytes(b"not named by a key")
                 (units / f"{'b' * 64}.o").symlink_to("/etc/passwd")
             elif how == "failed":
@@ -133,11 +142,16 @@ def test_a_text_whose_builds_are_all_in_the_cache_is_built_already():
     assert extensions.built_already(other), "a failure kept is not built again either"
 
 
-def test_a_build_launch_s_objects_land_in_the_object_cache_by_key_only():
+def test_a_build_launch_s_objects_land_in_the_object_cache_only_under_its_own_units_keys():
+    """The host installs only the object keys it computed for the request's own units: an object a
+    build launch planted under another unit's key (an honest candidate's, computable from its source),
+    a stray name and a link stay behind."""
     extensions.prepare(SOLUTION, StandInTools([call()]), 10.0)
     stored = sorted(p.name for p in (config.extensions_dir() / "objects").iterdir())
-    assert stored == [f"{'a' * 64}.o"], "neither a stray name nor a link is installed"
+    own = requests.unit_keys(requests.Request.from_json(call()), extensions.toolchain())["main.cpp"]
+    assert stored == [f"{own}.o"], "neither a planted key, a stray name nor a link is installed"
     assert (config.extensions_dir() / "objects" / stored[0]).read_bytes() == b"\x7fELF object"
+    assert not (config.extensions_dir() / "objects" / f"{PLANTED}.o").exists()
 
 
 def test_a_failed_build_is_kept_and_not_built_again():
@@ -252,23 +266,25 @@ def test_a_units_mark_too_large_or_not_json_is_no_report(tmp_path):
 def test_a_header_a_build_launch_made_is_installed_only_as_a_plain_file_under_its_key(tmp_path, monkeypatch):
     from harness import headers as made_headers
     from pkb_mcp.compile import headers
+    from sandbox.untrusted import LaunchFiles
 
     made = tmp_path / "headers"
-    good, link, big = "a" * 64, "b" * 64, "c" * 64
-    for key in (good, big, "not-a-key"):
+    good, link, big, unasked = "a" * 64, "b" * 64, "c" * 64, "d" * 64
+    for key in (good, big, "not-a-key", unasked):
         path = made_headers.path(made, key)
         path.parent.mkdir(parents=True)
         path.write_bytes(b"gch" * (10 if key == big else 1))
     made_headers.path(made, link).parent.mkdir(parents=True)
     made_headers.path(made, link).symlink_to("/etc/passwd")
     monkeypatch.setattr(headers, "MAX_HEADER_BYTES", 20)
-    assert headers.install(made) == 1
+    asked = [good, link, big, "not-a-key"]  # the keys of the flag sets the host asked for
+    assert headers.install(LaunchFiles(tmp_path), asked) == 1
     installed = sorted(p.name for p in headers.cache_root().iterdir())
     placed = made_headers.path(headers.cache_root(), good)
     assert installed == [good] and placed.read_bytes() == b"gch"
     stub = placed.with_suffix("").read_text()  # written by the host, not taken from the launch
     assert stub.startswith('#include "/') and stub.rstrip().endswith('/torch/extension.h"'), stub
-    assert headers.install(made) == 0, "a header already there stays"
+    assert headers.install(LaunchFiles(tmp_path), asked) == 0, "a header already there stays"
 
 
 def test_a_flag_set_s_header_is_asked_for_once_in_isolated_sandboxes_only(monkeypatch):

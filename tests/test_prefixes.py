@@ -179,20 +179,23 @@ def test_a_part_is_asked_for_once_made_in_the_background_and_installed(tmp_path,
 
 
 def test_what_a_launch_leaves_enters_the_cache_only_as_plain_files_under_a_key(tmp_path, monkeypatch):
-    made = tmp_path / "made"
-    good, linked, unkeyed, half = "a" * 64, "b" * 64, "not-a-key", "c" * 64
-    for name in (good, linked, unkeyed, half):
+    from sandbox.untrusted import LaunchFiles
+
+    made = tmp_path / prefixes.PREFIXES
+    good, linked, unkeyed, half, unasked = "a" * 64, "b" * 64, "not-a-key", "c" * 64, "d" * 64
+    for name in (good, linked, unkeyed, half, unasked):
         (made / name).mkdir(parents=True)
         (made / name / prefixes.HEADER).write_text("int x;\n")
-    for name in (good, unkeyed):
+    for name in (good, unkeyed, unasked):
         (made / name / f"{prefixes.HEADER}.gch").write_bytes(b"gch")
     (tmp_path / "secret").write_text("host file")
     (made / linked / f"{prefixes.HEADER}.gch").symlink_to(tmp_path / "secret")
-    assert headers.install_parts(made) == 1
+    asked = [good, linked, unkeyed, half]  # the keys the launch was asked to make: not `unasked`
+    assert headers.install_parts(LaunchFiles(tmp_path), asked) == 1
     assert sorted(p.name for p in headers.parts_root().iterdir()) == [good]
     monkeypatch.setattr(headers, "MAX_HEADER_BYTES", 2)
     (made / half / f"{prefixes.HEADER}.gch").write_bytes(b"too big")
-    assert headers.install_parts(made) == 0
+    assert headers.install_parts(LaunchFiles(tmp_path), asked) == 0
 
 
 def test_no_part_is_asked_for_without_isolated_sandboxes(tmp_path, monkeypatch):

@@ -11,13 +11,19 @@ Before a check or benchmark (and in `compile_kernel`) the host:
 2. keys each request (harness/extensions.py: sources, flags, toolchain) and, for those not in the cache
    whose flags pass the compile allow-list, runs a build launch (harness/build.py): torch's build with no
    candidate code, whose output is therefore a function of the request alone;
-3. moves each built directory into `config.extensions_dir()` under its key, and the objects of the units
-   the build compiled into its `objects/` folder (harness/objects.py: a unit already there is not
-   compiled again). Every launch mounts that folder read-only; a launch's `load_inline` loads from it
-   and builds only what it does not find there.
+3. copies each built extension (its library and marks, plain files read through sandbox/untrusted.py)
+   into `config.extensions_dir()` under its key, and the objects of the units the build compiled into
+   its `objects/` folder (harness/objects.py: a unit already there is not compiled again), but only
+   under keys the host computed itself for the requests it asked for (harness/extensions.py
+   `unit_keys`): whatever else a build launch left is never installed. A build launch sees only the
+   object, header and part entries of its own requests' steps; a candidate's launch only the entries
+   of its own requests (pkb_mcp/launches.py `show_entries`); `load_inline` loads from there and builds
+   only what it does not find.
 
-So a candidate's own launch never writes to the cache, and another tenant's launch loads only what a build
-launch made from the request that names it (docs/sandbox.md). Failed builds are kept too (with the
+The build launch is treated as candidate code in every respect: its steps run no shell, its flags are
+plain by grammar (compile/flags.py), and what it leaves is read untrusted. So a candidate's own launch
+never writes to the cache, and another tenant's launch loads only what a build launch made from the
+request that names it (docs/sandbox.md). Failed builds are kept too (with the
 compiler's output), so a re-check of a source that does not compile does not compile it again.
 
 Offers `prepare` (steps 1 to 3 for a run; `may_build` says whether a text needs it, `built_already`
@@ -49,18 +55,28 @@ from harness import extensions as requests
 from harness import objects
 from pkb_mcp import config
 from pkb_mcp.compile.flags import prebuild_refusal
-from pkb_mcp.compile.headers import flag_set, prepare_parts_soon, prepare_soon
+from pkb_mcp.compile.headers import (
+    flag_set,
+    header_entries,
+    part_entries,
+    prepare_parts_soon,
+    prepare_soon,
+    remember_part,
+)
 from pkb_mcp.compile.literal_calls import literal_calls
 from pkb_mcp.compile.parse import first_errors
-from pkb_mcp.launches import read_result, seconds
+from pkb_mcp.launches import read_result, seconds, show_entries
 from pkb_mcp.log import get
 from sandbox.toolchain import jit_env
+from sandbox.untrusted import LaunchFiles
 
 log = get(__name__)
 
 MAX_REQUESTS = 16
 MAX_OBJECTS = 4 * MAX_REQUESTS  # objects one build launch may add to the cache (each request: 2 units)
 MAX_OBJECT_BYTES = 256 << 20
+MAX_LIBRARY_BYTES = 1 << 30  # an extension's shared library
+MARK_BYTES = 1 << 20
 DISCOVERY_SCHEMA = 1
 DISCOVERY_CAP = 16 << 20
 TIMED_OUT = "timed out"
@@ -247,15 +263,23 @@ def build_requests(
     launch_dir = launch_dir or tools.new_dir()
     try:
         params = {"extensions": [r.to_json() for _, r in todo], **(extra or {})}
+        unit_objects = [key for _, r in todo for key in requests.unit_keys(r, chain).values()]
+        show_entries(launch_dir, build_entries([r for _, r in todo], chain))
         start = time.monotonic()
         outcome = tools.run("build", launch_dir, params, timeout_s)
         prepared.build_s = time.monotonic() - start
         result = read_result(launch_dir / "build.json")
-        _install_results(todo, result, outcome.timed_out, launch_dir, prepared)
+        files = LaunchFiles(
+            launch_dir, budget=(len(todo) + 1) * MAX_LIBRARY_BYTES + MAX_OBJECTS * MAX_OBJECT_BYTES
+        )
+        _install_results(todo, result, outcome.timed_out, files, prepared)
         prepared.advice = [a for _, r in todo if r.name in prepared.built and (a := rebuild_advice(r))]
-        _install_objects(launch_dir / objects.OBJECTS)
+        _install_objects(files, unit_objects)
         # the CUDA units' headers' parts the cache lacked, for the builds after this one
-        prepare_parts_soon(unmade_parts(result, dict(todo)), tools)
+        unmade = unmade_parts(result, dict(todo))
+        for key, request in reported_parts(result, dict(todo)).items():
+            remember_part(request, key, chain)
+        prepare_parts_soon(unmade, tools)
     finally:
         if own_dir:
             shutil.rmtree(launch_dir, ignore_errors=True)
@@ -292,9 +316,22 @@ def build_steps(result: Any, launch_s: float) -> dict[str, Any]:
     return steps
 
 
-def unmade_parts(result: Any, todo: dict[str, requests.Request]) -> dict[str, requests.Request]:
-    """The headers' parts (harness/prefixes.py) a build launch's CUDA units found no precompiled form
-    of, by key, each with the request of the extension whose unit it is."""
+def build_entries(todo: list[requests.Request], chain: dict[str, str]) -> list[str]:
+    """What a build launch of these requests may see of the cache (paths in it): its units' objects,
+    its flag sets' precompiled headers and its CUDA units' parts, where the cache has them."""
+    entries: list[str] = []
+    for request in todo:
+        entries += [f"{objects.OBJECTS}/{key}.o" for key in requests.unit_keys(request, chain).values()]
+        entries += header_entries(request, chain) + part_entries(request, chain)
+    return entries
+
+
+def reported_parts(
+    result: Any, todo: dict[str, requests.Request], unmade_only: bool = False
+) -> dict[str, requests.Request]:
+    """The headers' parts (harness/prefixes.py) a build launch's CUDA units reported, by key (64 hex),
+    each with the request of the extension whose unit it is; `unmade_only`: those the unit found no
+    precompiled form of. Untrusted: a key only says which part to make or to show a later build."""
     entries = result.get("extensions") if isinstance(result, dict) else None
     wanted: dict[str, requests.Request] = {}
     for entry in entries[:16] if isinstance(entries, list) else []:
@@ -303,10 +340,18 @@ def unmade_parts(result: Any, todo: dict[str, requests.Request]) -> dict[str, re
         if request is None or not isinstance(parts, list):
             continue
         for part in parts[:4]:
-            unmade = isinstance(part, dict) and part.get("precompiled") is False
-            if unmade and isinstance(part.get("key"), str):
+            if not isinstance(part, dict) or not isinstance(part.get("key"), str):
+                continue
+            if re.fullmatch(r"[0-9a-f]{64}", part["key"]) and (
+                part.get("precompiled") is False or not unmade_only
+            ):
                 wanted.setdefault(part["key"], request)
     return wanted
+
+
+def unmade_parts(result: Any, todo: dict[str, requests.Request]) -> dict[str, requests.Request]:
+    """The headers' parts a build launch's CUDA units found no precompiled form of (reported_parts)."""
+    return reported_parts(result, todo, unmade_only=True)
 
 
 _EXTENSION_H = re.compile(r'^\s*#\s*include\s*[<"]torch/extension\.h[>"]', re.MULTILINE)
@@ -345,10 +390,10 @@ def _install_results(
     todo: list[tuple[str, requests.Request]],
     result: Any,
     timed_out: bool,
-    launch_dir: Path,
+    files: LaunchFiles,
     prepared: Prepared,
 ) -> None:
-    """Move what the build launch built into the cache; keep its failures."""
+    """Copy what the build launch built into the cache; keep its failures (not what it left alone)."""
     entries = result.get("extensions") if isinstance(result, dict) else None
     by_key = {}
     if isinstance(entries, list):
@@ -359,9 +404,12 @@ def _install_results(
             why = "timed out" if timed_out else "left no result"
             prepared.skipped.append(f"extension {request.name}: the build launch {why}; the launch builds it")
             continue
-        if entry.get("ok") is True and _install(launch_dir / "extensions" / key, key):
+        if entry.get("ok") is True and _install(files, key, request):
             prepared.built.append(request.name)
-            prepared.units[request.name] = unit_seconds(launch_dir / "extensions" / key)
+            prepared.units[request.name] = unit_seconds(files.root / "extensions" / key)
+        elif entry.get("ok") is False and str(entry.get("log", "")).startswith(requests.UNPLANNED):
+            why = str(entry.get("log", ""))[len(requests.UNPLANNED) :][:300]
+            prepared.skipped.append(f"extension {request.name} is built inside the launch: {why}")
         elif entry.get("ok") is False:
             log_text = str(entry.get("log", ""))[-requests.FAILURE_LOG_CHARS :]
             _record_failure(key, log_text)
@@ -369,20 +417,30 @@ def _install_results(
             prepared.logs[request.name] = log_text
 
 
-def _install(built: Path, key: str) -> bool:
-    """Copy a build launch's directory into the cache under its key (atomically: a rename)."""
+def _install(files: LaunchFiles, key: str, request: requests.Request) -> bool:
+    """Copy a build launch's extension `key` (the host's key of `request`) into the cache: only its
+    library and its marks, plain files read through sandbox/untrusted.py, read-only, atomically (a
+    rename); whether the cache has it now."""
     target = config.extensions_dir() / key
     if target.exists():
         return True
     staging = config.extensions_dir() / f".{key}.{os.getpid()}.{time.monotonic_ns()}"
+    wanted = {
+        f"{request.name}.so": MAX_LIBRARY_BYTES,
+        requests.OK_MARK: MARK_BYTES,
+        requests.UNITS_MARK: MARK_BYTES,
+    }
     try:
-        if built.is_symlink() or not built.is_dir():
-            return False
-        # only plain files: a link made in the sandbox could point anywhere on the host
-        shutil.copytree(built, staging, symlinks=True, ignore=_not_plain)
-        if not (staging / requests.OK_MARK).is_file():
-            shutil.rmtree(staging, ignore_errors=True)
-            return False
+        staging.mkdir()
+        for name, cap in wanted.items():
+            if (
+                not files.copy(f"extensions/{key}/{name}", staging / name, cap)
+                and name != requests.UNITS_MARK
+            ):
+                shutil.rmtree(staging, ignore_errors=True)
+                return False
+        for path in staging.iterdir():
+            os.chmod(path, 0o444)
         os.replace(staging, target)
         return True
     except OSError:
@@ -390,30 +448,26 @@ def _install(built: Path, key: str) -> bool:
         return target.exists()
 
 
-def _install_objects(built: Path) -> int:
-    """Copy the objects a build launch compiled into the node's object cache (harness/objects.py): plain
-    files named by their key only, each at most MAX_OBJECT_BYTES; the number installed."""
-    if built.is_symlink() or not built.is_dir():
-        return 0
+def _install_objects(files: LaunchFiles, keys: list[str]) -> int:
+    """Copy into the node's object cache (harness/objects.py) the objects of `keys`, the units the host
+    asked this build launch for (harness/extensions.py `unit_keys`), where the launch left them as plain
+    files of at most MAX_OBJECT_BYTES; the number installed. No other file it left is read: a planted
+    object under another unit's key never enters the cache."""
     target = config.extensions_dir() / objects.OBJECTS
     installed = 0
-    for path in sorted(built.iterdir())[:MAX_OBJECTS]:
-        if not objects.KEY_RE.fullmatch(path.name) or path.is_symlink() or not path.is_file():
-            continue
-        if path.stat().st_size > MAX_OBJECT_BYTES or (target / path.name).exists():
+    for key in list(dict.fromkeys(keys))[:MAX_OBJECTS]:
+        name = f"{key}.o"
+        if not objects.KEY_RE.fullmatch(name) or (target / name).exists():
             continue
         target.mkdir(exist_ok=True)
-        staging = target / f".{path.name}.{os.getpid()}.{time.monotonic_ns()}"
+        staging = target / f".{name}.{os.getpid()}.{time.monotonic_ns()}"
         with contextlib.suppress(OSError):
-            shutil.copyfile(path, staging, follow_symlinks=False)
-            os.replace(staging, target / path.name)
-            installed += 1
+            if files.copy(f"{objects.OBJECTS}/{name}", staging, MAX_OBJECT_BYTES):
+                os.chmod(staging, 0o444)
+                os.replace(staging, target / name)
+                installed += 1
         staging.unlink(missing_ok=True)
     return installed
-
-
-def _not_plain(directory: str, names: list[str]) -> list[str]:
-    return [n for n in names if os.path.islink(os.path.join(directory, n))]
 
 
 def _record_failure(key: str, log_text: str) -> None:

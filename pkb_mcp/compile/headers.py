@@ -14,10 +14,15 @@ given the extension's request (`prepare_parts_soon`): the unit's host chain agai
 precompiled. The builds after it whose unit opens with the same headers (a kernel edited, another file
 with the same includes and flags) compile only their own lines.
 
-What the launches leave is untrusted: only `headers/<64 hex>/torch/extension.h.gch` and
-`prefixes/<64 hex>/prefix.h` and `prefix.h.gch`, plain files of at most MAX_HEADER_BYTES, are copied
-into the cache, and the host writes torch's stub header beside its `.gch` (harness/headers.py
-`stub_text`). PKB_PRECOMPILED_HEADERS (`enabled`) turns both off, or on where torch has no CUDA (tests).
+What the launches leave is untrusted (sandbox/untrusted.py reads it: no link followed, sizes bounded):
+only `headers/<key>/torch/extension.h.gch` for a key the host computed for a flag set it asked for
+(harness/headers.py `key`), and `prefixes/<key>/prefix.h` and `prefix.h.gch` for a key the launch was
+asked to make, plain files of at most MAX_HEADER_BYTES, are copied into the cache (read-only, 0444);
+the host writes torch's stub header beside its `.gch` (harness/headers.py `stub_text`). Anything else
+a launch left is ignored. A part's key is over the text cudafe++ writes, which only a build learns:
+`remember_part` keeps which part a build of a request reported (by the request's `part_index`), and
+`part_entries` lets the next build of the same index see that part alone.
+PKB_PRECOMPILED_HEADERS (`enabled`) turns both off, or on where torch has no CUDA (tests).
 Imports pkb_mcp.config, log and harness.build, extensions, headers, objects, prefixes.
 """
 
@@ -37,6 +42,8 @@ from harness import headers, objects, prefixes
 from harness.build import torch_header
 from pkb_mcp import config
 from pkb_mcp.log import get
+from sandbox.toolchain import jit_env
+from sandbox.untrusted import LaunchFiles
 
 log = get(__name__)
 
@@ -47,7 +54,39 @@ TIMEOUT_S = 600.0
 _KEY = re.compile(r"[0-9a-f]{64}")
 _asked: set[tuple[tuple[str, ...], bool]] = set()
 _asked_parts: set[str] = set()
+_part_of: dict[str, str] = {}  # a request's part_index -> the part key its last build reported
 _lock = threading.Lock()
+
+
+def _toolchain() -> dict[str, str]:
+    return requests.toolchain({**os.environ, **jit_env()})  # as pkb_mcp/compile/extensions.py toolchain
+
+
+def header_entries(request: requests.Request, chain: dict[str, str]) -> list[str]:
+    """The cache's files (paths in it) of the precompiled header a build of `request` may use."""
+    key = requests.header_key(request, chain)
+    rel = f"{objects.OBJECTS}/{headers.HEADERS}/{key}/{headers.HEADER}"
+    return [rel, f"{rel}.gch"]
+
+
+def remember_part(request: requests.Request, key: str, chain: dict[str, str]) -> None:
+    """Keep the part key a build of `request` reported for its CUDA unit (untrusted: it only decides
+    which existing part the next build of the same part_index may see)."""
+    index = requests.part_index(request, chain)
+    if index is not None and _KEY.fullmatch(key):
+        with _lock:
+            _part_of[index] = key
+
+
+def part_entries(request: requests.Request, chain: dict[str, str]) -> list[str]:
+    """The cache's files of the headers' part a build of `request` may use (part_index's), if known."""
+    index = requests.part_index(request, chain)
+    with _lock:
+        key = _part_of.get(index) if index is not None else None
+    if key is None:
+        return []
+    rel = f"{objects.OBJECTS}/{prefixes.PREFIXES}/{key}/{prefixes.HEADER}"
+    return [rel, f"{rel}.gch"]
 
 
 def flag_set(request: requests.Request) -> dict[str, Any]:
@@ -79,16 +118,20 @@ def parts_root() -> Path:
 
 
 def _launch(
-    kind: str, params: list[dict[str, Any]], installed_by: Callable[[Path], int], tools: Any, timeout_s: float
+    kind: str,
+    params: list[dict[str, Any]],
+    installed_by: Callable[[LaunchFiles], int],
+    tools: Any,
+    timeout_s: float,
 ) -> list[dict[str, Any]]:
     """One build launch making headers (`kind`: "headers" or "parts"); `installed_by` installs what it
-    left (given its directory); the launch's entries."""
+    left (given its files, read untrusted); the launch's entries."""
     launch_dir = tools.new_dir()
     try:
         start = time.monotonic()
         tools.run("build", launch_dir, {kind: params}, timeout_s)
         made = _entries(launch_dir / "build.json", kind)
-        installed = installed_by(launch_dir)
+        installed = installed_by(LaunchFiles(launch_dir, budget=64 * MAX_HEADER_BYTES))
         log.info(f"{kind}.made", wall_s=round(time.monotonic() - start, 2), installed=installed, made=made)
         return made
     finally:
@@ -99,7 +142,9 @@ def prepare(sets: list[dict[str, Any]], tools: Any, timeout_s: float = TIMEOUT_S
     """Make these flag sets' headers in one build launch and install them; the launch's entries."""
     with _lock:
         _asked.update(_ident(s) for s in sets)
-    return _launch("headers", sets, lambda made: install(made / headers.HEADERS), tools, timeout_s)
+    chain = _toolchain()
+    keys = [headers.key(s["extra_cflags"], s["with_cuda"], chain) for s in sets]
+    return _launch("headers", sets, lambda made: install(made, keys), tools, timeout_s)
 
 
 def prepare_parts(
@@ -110,7 +155,7 @@ def prepare_parts(
     with _lock:
         _asked_parts.update(wanted)
     params = [r.to_json() for r in wanted.values()]
-    return _launch("parts", params, lambda made: install_parts(made / prefixes.PREFIXES), tools, timeout_s)
+    return _launch("parts", params, lambda made: install_parts(made, list(wanted)), tools, timeout_s)
 
 
 def prepare_soon(sets: Iterable[dict[str, Any]], tools: Any) -> threading.Thread | None:
@@ -184,37 +229,49 @@ def _entries(path: Path, kind: str) -> list[dict[str, Any]]:
     return made
 
 
-def install(made: Path) -> int:
-    """Copy the headers a build launch made (`made`: its headers folder) into the node's cache; how many."""
-    if made.is_symlink() or not made.is_dir():
-        return 0
+def _place(made: LaunchFiles, files: list[tuple[str, str]], target: Path, extra: dict[str, str]) -> bool:
+    """Copy a launch's files (`files`: its path, the name in the entry) into a new cache entry
+    `target`, with `extra` files of the host's text, read-only, atomically (a rename); whether placed.
+    A file that is not a plain file of at most MAX_HEADER_BYTES places nothing."""
+    if target.exists():
+        return False
+    staging = target.parent / f".{target.name}.{os.getpid()}.{time.monotonic_ns()}"
+    try:
+        for rel, name in files:
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            if not made.copy(rel, staging / name, MAX_HEADER_BYTES):
+                shutil.rmtree(staging, ignore_errors=True)
+                return False
+        for name, text in extra.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_text(text)
+        for path in staging.rglob("*"):
+            os.chmod(path, 0o755 if path.is_dir() else 0o444)
+        os.replace(staging, target)
+        return True
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+
+
+def install(made: LaunchFiles, keys: Iterable[str]) -> int:
+    """Copy the headers a build launch was asked to make (`keys`: the host's, of the flag sets it asked
+    for) from its `headers/` folder into the node's cache; how many. Nothing else it left is read."""
     target_root = cache_root()
+    target_root.mkdir(parents=True, exist_ok=True)
     installed = 0
-    for folder in sorted(made.iterdir())[:16]:
-        found = headers.path(made, folder.name)
-        if not _KEY.fullmatch(folder.name) or folder.is_symlink() or found.parent.is_symlink():
+    for key in dict.fromkeys(keys):
+        if not _KEY.fullmatch(key):
             continue
-        if found.is_symlink() or not found.is_file() or found.stat().st_size > MAX_HEADER_BYTES:
-            continue
-        target = headers.path(target_root, folder.name)
-        if target.is_file():
-            continue
-        staging = target_root / f".{folder.name}.{os.getpid()}.{time.monotonic_ns()}"
-        try:
-            placed = staging / f"{headers.HEADER}.gch"
-            placed.parent.mkdir(parents=True)
-            shutil.copyfile(found, placed, follow_symlinks=False)
-            (staging / headers.HEADER).write_text(headers.stub_text(torch_header()))
-            os.replace(staging, target_root / folder.name)
-            installed += 1
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
+        rel = f"{headers.HEADERS}/{key}/{headers.HEADER}.gch"
+        stub = {headers.HEADER: headers.stub_text(torch_header())}
+        installed += _place(made, [(rel, f"{headers.HEADER}.gch")], target_root / key, stub)
     return installed
 
 
 def _part_files(folder: Path) -> tuple[Path, Path] | None:
-    """A part's header and its precompiled form in `folder`, where both are plain files of at most
-    MAX_HEADER_BYTES; else None."""
+    """A part's header and its precompiled form in `folder` (the cache's), where both are plain files;
+    else None."""
     header = folder / prefixes.HEADER
     compiled = folder / f"{prefixes.HEADER}.gch"
     for path in (folder, header, compiled):
@@ -222,29 +279,19 @@ def _part_files(folder: Path) -> tuple[Path, Path] | None:
             return None
     if not (header.is_file() and compiled.is_file()):
         return None
-    if max(header.stat().st_size, compiled.stat().st_size) > MAX_HEADER_BYTES:
-        return None
     return header, compiled
 
 
-def install_parts(made: Path) -> int:
-    """Copy the headers' parts a build launch made (`made`: its prefixes folder) into the node's cache;
-    how many."""
-    if made.is_symlink() or not made.is_dir():
-        return 0
+def install_parts(made: LaunchFiles, keys: Iterable[str]) -> int:
+    """Copy the headers' parts a build launch was asked to make (`keys`) from its `prefixes/` folder into
+    the node's cache; how many. Nothing else it left is read."""
     target_root = parts_root()
+    target_root.mkdir(parents=True, exist_ok=True)
     installed = 0
-    for folder in sorted(made.iterdir())[:16]:
-        found = _part_files(folder) if _KEY.fullmatch(folder.name) else None
-        if found is None or (target_root / folder.name).exists():
+    for key in dict.fromkeys(keys):
+        if not _KEY.fullmatch(key):
             continue
-        staging = target_root / f".{folder.name}.{os.getpid()}.{time.monotonic_ns()}"
-        try:
-            staging.mkdir(parents=True)
-            for path in found:
-                shutil.copyfile(path, staging / path.name, follow_symlinks=False)
-            os.replace(staging, target_root / folder.name)
-            installed += 1
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
+        names = (prefixes.HEADER, f"{prefixes.HEADER}.gch")
+        files = [(f"{prefixes.PREFIXES}/{key}/{name}", name) for name in names]
+        installed += _place(made, files, target_root / key, {})
     return installed
