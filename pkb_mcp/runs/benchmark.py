@@ -13,7 +13,7 @@ from pkb_mcp import roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch, timing_window, warm_pool
 from pkb_mcp.models import BenchResult, RunRequest, TimingStats
-from pkb_mcp.runs import conventions, lease, protections, stats
+from pkb_mcp.runs import conventions, judge, lease, protections, stats
 from pkb_mcp.runs.run import Progress, Run, no_progress, reference_failed
 from pkb_mcp.runs.verdicts import (
     below_floor,
@@ -188,6 +188,8 @@ def _time_sides(
                 f"reference: {so_far:.4g} ms; timing the candidate{_launch_of(launch, launches)}",
             )
             cand_request = run.launch("benchmark", run.solution, seeds, launch_timing(launch, False))
+            # its files must hold what the reference's launch of the same inputs left, read no further
+            cand_request = judge.expecting(cand_request, ref_outcome)
             # the last one may end before its sandbox: nothing is timed after it here
             cand_request.ends_early = launch == launches - 1
             cand_outcome = run_launch(cand_request, run.backend, cancel)

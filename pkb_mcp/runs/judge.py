@@ -14,13 +14,17 @@ the values.
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from harness import structure as output_structure
+from harness import tensorfile
 from harness.timing import output_bounds
-from pkb_mcp.launches import Outputs
+from pkb_mcp.launches import LaunchOutcome, LaunchRequest, Outputs
 from pkb_mcp.models import Mismatch, RankResult
 
 CHUNK = 1 << 22  # elements compared at a time, to bound host memory on large outputs
@@ -134,3 +138,72 @@ def aliased_output(got: Outputs) -> str | None:
     names = got.tensor_names()
     first = flagged[0]
     return names[first] if type(first) is int and 0 <= first < len(names) else got.flagged("aliased_outputs")
+
+
+# what the host reads of a launch besides its output files, at the caps pkb_mcp/launches.py reads
+# them with: launch.json, a rank log's tail per rank, timing.json, convention.json
+RECORDS_BYTES = (1 << 20) + (64 << 20) + 4096
+RANK_LOG_BYTES = 8 * 1024
+
+
+def expected_files(reference: LaunchOutcome, trials: int | None = None) -> dict[str, tensorfile.Expected]:
+    """The output files a candidate's launch must leave, by name, each with what the reference's
+    launch of the same inputs left there: for a check's launch, trials 0 to `trials` - 1 of every
+    rank (`t{trial}_r{rank}`); for a benchmark's (`trials` None), every input set's first output
+    (`s{set}_r{rank}`) and every fresh call's (`f{call}_r{rank}`)."""
+    files: dict[str, tensorfile.Expected] = {}
+    if trials is not None:
+        for (trial, rank), out in reference.outputs.items():
+            if trial < trials:
+                files[f"t{trial}_r{rank}.pkbt"] = tensorfile.Expected.of(out.structure, out.tensors)
+        return files
+    for (index, rank), out in reference.outputs.items():
+        files[f"s{index}_r{rank}.pkbt"] = tensorfile.Expected.of(out.structure, out.tensors)
+    for (index, rank), out in reference.fresh_outputs.items():
+        files[f"f{index}_r{rank}.pkbt"] = tensorfile.Expected.of(out.structure, out.tensors)
+    return files
+
+
+def read_budget(expected: dict[str, tensorfile.Expected], world_size: int) -> int:
+    """The bytes the host may read of a candidate's launch: its expected output files at most, and
+    its records and rank logs at their caps."""
+    return sum(e.file_bytes for e in expected.values()) + RECORDS_BYTES + world_size * RANK_LOG_BYTES
+
+
+def expecting(request: LaunchRequest, reference: LaunchOutcome) -> LaunchRequest:
+    """A candidate's launch request that expects what the reference's launch of the same inputs left
+    (`expected_files`), its read budget cut to that; unchanged where the reference failed."""
+    if not reference.ok:
+        return request
+    files = expected_files(reference, _trials(request))
+    budget = read_budget(files, request.settings["world_size"])
+    return replace(request, expected=lambda: files, read_budget=min(request.read_budget, budget))
+
+
+def expecting_later(request: LaunchRequest, reference: Callable[[], LaunchOutcome]) -> LaunchRequest:
+    """A candidate's launch request whose expectation comes from a reference's launch that runs beside
+    it: `reference()` (which waits for that launch) is asked once the candidate's has ended; nothing
+    is expected where it failed or raised."""
+    trials = _trials(request)
+
+    def expected() -> dict[str, tensorfile.Expected] | None:
+        try:
+            outcome = reference()
+        except Exception:  # cancelled, or the launch itself failed: judged (or raised) elsewhere
+            return None
+        return expected_files(outcome, trials) if outcome.ok else None
+
+    return replace(request, expected=expected)
+
+
+def _trials(request: LaunchRequest) -> int | None:
+    return None if request.settings["mode"] == "benchmark" else len(request.settings["seeds"])
+
+
+def reference_budget() -> int:
+    """The bytes the host may read of a reference's launch: half the node's memory, where what it
+    reads is kept (a reference's outputs are the problem's, not bounded by an expectation)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError):
+        return 8 << 30

@@ -29,7 +29,7 @@ from typing import Any
 from harness.contracts import LaterTrials
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.log import get
-from pkb_mcp.runs import unseen
+from pkb_mcp.runs import judge, unseen
 from pkb_mcp.runs.run import Run
 
 log = get(__name__)
@@ -146,7 +146,9 @@ def judged_launches(
         return (
             ready.seeds,
             ready.reference,
-            run.run_one(run.launch("outputs", run.solution, ready.seeds), cancel),
+            run.run_one(
+                judge.expecting(run.launch("outputs", run.solution, ready.seeds), ready.reference), cancel
+            ),
         )
     seeds = [secrets.randbits(62) for _ in range(trials)]
     own = trial.later if trial is not None else None

@@ -31,6 +31,7 @@ from harness.contracts import LaterTrials
 from pkb_mcp import config, problems
 from pkb_mcp.launches import LaunchOutcome
 from pkb_mcp.models import UnseenResult
+from pkb_mcp.runs import judge
 from pkb_mcp.runs.run import Run
 from pkb_mcp.runs.verdicts import decide, judge_ranks
 
@@ -199,6 +200,8 @@ class Trial:
         run = self.run
         candidate = run.launch("outputs", run.solution, self.seeds, size=size, world_size=world_size)
         if not with_reference:
+            if self._reference is not None:  # adopted: its outputs are what the candidate's must be
+                candidate = judge.expecting(candidate, self._reference)
             return None, run.run_one(candidate, self._cancel)
         reference = run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size)
         return run.launch_pair(reference, candidate, self._cancel)

@@ -61,7 +61,9 @@ def judge_ranks(
                 )
             if got is None:
                 err = errors.get((key, rank), "no output file")
-                res = RankResult(rank=rank, trial=key, state="wrong", message=f"unreadable output: {err}")
+                # a header that describes other outputs than the reference's: wrong, in the judge's words
+                message = err if isinstance(err, tensorfile.Mismatch) else f"unreadable output: {err}"
+                res = RankResult(rank=rank, trial=key, state="wrong", message=message)
             elif mac_key is not None and not tensorfile.verify(mac_key, got.structure, got.tensors, got.meta):
                 res = RankResult(
                     rank=rank,
