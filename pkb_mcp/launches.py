@@ -14,10 +14,11 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
@@ -25,14 +26,24 @@ from typing import TYPE_CHECKING, Any, cast
 
 from harness import structure as output_structure
 from harness import tensorfile
-from harness.contracts import LaunchConfig, LaunchSettings, TimingRecord
+from harness.contracts import (
+    ConventionRecord,
+    LaunchConfig,
+    LaunchRecord,
+    LaunchSettings,
+    RankRecord,
+    TimingRecord,
+    ToolRecord,
+)
+from harness.extensions import VIEW
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.log import get
 from sandbox import cpus
-from sandbox.base import Backend, SandboxLaunch
+from sandbox.backend import Backend
+from sandbox.base import SandboxLaunch
 from sandbox.pool import WarmKey, WarmPool, WarmSlot
-from sandbox.untrusted import LaunchFiles
+from sandbox.untrusted import LaunchFiles, typed
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +53,10 @@ log = get(__name__)
 OUTPUT_FILE_CAP = 8 << 30
 RANK_LOG_CAP = 8 * 1024
 OUTPUT_NAME = re.compile(r"^([tsf])(\d+)_r(\d+)\.pkbt$")
+# a rank's stage where the host, not the rank, ended it: a limit of the node's that the launch went
+# past (sandbox.base.DiskGuard), or what the launch left that the host would not read
+LIMIT_STAGE, COLLECT_STAGE = "limit", "collect"
+HOST_STAGES = (LIMIT_STAGE, COLLECT_STAGE)
 
 
 @dataclass
@@ -128,6 +143,9 @@ class LaunchRequest:
     ends_early: bool = False
     # bytes the host reads of this launch at most, all its files together (sandbox/untrusted.py)
     read_budget: int = 8 << 30
+    # the extension cache's keys this launch may load (its solution's load_inline requests,
+    # harness/extensions.py Request.key): only these entries are put into its view (show_entries)
+    extensions: tuple[str, ...] = ()
     # the output files it must leave, by name, and what each holds (the reference's outputs of the
     # same trials): asked for once the launch has ended, before its outputs are read (it may wait for
     # the reference's launch to be collected); None, or None returned: nothing is expected
@@ -149,17 +167,12 @@ def enable_warm_pool(backend: Backend, first: WarmKey | None = None, batch: bool
     """Start sandboxes ahead of need for this backend (a long-running server or a batch wants this; a
     one-shot CLI command does not), the shape `first` at once when given; a `batch`, whose jobs follow
     each other, keeps spares (config.warm_spare). None when the backend cannot."""
-    enable = getattr(backend, "enable_pool", None)
     _use_extension_cache(backend)
-    pool: WarmPool | None = (
-        enable(
-            new_launch_dir,
-            config.HARNESS_ROOT,
-            lambda key: config.warm_per_shape(key.device) if key.world_size else TOOL_SANDBOXES,
-            lambda key: config.warm_spare(key.device, batch),
-        )
-        if enable
-        else None
+    pool = backend.enable_pool(
+        new_launch_dir,
+        config.HARNESS_ROOT,
+        lambda key: config.warm_per_shape(key.device) if key.world_size else TOOL_SANDBOXES,
+        lambda key: config.warm_spare(key.device, batch),
     )
     if pool is not None and first is not None:
         pool.replenish(first)
@@ -178,19 +191,17 @@ def kept_warm(backend: Backend, first: WarmKey | None = None) -> Iterator[None]:
     try:
         yield
     finally:
-        backend.disable_pool()  # type: ignore[attr-defined]  # sandbox.pool.Pooled, as enable_pool
+        backend.disable_pool()
 
 
 def warm_pool(backend: Backend) -> WarmPool | None:
-    return getattr(backend, "pool", None)
+    return backend.pool
 
 
 def settle_ended(backend: Backend) -> None:
     """Return once the sandboxes of launches that ended cleanly (`ended_cleanly`) have ended too, where
     the backend ends them in the background: a benchmark must have the node to itself."""
-    settle = getattr(backend, "settle_ended", None)
-    if settle is not None:
-        settle()
+    backend.settle_ended()
 
 
 @cache
@@ -259,6 +270,7 @@ def run_launch(
     try:
         src = launch_dir / "src"
         src.mkdir()
+        show_entries(launch_dir, extension_entries(request.extensions))
         problem_copy = src / f"problem_{request.problem_path.name}"
         shutil.copyfile(request.problem_path, problem_copy)
         if request.solution_path == request.problem_path:
@@ -277,7 +289,7 @@ def run_launch(
         # must not run beside it, so only a check's launch and a benchmark's last may end before it
         ended = None
         early = request.settings["mode"] == "outputs" or request.ends_early
-        if early and getattr(backend, "ends_early", False):
+        if early and backend.ends_early:
             cfg["end_token"] = secrets.token_hex(16)
             ended = partial(ended_cleanly, token=cfg["end_token"])
         launch = SandboxLaunch(
@@ -305,6 +317,9 @@ def run_launch(
             log.info("launch.cancelled", launch=launch_id)
             raise Cancelled("cancelled while running; every process of the launch was killed")
         outcome = _collect(launch_dir, request, run.launcher_log, run.killed_at_deadline, run.wall_s)
+        if run.exceeded is not None:  # killed for it: what its ranks said is beside the point
+            for r in outcome.ranks:
+                r.state, r.stage, r.error = "error", LIMIT_STAGE, run.exceeded
         if collect is not None:
             outcome.collected = collect(launch_dir)
         log.info(
@@ -338,15 +353,12 @@ def ended_cleanly(launch_dir: Path, token: str) -> bool:
     process of the ranks is gone (harness/launch.py): what is left is the launcher's exit and the
     sandbox's end. A record a candidate forged has no token; one it replaced by a FIFO or a link is
     not read (sandbox/untrusted.py), and the launch is then awaited to its end."""
-    record = read_result(launch_dir / "launch.json", RECORD_CAP)  # None while it is not written
-    if not isinstance(record, dict) or not hmac.compare_digest(str(record.get("end_token", "")), token):
+    # {} while it is not written
+    record = typed(read_result(launch_dir / "launch.json", RECORD_CAP), LaunchRecord)
+    if not hmac.compare_digest(record.get("end_token", ""), token):
         return False
-    ranks = record.get("ranks")
-    return (
-        isinstance(ranks, list)
-        and bool(ranks)
-        and all(isinstance(r, dict) and r.get("state") == "ok" and r.get("exit_code") == 0 for r in ranks)
-    )
+    ranks = record.get("ranks", [])
+    return bool(ranks) and all(r.get("state") == "ok" and r.get("exit_code") == 0 for r in ranks)
 
 
 def _cpu_list(value: Any) -> list[int]:
@@ -383,29 +395,27 @@ def _collect(
     launch_dir: Path, request: LaunchRequest, launcher_log: str, killed: bool, wall_s: float
 ) -> LaunchOutcome:
     files = LaunchFiles(launch_dir, budget=request.read_budget)
-    record = _json(files, "launch.json", RECORD_CAP)
-    entries = record.get("ranks") if isinstance(record, dict) else None
-    if isinstance(entries, list):
-        timed_out = bool(record.get("timed_out")) or killed  # type: ignore[union-attr]
+    record = typed(_json(files, "launch.json", RECORD_CAP), LaunchRecord)
+    world_size = request.settings["world_size"]
+    entries: list[RankRecord]
+    if "ranks" in record:
+        entries, timed_out = record["ranks"], record.get("timed_out", False) or killed
     else:
         # the launcher itself never reported: everything it ran is lost
         state = "timeout" if killed else "crashed"
-        entries = [{"rank": r, "state": state} for r in range(request.settings["world_size"])]
-        timed_out = killed
+        entries, timed_out = [{"rank": r, "state": state} for r in range(world_size)], killed
     ranks: list[RankOutcome] = []
-    world_size = request.settings["world_size"]
     for e in entries[:world_size]:
-        e = e if isinstance(e, dict) else {}
-        rank = e.get("rank")
-        rank = rank if type(rank) is int and 0 <= rank < world_size else len(ranks)
+        rank = e.get("rank", -1)
+        rank = rank if 0 <= rank < world_size else len(ranks)
         ranks.append(
             RankOutcome(
                 rank=rank,
-                state=_short(e.get("state"), "crashed"),
-                error=_short(e.get("error"), "", 4000),
-                stage=_short(e.get("stage"), ""),
-                traceback=_short(e.get("traceback"), "", 16000),
-                signal=_short(e.get("signal"), "") or None,
+                state=e.get("state", "crashed")[:40] or "crashed",
+                error=e.get("error", "")[:4000],
+                stage=e.get("stage", "")[:200],
+                traceback=e.get("traceback", ""),
+                signal=(e.get("signal") or "")[:40] or None,
                 log_tail=files.tail(f"rank{rank}.log", RANK_LOG_CAP),
                 ended_s=seconds(e.get("elapsed_s")) or 0.0,
                 cpus=_cpu_list(e.get("cpus")),
@@ -483,15 +493,7 @@ def _fail_on_refusals(outcome: LaunchOutcome, refused: list[str]) -> None:
     why = f"the launch left what the host will not read: {refused[0]}"
     for r in outcome.ranks:
         if r.state == "ok":
-            r.state, r.stage, r.error = "error", "collect", why
-
-
-def _short(value: Any, default: str, limit: int = 200) -> str:
-    """A field a launch wrote (untrusted) as a string cut at `limit` characters; `default` where it
-    is absent or empty."""
-    if value is None or value == "":
-        return default
-    return (value if isinstance(value, str) else str(value))[:limit]
+            r.state, r.stage, r.error = "error", COLLECT_STAGE, why
 
 
 def _json(files: LaunchFiles, rel: str, cap: int) -> Any:
@@ -506,10 +508,8 @@ def _json(files: LaunchFiles, rel: str, cap: int) -> Any:
 
 def _convention_record(files: LaunchFiles) -> dict[str, str] | None:
     """How rank 0 says it called the candidate: written in the sandbox, so only short strings count."""
-    record = _json(files, "convention.json", 4096)
-    if not isinstance(record, dict):
-        return None
-    kept = {k: v[:300] for k, v in record.items() if k in ("requested", "used", "why") and isinstance(v, str)}
+    record = typed(_json(files, "convention.json", 4096), ConventionRecord)
+    kept = {k: v[:300] for k, v in record.items() if isinstance(v, str)}
     return kept or None
 
 
@@ -568,8 +568,8 @@ class ToolLaunches:
         if run.cancelled:
             raise Cancelled("cancelled while running; every process of the launch was killed")
         files = LaunchFiles(launch_dir)
-        record = _json(files, "launch.json", RECORD_CAP)
-        exit_code = record.get("exit_code") if isinstance(record, dict) else None
+        record = typed(_json(files, "launch.json", RECORD_CAP), ToolRecord)
+        exit_code = record.get("exit_code")
         timed_out = run.killed_at_deadline or (exit_code is None and mode == "discover")
         own_log = files.tail(f"{mode}.log", 4000)
         if files.refusals:  # the tool's candidate code left a trap where the host reads
@@ -579,7 +579,7 @@ class ToolLaunches:
             launch=launch_id,
             tool=mode,
             wall_s=round(run.wall_s, 3),
-            tool_s=seconds(record.get("wall_s")) if isinstance(record, dict) else None,  # the tool's own run
+            tool_s=seconds(record.get("wall_s")),  # the tool's own run
             exit_code=exit_code,
         )
         return ToolOutcome(
@@ -628,6 +628,64 @@ def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
 
 
 def _use_extension_cache(backend: Backend) -> None:
-    """Every launch mounts the node's extension cache read-only (pkb_mcp/compile/extensions.py fills it)."""
+    """Every launch finds its own entries of the node's extension cache in its view (show_entries): the
+    backend points PKB_EXTENSIONS there; no launch sees the cache itself."""
     if hasattr(backend, "extensions_dir"):
         backend.extensions_dir = config.extensions_dir()  # type: ignore[attr-defined]
+
+
+VIEW_COPY_CAP = 256 << 20  # an entry copied (not linked) into a view: a precompiled header is left out
+
+
+def extension_entries(keys: Iterable[str]) -> list[str]:
+    """The files of these extension cache entries (built or failed, harness/extensions.py), as paths
+    in the cache: what a candidate's launch loads or reports from."""
+    root = config.extensions_dir()
+    found: list[str] = []
+    for key in keys:
+        if not KEY.fullmatch(key):
+            continue
+        with contextlib.suppress(OSError), os.scandir(root / key) as it:
+            found += [f"{key}/{e.name}" for e in it if e.is_file(follow_symlinks=False)]
+    return found
+
+
+KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def show_entries(launch_dir: Path, entries: Iterable[str]) -> int:
+    """Put these files of the node's extension cache (paths in it) into the launch's own view,
+    `launch_dir`/.pkb-cache, in the cache's layout; the number put there. A launch sees no other
+    entry: nobody's kernels can be listed, read or loaded by another's candidate.
+
+    Each is a hard link where the cache and the launch share a file system (else a copy, of at most
+    VIEW_COPY_CAP bytes): the same inode as the cache's, so it must stay unchangeable by the launch.
+    The files are the host's, written once and never writable by others (0444); the view's folders
+    are the host's, 0755, and the hand-over of the launch directory to the sandbox's user leaves the
+    view alone (sandbox/docker.py). The launch may rename the view away, which changes only its own
+    launch: the host never reads the view back."""
+    root = config.extensions_dir()
+    view = launch_dir / VIEW
+    shown = 0
+    for rel in entries:
+        source = root / rel
+        try:
+            st = os.lstat(source)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or ".." in Path(rel).parts:
+            continue
+        target = view / rel
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        try:
+            os.link(source, target, follow_symlinks=False)
+        except FileExistsError:
+            continue
+        except OSError:
+            if st.st_size > VIEW_COPY_CAP:
+                log.info("view.left_out", entry=rel[:200], bytes=st.st_size)
+                continue
+            shutil.copyfile(source, target, follow_symlinks=False)
+            os.chmod(target, 0o444)
+        shown += 1
+    return shown

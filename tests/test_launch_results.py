@@ -17,12 +17,13 @@ from harness import tensorfile
 from pkb_mcp import launches
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.launches import RANK_LOG_CAP, ToolLaunches, read_result, run_launch
+from sandbox.backend import Backend
 from sandbox.base import SandboxLaunch, SandboxRun
 
 from .conftest import cpu_launch
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
     """A backend whose 'launch' writes the given files into the launch directory and ends as told."""
 
     name = "scripted"

@@ -19,11 +19,18 @@ from harness.contracts import LaterTrials, LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.compile import failures
 from pkb_mcp.errors import UserError
-from pkb_mcp.launches import LaunchOutcome, LaunchRequest, RankOutcome, ToolLaunches, run_launch
+from pkb_mcp.launches import (
+    HOST_STAGES,
+    LaunchOutcome,
+    LaunchRequest,
+    RankOutcome,
+    ToolLaunches,
+    run_launch,
+)
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
 from pkb_mcp.runs import conventions, judge, pairing, signature, static_report
 from sandbox import SandboxUnavailable, select_backend
-from sandbox.base import Backend
+from sandbox.backend import Backend
 
 Progress = Callable[[float, float | None, str], None]
 MAX_SOLUTION_BYTES = 1 << 20
@@ -370,6 +377,8 @@ def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | N
     errors, at the solution's lines where `sources` finds them (pkb_mcp/compile/failures.py)."""
     error = rank_outcome.error.strip().splitlines()[0][:300] if rank_outcome.error.strip() else ""
     raised = f"raised {error}" + (f" during {rank_outcome.stage}" if rank_outcome.stage else "")
+    if rank_outcome.stage in HOST_STAGES:  # the host's own sentence about the launch, as it is
+        raised = error
     if rank_outcome.state == "error":
         text = f"{rank_outcome.error}\n{rank_outcome.traceback}"
         raised = failures.build_failure(text, sources) or raised
