@@ -508,8 +508,11 @@ def _json(files: LaunchFiles, rel: str, cap: int) -> Any:
 
 def _convention_record(files: LaunchFiles) -> dict[str, str] | None:
     """How rank 0 says it called the candidate: written in the sandbox, so only short strings count."""
-    record = typed(_json(files, "convention.json", 4096), ConventionRecord)
-    kept = {k: v[:300] for k, v in record.items() if isinstance(v, str)}
+    record = _json(files, "convention.json", 4096)
+    if not isinstance(record, dict):
+        return None
+    declared = ConventionRecord.__annotations__
+    kept = {k: v[:300] for k, v in record.items() if k in declared and isinstance(v, str)}
     return kept or None
 
 

@@ -23,12 +23,26 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from types import UnionType
+from typing import (
+    Any,
+    BinaryIO,
+    NotRequired,
+    Required,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+    is_typeddict,
+)
 
 DEFAULT_BUDGET = 1 << 30  # bytes the host reads from one launch at most, all files together
 MAX_ENTRIES = 4096  # entries of one folder the host looks at
@@ -317,6 +331,63 @@ class LaunchFiles:
             raise Refused(f"{shown} could not be opened as a folder ({exc.strerror})") from None
         finally:
             os.close(fd)
+
+
+# ---------------------------------------------------------------- records read into their types
+
+TEXT_CAP = 16_000  # characters of a string field a record may give
+_T = TypeVar("_T")
+
+
+def typed(value: Any, record: type[_T]) -> _T:
+    """`value` (a JSON object a launch wrote) read leniently into the TypedDict `record` of
+    harness/contracts.py: only the keys `record` declares are kept, each only where its value has
+    the declared type (a string field takes any value, as text of at most TEXT_CAP characters; a
+    number is finite; an `X | None` field takes None). Everything else is left out, so the host
+    reads a record through its declared keys only, which mypy checks: a key renamed on one side
+    fails the type check, not silently."""
+    if not isinstance(value, dict):
+        return cast(_T, {})
+    kept: dict[str, Any] = {}
+    for key, kind in get_type_hints(record).items():
+        if key in value and (got := _as(value[key], kind)) is not _MISSING:
+            kept[key] = got
+    return cast(_T, kept)
+
+
+_MISSING = object()
+
+
+def _as(value: Any, kind: Any) -> Any:
+    """`value` as the type `kind`, or _MISSING."""
+    origin, args = get_origin(kind), get_args(kind)
+    if origin in (Union, UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            if (got := _as(value, option)) is not _MISSING:
+                return got
+        return _MISSING
+    if origin is NotRequired or origin is Required:
+        return _as(value, args[0])
+    if kind is str:
+        return _MISSING if value is None else (value if isinstance(value, str) else str(value))[:TEXT_CAP]
+    if kind is bool:
+        return value if type(value) is bool else _MISSING
+    if kind is int:
+        return value if type(value) is int else _MISSING
+    if kind is float:
+        ok = type(value) in (int, float) and math.isfinite(value)
+        return float(value) if ok else _MISSING
+    if origin is list and isinstance(value, list) and len(value) <= MAX_ENTRIES * 4:
+        items = [_as(v, args[0]) for v in value]
+        return _MISSING if any(i is _MISSING for i in items) else items
+    if origin is dict and isinstance(value, dict) and len(value) <= MAX_ENTRIES:
+        pairs = {_as(k, args[0]): _as(v, args[1]) for k, v in value.items()}
+        return _MISSING if _MISSING in pairs or _MISSING in pairs.values() else pairs
+    if isinstance(kind, type) and is_typeddict(kind):
+        return typed(value, kind) if isinstance(value, dict) else _MISSING
+    return _MISSING
 
 
 def usage(root: Path, max_entries: int) -> tuple[int, int]:

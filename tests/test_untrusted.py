@@ -230,3 +230,32 @@ def test_memory_is_fitted_to_the_node_and_the_tmpfs_folders_within_it(monkeypatc
     ]
     with pytest.raises(ValueError, match="not a size"):
         base.parse_size("lots")
+
+
+# ---------------------------------------------------------------- records read into their types
+
+
+def test_records_keep_only_their_declared_keys_each_of_its_declared_type():
+    from harness.contracts import LaunchRecord, RankRecord
+    from sandbox.untrusted import TEXT_CAP, typed
+
+    rank = typed(
+        {
+            "rank": 0,
+            "state": "ok",
+            "error": ["not", "a", "string"],  # a string field takes anything, as text
+            "stage": None,  # but not None, which it does not declare
+            "cpus": "0-3",  # a list of CPUs, not a string
+            "stages": {"import": 1, "run": float("nan")},  # a map of finite seconds
+            "elapsed_s": True,  # a bool is no number
+            "traceback": "x" * (TEXT_CAP + 10),
+            "planted": "a key nobody declared",
+        },
+        RankRecord,
+    )
+    assert rank == {"rank": 0, "state": "ok", "error": "['not', 'a', 'string']", "traceback": "x" * TEXT_CAP}
+    record = typed(
+        {"ranks": [{"rank": 1, "exit_code": None, "signal": 9}], "wall_s": 3, "timed_out": "no"}, LaunchRecord
+    )
+    assert record == {"ranks": [{"rank": 1, "exit_code": None, "signal": "9"}], "wall_s": 3.0}
+    assert typed(["not", "an", "object"], LaunchRecord) == {}
