@@ -340,3 +340,29 @@ def test_a_build_launchs_steps_are_logged_from_its_record_with_limits() -> None:
     }
     assert extensions.build_steps(None, 3.0) == {"launch": 3.0}
     assert extensions.build_steps({"import_s": 1e9, "extensions": {}}, 3.0) == {"launch": 3.0}
+
+
+def test_a_launch_is_shown_only_its_own_entries_and_cannot_change_them(tmp_path):
+    """show_entries links the entries of the launch's own keys into its view, nothing else; the view
+    stays the host's through the hand-over (no chown, no chmod of the cache's inodes)."""
+    from pkb_mcp import launches
+    from sandbox.docker import DockerBackend
+
+    own, other = "a" * 64, "b" * 64
+    for key in (own, other):
+        (config.extensions_dir() / key).mkdir()
+        (config.extensions_dir() / key / "ext.so").write_bytes(key.encode())
+        (config.extensions_dir() / key / requests.OK_MARK).write_text("{}")
+        os.chmod(config.extensions_dir() / key / "ext.so", 0o444)
+    launch_dir = tmp_path / "launch"
+    launch_dir.mkdir()
+    shown = launches.show_entries(launch_dir, launches.extension_entries([own, "../x", "not-a-key"]))
+    view = launch_dir / requests.VIEW
+    assert shown == 2 and sorted(p.name for p in view.iterdir()) == [own]
+    assert (view / own / "ext.so").read_bytes() == own.encode()
+    before = os.stat(config.extensions_dir() / own / "ext.so")
+    DockerBackend._hand_over(launch_dir)
+    after = os.stat(config.extensions_dir() / own / "ext.so")
+    assert (after.st_uid, after.st_mode) == (before.st_uid, before.st_mode), "the cache's inode untouched"
+    assert not os.stat(view / own / "ext.so").st_mode & 0o022, "nobody else may write it"
+    assert not os.stat(view).st_mode & 0o022 and os.stat(view).st_uid == os.getuid()

@@ -271,3 +271,26 @@ def test_gated_containers_wait_before_the_process_group_and_serve_their_launch(i
 
     run_gated(DockerBackend(CLIENT), isolated_dirs, monkeypatch)
     assert_clean(isolated_dirs)
+
+
+def test_a_launch_sees_no_other_tenant_s_extension_cache_entries(tmp_path, isolated_dirs):
+    """The node's cache is not mounted: a candidate finds neither another source's library nor its
+    objects, wherever it looks (its view, the old mount point, its launch directory)."""
+    from pkb_mcp import config
+
+    theirs = config.extensions_dir() / ("e" * 64)
+    theirs.mkdir()
+    (theirs / "theirs.so").write_bytes(b"THEIR-KERNEL")
+    (theirs / "ok.json").write_text("{}")
+    (config.extensions_dir() / "objects").mkdir()
+    (config.extensions_dir() / "objects" / f"{'f' * 64}.o").write_bytes(b"THEIR-OBJECT")
+    body = (
+        "    import os\n    found = []\n"
+        "    for top in (os.environ.get('PKB_EXTENSIONS', '/nowhere'), '/opt/pkb/extensions', '/launch'):\n"
+        "        for d, _, files in os.walk(top):\n"
+        "            found += [os.path.join(d, f) for f in files if f.endswith(('.so', '.o', 'ok.json'))]\n"
+        "    raise RuntimeError('found: ' + repr(found))\n"
+    )
+    r = check(hostile(tmp_path, body))
+    assert "found: []" in r.message, r.message
+    assert_clean(isolated_dirs)
