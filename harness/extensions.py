@@ -401,7 +401,7 @@ def build(
     if steps_s is not None:
         steps_s["plan"] = round(planned - start, 3)
     if steps is None and store is not None:
-        raise Unplanned(f"{UNPLANNED}torch's build file for {request.name} is not one harness/objects.py runs")
+        raise Unplanned(f"{UNPLANNED}torch's build file for {request.name} is not one objects.py runs")
     if steps is None:
         _build_with_torch(request, sources, directory, verbose)
     else:

@@ -60,7 +60,8 @@ def build_dir(tmp_path: Path, name: str, source: str, dep: str = "", extra: str 
     (d / "main.cpp").write_text(source)
     compiler = tmp_path / "cc.py"
     compiler.write_text(COMPILER)
-    text = BUILD.format(src=d / "main.cpp", dep=dep or d / "main.cpp", py=sys.executable, cc=compiler, extra=extra)
+    dep = dep or str(d / "main.cpp")
+    text = BUILD.format(src=d / "main.cpp", dep=dep, py=sys.executable, cc=compiler, extra=extra)
     (d / "build.ninja").write_text(text)
     return d
 
