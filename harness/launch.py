@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,57 @@ from harness.forking import ForkedWorker
 PEER_GRACE_S = 5.0
 POLL_S = 0.02
 STACK_DUMP_WAIT_S = 0.3
+LOG_HEAD = 16 << 20  # bytes of a rank's output written to its log as they come
+LOG_TAIL = 1 << 20  # and of the rest, the last ones, written at its end after a line saying what was cut
+LOG_DRAIN_S = 2.0  # how long the record waits for a rank's log to be written out once it has ended
+
+
+class RankLog(threading.Thread):
+    """A rank's stdout and stderr, capped where they are written: the rank writes into a pipe, and
+    this thread of the launcher copies the first LOG_HEAD bytes into rank{rank}.log, keeps only the
+    last LOG_TAIL of the rest, and appends those at the end with a line saying how much was left
+    out. So a rank that prints without end fills neither the disk nor the host's read of its log,
+    and its last lines (a traceback, the stacks of a stuck rank) are still there."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(name=f"pkb-{path.name}", daemon=True)
+        self.read_fd, self.write_fd = os.pipe()
+        self._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by the thread
+        self.start()
+
+    def run(self) -> None:
+        written = cut = 0
+        rest = bytearray()
+        try:
+            while chunk := os.read(self.read_fd, 1 << 16):
+                head = chunk[: max(0, LOG_HEAD - written)]
+                if head:
+                    self._file.write(head)
+                    written += len(head)
+                if len(head) < len(chunk):
+                    rest += chunk[len(head) :]
+                    cut += len(chunk) - len(head)
+                    if len(rest) > 2 * LOG_TAIL:
+                        del rest[: len(rest) - LOG_TAIL]
+            if cut:
+                kept = bytes(rest[-LOG_TAIL:])
+                self._file.write(
+                    f"\n[pkb: {cut - len(kept)} bytes of this rank's output left out]\n".encode()
+                )
+                self._file.write(kept)
+        except OSError:
+            pass  # the disk refused (a limit): what was written stays
+        finally:
+            os.close(self.read_fd)
+            self._file.close()
+
+    def handed_over(self) -> None:
+        """The rank has its copy of the pipe's write end: the launcher's goes, so the log ends with the
+        rank's output."""
+        os.close(self.write_fd)
+
+
+RANK_LOGS: dict[int, RankLog] = {}  # each worker's log by its pid (a launcher serves one launch)
 
 
 def _worker_env(rank: int, setup: WorkerSetup) -> dict[str, str]:
@@ -139,7 +191,7 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
     forking.become_subreaper()  # orphans of the ranks' processes come here (launch kills them)
     procs: list[Worker] = []
     for rank in range(setup["world_size"]):
-        log = open(launch_dir / f"rank{rank}.log", "wb")  # noqa: SIM115 - handed to the child
+        log = RankLog(launch_dir / f"rank{rank}.log")
         proc: Worker
         env = _worker_env(rank, setup)
         wrapper: list[str] = []
@@ -151,11 +203,16 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
             pid = forking.fork_child(
                 _run_worker,
                 stdin=read_end,
-                log=log.fileno(),
+                log=log.write_fd,
                 cwd=str(launch_dir),
                 env=env,
                 cpus=rank_cpus[rank] if rank_cpus else None,
-                close=[write_end, *(p.stdin.fileno() for p in procs if p.stdin is not None)],
+                close=[
+                    write_end,
+                    *(p.stdin.fileno() for p in procs if p.stdin is not None),
+                    *(RANK_LOGS[p.pid].read_fd for p in procs),  # another rank's output is not its to read
+                    log.read_fd,
+                ],
             )
             os.close(read_end)
             proc = ForkedWorker(pid, os.fdopen(write_end, "wb"))
@@ -163,13 +220,14 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
             proc = subprocess.Popen(
                 [*wrapper, sys.executable, "-m", "harness.worker"],
                 stdin=subprocess.PIPE,
-                stdout=log,
+                stdout=log.write_fd,
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=launch_dir,
                 preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
             )
-        log.close()
+        log.handed_over()
+        RANK_LOGS[proc.pid] = log
         _send(proc, rank_setup(setup, rank), close=False)
         procs.append(proc)
     return procs
@@ -273,6 +331,10 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
     record: LaunchRecord = {"ranks": ranks, "wall_s": round(time.monotonic() - t0, 3), "timed_out": timed_out}
     # what a rank's processes left came to this process (the subreaper): none may run past the record
     forking.reap_descendants(leaving={procs[r].pid for r in leaving})
+    give_up = time.monotonic() + LOG_DRAIN_S
+    for rank, proc in enumerate(procs):  # every log written out but those of ranks still leaving
+        if rank not in leaving and proc.pid in RANK_LOGS:
+            RANK_LOGS[proc.pid].join(max(0.0, give_up - time.monotonic()))
     if token is not None:
         record["end_token"] = token
     return record

@@ -7,3 +7,11 @@ class UserError(ValueError):
 
 class Cancelled(Exception):
     """The job was cancelled (by the client, cancel_job, or its time limit); nothing was judged."""
+
+
+ECHO_CHARS = 64  # the most of a client's id or name that an error repeats (a 100 KB id comes back short)
+
+
+def echoed(value: str) -> str:
+    """A client's value as an error repeats it: whole up to ECHO_CHARS characters, else cut to that."""
+    return value if len(value) <= ECHO_CHARS else value[: ECHO_CHARS - 3] + "..."

@@ -15,9 +15,9 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from pkb_mcp import config
-from pkb_mcp.errors import UserError
+from pkb_mcp.errors import ECHO_CHARS, UserError
 from pkb_mcp.frontends import cli
-from pkb_mcp.frontends.server import ECHO_CHARS, build_server
+from pkb_mcp.frontends.server import build_server
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobStore
 from pkb_mcp.models import RunRequest
@@ -244,3 +244,19 @@ def test_a_folder_swapped_for_a_link_after_the_check_is_still_refused(host, monk
     assert (
         run.read_confined(str(root / "001_allreduce.py"), [root], (".py",), 1 << 20)[1] == SOLUTION.encode()
     )
+
+
+def test_an_unknown_task_id_is_echoed_at_most_64_characters():
+    """tasks/get and tasks/cancel name the task they cannot find as every other error does."""
+    from types import SimpleNamespace
+
+    from pkb_mcp.frontends.tasks import TasksExtension
+
+    def unknown(job_id):
+        raise UserError("no such job")
+
+    tasks = TasksExtension(SimpleNamespace(scheduler=SimpleNamespace(get=unknown)))  # type: ignore[arg-type]
+    with pytest.raises(MCPError) as raised:
+        tasks._record("f" * 100_000)
+    said = str(raised.value)
+    assert 0 < longest_run_of_f(said) <= ECHO_CHARS and len(said) < 200, said[:200]

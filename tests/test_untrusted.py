@@ -259,3 +259,30 @@ def test_records_keep_only_their_declared_keys_each_of_its_declared_type():
     )
     assert record == {"ranks": [{"rank": 1, "exit_code": None, "signal": "9"}], "wall_s": 3.0}
     assert typed(["not", "an", "object"], LaunchRecord) == {}
+
+
+def test_a_rank_s_log_is_capped_where_it_is_written_and_keeps_its_last_lines(tmp_path, monkeypatch):
+    """harness/launch.py RankLog: a rank printing without end (before: 20 GiB on the host's disk)
+    leaves its first LOG_HEAD bytes, a line saying how much was cut, and its last LOG_TAIL bytes."""
+    import subprocess
+    import sys
+
+    from harness import launch
+
+    monkeypatch.setattr(launch, "LOG_HEAD", 1000)
+    monkeypatch.setattr(launch, "LOG_TAIL", 100)
+    log = launch.RankLog(tmp_path / "rank0.log")
+    script = (
+        "import sys\nfor i in range(100000): sys.stdout.write(f'line {i}\\n')\nprint('Traceback: the end')"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=log.write_fd, stderr=subprocess.STDOUT)
+    log.handed_over()
+    child.wait(60)
+    log.join(10)
+    assert not log.is_alive()
+    text = (tmp_path / "rank0.log").read_text()
+    head, _, rest = text.partition("\n[pkb: ")
+    assert len(head) == 1000 and head.startswith("line 0\n")
+    cut, _, tail = rest.partition("\n")
+    assert cut.endswith("bytes of this rank's output left out]") and int(cut.split()[0]) > 500_000
+    assert len(tail) == 100 and tail.endswith("Traceback: the end\n")

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from pkb_mcp import config, service
 from pkb_mcp.compile import CompileResult
-from pkb_mcp.errors import UserError
+from pkb_mcp.errors import ECHO_CHARS, UserError, echoed
 from pkb_mcp.frontends import render
 from pkb_mcp.frontends.surface import CACHE_HINTS, CANCELS, READ_ONLY, RUNS_CODE, ordered
 from pkb_mcp.jobs.scheduler import Scheduler
@@ -56,7 +56,6 @@ MAX_SOURCE_BYTES = 1 << 20
 TRACEBACK_CHARS = 1500
 LOG_CHARS = 600
 DETAILED_FAILURES = 2  # ranks whose traceback and log stay in the compact result
-ECHO_CHARS = 64  # the most of a client's id or name that an error repeats (a 100 KB id comes back short)
 POLL_S = 0.1
 
 INSTRUCTIONS = """\
@@ -221,11 +220,6 @@ def tool_errors(*given: str) -> Iterator[None]:
         yield
     except UserError as exc:
         raise ToolError(shortened(in_tool_words(str(exc)), *given)) from exc
-
-
-def echoed(value: str) -> str:
-    """A client's value as an error repeats it: whole up to ECHO_CHARS characters, else cut to that."""
-    return value if len(value) <= ECHO_CHARS else value[: ECHO_CHARS - 3] + "..."
 
 
 def shortened(message: str, *given: str) -> str:

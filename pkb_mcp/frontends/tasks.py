@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, CancelTaskRequestParams, GetTaskRequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from pkb_mcp.errors import UserError
+from pkb_mcp.errors import UserError, echoed
 
 if TYPE_CHECKING:
     from mcp.server.context import CallNext, ServerRequestContext
@@ -115,7 +115,7 @@ class TasksExtension(Extension):
         try:
             return self.state.scheduler.get(task_id)
         except UserError as exc:
-            raise MCPError(code=INVALID_PARAMS, message=f"task {task_id} does not exist") from exc
+            raise MCPError(code=INVALID_PARAMS, message=f"task {echoed(task_id)} does not exist") from exc
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: GetTaskRequestParams) -> dict[str, Any]:
         return self.task(self._record(params.task_id))

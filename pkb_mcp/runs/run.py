@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.contracts import LaterTrials, LaunchSettings, TimingConfig
 from pkb_mcp import problems
-from pkb_mcp.compile import failures
+from pkb_mcp.compile import extensions, failures
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import (
     HOST_STAGES,
@@ -315,6 +315,9 @@ class Run:
         request = LaunchRequest(settings, self.problem.path, solution, gpus, self.problem.max_outputs)
         if solution == self.problem.path:  # a candidate's is cut to its expected outputs (judge.expecting)
             request.read_budget = judge.reference_budget()
+        else:  # the candidate is shown its own extensions' cache entries, no one else's
+            chain = extensions.toolchain()
+            request.extensions = tuple(r.key(chain) for r in self.sources.builds)
         return request
 
     def run_one(self, request: LaunchRequest, cancel: threading.Event | None) -> LaunchOutcome:
