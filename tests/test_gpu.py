@@ -6,6 +6,7 @@ does on CPU): 48, for instance, needs an even world size of 4 or more and is ski
 on 2 GPUs.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,27 @@ def test_original_benchmark_helper_builds_cuda_on_one_gpu(one_rank_problem_1):
     )
     assert result.verdict == "pass", (result.message, result.notes, [r.log_tail for r in result.ranks])
     assert any("built extension original_style_ext" in n for n in result.notes), result.notes
+
+
+@one_gpu
+def test_hostile_outputs_and_logs_fail_on_one_gpu_in_docker(one_rank_problem_1, tmp_path, monkeypatch):
+    """Issue 49 on a GPU, in the Docker sandbox: a lazy tensor subclass (its all-reduce deferred to the
+    harness's first touch, after the clock) fails at return in check and bench; a rank log swapped for
+    a link to the server's environment fails the check and brings nothing of the host back."""
+    adversarial = Path(__file__).parent / "adversarial" / "lazy_tensor.py"
+    words = "output 0 is a LazyTensor, a subclass of torch.Tensor; return plain tensors"
+    run = {"problem": 1, "path": adversarial, "world_size": 1, "device": "cuda", "sandbox": "docker"}
+    checked = service.check(RunRequest(**run, trials=1))
+    assert checked.verdict == "fail" and words in checked.message, checked.message
+    benched = service.bench(RunRequest(**run))
+    assert benched.verdict == "fail" and benched.speedup is None and words in benched.message, benched.message
+    monkeypatch.setenv("PKB_TOKEN", "pkb-gpu-canary-7a1c")
+    swaps = tmp_path / "swaps.py"
+    swaps.write_text(
+        "import os\nimport torch.distributed as dist\n\ndef solution(x):\n"
+        "    os.unlink('/launch/rank0.log')\n    os.symlink('/proc/self/environ', '/launch/rank0.log')\n"
+        "    out = x.clone()\n    dist.all_reduce(out)\n    return out\n"
+    )
+    swapped = service.check(RunRequest(**{**run, "path": swaps}, trials=1))
+    assert swapped.verdict == "fail" and "rank0.log was replaced by a symbolic link" in swapped.message
+    assert "pkb-gpu-canary-7a1c" not in json.dumps(swapped.model_dump(mode="json"))
