@@ -152,10 +152,31 @@ class LaunchRequest:
     expected: Callable[[], dict[str, tensorfile.Expected] | None] | None = None
 
 
+_MADE: set[Path] = set()  # the launch directories this process made (end_launches removes what is left)
+_MADE_LOCK = threading.Lock()
+
+
 def new_launch_dir(launch_id: str) -> Path:
     launch_dir = Path(tempfile.mkdtemp(prefix=f"pkb-launch-{launch_id}-", dir=config.launches_dir()))
     os.chmod(launch_dir, 0o755)
+    with _MADE_LOCK:
+        if len(_MADE) > 1024:  # a long-lived server: forget those already gone
+            _MADE.difference_update([d for d in _MADE if not d.exists()])
+        _MADE.add(launch_dir)
     return launch_dir
+
+
+def end_launches(backend: Backend, timeout_s: float) -> int:
+    """Everything of this process's launches ended (a server stopping): every sandbox it started
+    (Backend.end_all), then every launch directory it made that is still there. The sandboxes
+    it ended."""
+    ended = backend.end_all(timeout_s)
+    with _MADE_LOCK:
+        left = list(_MADE)
+        _MADE.clear()
+    for launch_dir in left:
+        shutil.rmtree(launch_dir, ignore_errors=True)
+    return ended
 
 
 # a tool launch's shape (harness/launch.py `_warm_tool`): no GPU, no ranks, every core of the node

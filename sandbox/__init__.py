@@ -5,7 +5,7 @@ A backend is one module implementing `sandbox.backend.Backend`, registered in `s
 docs/sandbox.md says what each guarantees.
 """
 
-import functools
+import threading
 
 from sandbox.backend import BACKENDS, Backend, backend_class
 
@@ -14,9 +14,21 @@ class SandboxUnavailable(RuntimeError):
     """The backend asked for cannot run here."""
 
 
-@functools.cache
+_MADE: dict[str, Backend] = {}
+_MADE_LOCK = threading.Lock()
+
+
 def _made(name: str) -> Backend:
-    return backend_class(name)()
+    with _MADE_LOCK:
+        if name not in _MADE:
+            _MADE[name] = backend_class(name)()
+        return _MADE[name]
+
+
+def made_backends() -> list[Backend]:
+    """The backends this process has made (a server stopping ends each one's sandboxes)."""
+    with _MADE_LOCK:
+        return list(_MADE.values())
 
 
 def select_backend(name: str = "auto") -> Backend:

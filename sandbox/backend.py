@@ -9,6 +9,7 @@ backend what it can do and never probes it for attributes:
 | `isolated` | False | the candidate cannot reach the host (Docker) or can (the process fallback) |
 | `ends_early` | False | `run` may return at the launcher's clean end, the sandbox ended later |
 | `enable_pool` | None | keeps sandboxes started ahead of need (sandbox/pool.py `Pooled`) |
+| `end_all` | the pool's | ends every sandbox of this process's, for a server that stops |
 | `extensions_dir` | None | the node's extension cache, set by the host |
 
 Adding a backend is one module with one class deriving from `Backend`, and its row in `BACKENDS`.
@@ -57,6 +58,13 @@ class Backend(abc.ABC):
 
     def settle_ended(self) -> None:  # noqa: B027 - as disable_pool
         """Return once the sandboxes of launches that ended early have ended too (none by default)."""
+
+    def end_all(self, timeout_s: float) -> int:
+        """End every sandbox this process started that is still there (a server stopping: its warm
+        ones, those of launches its jobs left, those ending in the background), within about
+        `timeout_s`; how many it ended. By default, the pool's (disable_pool)."""
+        self.disable_pool()
+        return 0
 
 
 # name -> "module:class", imported on first use (the Docker SDK is not imported where it is not used)

@@ -480,6 +480,20 @@ class DockerBackend(Pooled, Backend):
         """Return once every container of a launch that ended cleanly is gone (a benchmark is next)."""
         removals.drain()
 
+    def end_all(self, timeout_s: float) -> int:
+        """Remove every container that carries this process's owner label, all at once, warm or
+        running, and wait for those removals and the background ones (Removals) up to `timeout_s`."""
+        self.disable_pool()
+        give_up = time.monotonic() + timeout_s
+        try:
+            mine = self.client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner_id()}"})
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            mine = []
+        for container in mine:
+            removals.add(container)
+        removals.drain(max(0.0, give_up - time.monotonic()))
+        return len(mine)
+
     @staticmethod
     def _hand_over(launch_dir: Path) -> None:
         """Give the launch directory to the sandbox user (or open it up when we cannot chown), all but

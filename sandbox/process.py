@@ -263,6 +263,15 @@ class ProcessBackend(Pooled, Backend):
     note = "process backend: candidate code ran as this user without isolation"
     _forks: ForkServer | None = None
 
+    def end_all(self, timeout_s: float) -> int:
+        """The warm launchers (disable_pool) and the fork server, whose launches' sessions it ends
+        (a launch in flight is killed by its own run on its cancel event)."""
+        self.disable_pool()
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
+        return 0
+
     def _start(
         self,
         launch_id: str,

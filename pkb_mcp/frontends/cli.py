@@ -8,9 +8,13 @@ sentence on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -213,7 +217,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.no_warm = True
     scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus, cluster=cluster)
     server = build_server(scheduler, state / "sources", roots)
-    pool = None
     if not args.no_warm:
         from pkb_mcp.launches import enable_warm_pool, warm_key
         from sandbox import select_backend
@@ -221,12 +224,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # the most likely first job: every GPU of the node (world size 4 where there are more)
         n = 4 if gpus >= 4 else gpus
         backend = select_backend("auto")
-        pool = enable_warm_pool(backend, warm_key("cuda", list(range(n)), n, 1) if n >= 2 else None)
+        enable_warm_pool(backend, warm_key("cuda", list(range(n)), n, 1) if n >= 2 else None)
         # and torch's header precompiled for extension builds with default flags (compile/headers.py)
         from pkb_mcp.compile import headers
         from pkb_mcp.launches import ToolLaunches
 
         headers.prepare_soon(headers.DEFAULT_SETS, ToolLaunches(backend))
+    stopping = StopOnSignals()
+    code = EXIT_PASS
     try:
         if args.transport == "stdio":
             anyio.run(server.run_stdio_async)
@@ -240,11 +245,61 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 app = BearerAuth(app, token)
             print(f"pkb: serving MCP on http://{args.host}:{args.port}/mcp", file=sys.stderr)
             uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    except KeyboardInterrupt:
+        pass  # SIGINT, SIGTERM or SIGHUP: a client stopping its server; the end below is the same
+    except Exception as exc:  # the end below runs first; then the exit says it failed
+        print(f"pkb: the server stopped on an error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
     finally:
-        scheduler.stop()
-        if pool is not None:
-            pool.close()
-    return EXIT_PASS
+        stopping.ending()
+        _end_serving(scheduler)
+        # and leave now: a thread of the stdio transport may still wait in a read of stdin, which the
+        # interpreter's exit would wait for (until the client's next signal killed it)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+
+
+SERVE_END_S = 30.0  # a stopping server is gone within this, whatever it was doing
+
+
+class StopOnSignals:
+    """How `pkb serve` takes a client's stop: SIGINT, SIGTERM and SIGHUP each end the serving loop
+    (as a KeyboardInterrupt), and once the end has begun (`ending`) no signal can cut it short, so
+    the sandboxes are always removed: Claude Code sends SIGINT and, 100 ms later, SIGTERM, which
+    used to kill the server before it removed them. Past SERVE_END_S the process exits anyway."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.ended = threading.Event()
+        for signum in self.SIGNALS:
+            signal.signal(signum, self._stop)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        if not self.ended.is_set():
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def ending(self) -> None:
+        self.ended.set()
+        for signum in self.SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        watchdog = threading.Timer(SERVE_END_S, os._exit, args=(EXIT_USAGE,))
+        watchdog.daemon = True
+        watchdog.start()
+
+
+def _end_serving(scheduler: Any) -> None:
+    """A server's end: running jobs cancelled (queued again for the next start, never given a
+    verdict) and awaited, then every sandbox and launch directory of this process removed."""
+    from pkb_mcp.launches import end_launches
+    from sandbox import made_backends
+
+    t0 = time.monotonic()
+    scheduler.stop(wait_s=SERVE_END_S / 3)
+    ended = sum(end_launches(backend, SERVE_END_S / 3) for backend in made_backends())
+    log.get(__name__).info("serve.ended", sandboxes=ended, end_s=round(time.monotonic() - t0, 3))
 
 
 def build_parser() -> argparse.ArgumentParser:

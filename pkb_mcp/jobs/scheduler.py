@@ -87,6 +87,7 @@ class Scheduler:
         self._queue: list[str] = []
         self._cond = threading.Condition()
         self._stopped = False
+        self._threads: set[threading.Thread] = set()  # the jobs' threads (stop waits for them)
         for record in store.unfinished():
             store.requeue(record.id)
             self._enqueue(record.id)
@@ -140,15 +141,21 @@ class Scheduler:
             self._cond.notify_all()
         return self.get(job_id)
 
-    def stop(self) -> None:
-        """Stop dispatching and kill running jobs; they stay unfinished, so the next start re-runs them."""
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop dispatching and kill running jobs; they stay unfinished (queued again, never given a
+        verdict), so the next start re-runs them. Waits up to `wait_s` for the jobs' threads to end
+        (each kills its launch on its cancel event)."""
         with self._cond:
             self._stopped = True
             for live in self._live.values():
                 live.cancel.set()
             self._cond.notify_all()
+            running = list(self._threads)
         if self._builds is not None:
             self._builds.shutdown(wait=False, cancel_futures=True)
+        give_up = time.monotonic() + wait_s
+        for thread in running:
+            thread.join(max(0.0, give_up - time.monotonic()))
 
     # ------------------------------------------------------------ internals
 
@@ -270,12 +277,14 @@ class Scheduler:
                         continue
                     self._queue.remove(job_id)
                     self.store.started(job_id)  # here, not in the thread: `started` orders dispatches
-                    threading.Thread(
+                    thread = threading.Thread(
                         target=self._run_remote if need[0] == "ray" else self._run,
                         args=(record, need, taken),
                         name=f"pkb-job-{job_id}",
                         daemon=True,
-                    ).start()
+                    )
+                    self._threads = {t for t in self._threads if t.is_alive()} | {thread}
+                    thread.start()
                     started = True
                 if not started:
                     self._cond.wait(timeout=1.0)
