@@ -376,3 +376,21 @@ def test_a_gpu_job_that_builds_extensions_is_built_before_it_takes_gpus(node, tm
     release.clear()
     wait_all(s, [job(kernel, "b")])
     assert [name for name, _ in built] == ["k"], "built already: no build"
+
+
+def test_a_stopping_server_waits_for_its_running_jobs_and_queues_them_again(node):
+    """`pkb serve` stopped by its client (issue 55): a running job is cancelled and awaited, and
+    stays unfinished, never given a verdict: the next start runs it again."""
+    s = node()
+    job = submit(s, "long", seconds=60)
+    deadline = time.monotonic() + 10
+    while not any(e[0] == "start" for e in LOG) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    s.stop(wait_s=10)
+    assert time.monotonic() - t0 < 5 and [e[0] for e in LOG] == ["start", "end"], "awaited, not left running"
+    record = s.store.get(job)
+    assert (
+        record is not None and record.state == "queued" and record.finished is None and record.error is None
+    )
+    assert [r.id for r in s.store.unfinished()] == [job], "the next start runs it again"
