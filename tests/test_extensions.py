@@ -285,7 +285,8 @@ def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_
     assert json.loads((entries["pkb_test_one"] / requests.UNITS_MARK).read_text())["precompiled"] == []
 
     def symbols(name: str) -> list[str]:
-        nm = ["nm", str(entries[name] / "main.o")]
+        # the cache keeps a unit's library (its objects are the object cache's, where they are kept)
+        nm = ["nm", str(entries[name] / f"{name}.so")]
         out = subprocess.run(nm, capture_output=True, text=True, check=True)
         return sorted(line.split()[-1].replace(name, "NAME") for line in out.stdout.splitlines())
 
