@@ -114,7 +114,7 @@ class RankLog(threading.Thread):
         os.close(self.write_fd)
 
 
-RANK_LOGS: dict[int, RankLog] = {}  # each worker's log by its pid (a launcher serves one launch)
+RANK_LOGS: dict[int, RankLog] = {}  # each rank's log by its rank (a launcher serves one launch)
 
 
 def _worker_env(rank: int, setup: WorkerSetup) -> dict[str, str]:
@@ -210,7 +210,7 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
                 close=[
                     write_end,
                     *(p.stdin.fileno() for p in procs if p.stdin is not None),
-                    *(RANK_LOGS[p.pid].read_fd for p in procs),  # another rank's output is not its to read
+                    *(RANK_LOGS[r].read_fd for r in range(rank)),  # another rank's output is not its to read
                     log.read_fd,
                 ],
             )
@@ -227,7 +227,7 @@ def spawn(setup: WorkerSetup, fork: bool = False, plan: CounterPlan | None = Non
                 preexec_fn=_pin(rank_cpus[rank]) if rank_cpus else None,
             )
         log.handed_over()
-        RANK_LOGS[proc.pid] = log
+        RANK_LOGS[rank] = log
         _send(proc, rank_setup(setup, rank), close=False)
         procs.append(proc)
     return procs
@@ -332,9 +332,9 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
     # what a rank's processes left came to this process (the subreaper): none may run past the record
     forking.reap_descendants(leaving={procs[r].pid for r in leaving})
     give_up = time.monotonic() + LOG_DRAIN_S
-    for rank, proc in enumerate(procs):  # every log written out but those of ranks still leaving
-        if rank not in leaving and proc.pid in RANK_LOGS:
-            RANK_LOGS[proc.pid].join(max(0.0, give_up - time.monotonic()))
+    for rank in range(len(procs)):  # every log written out but those of ranks still leaving
+        if rank not in leaving and rank in RANK_LOGS:
+            RANK_LOGS[rank].join(max(0.0, give_up - time.monotonic()))
     if token is not None:
         record["end_token"] = token
     return record
