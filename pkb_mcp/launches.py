@@ -654,8 +654,7 @@ def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
 def _use_extension_cache(backend: Backend) -> None:
     """Every launch finds its own entries of the node's extension cache in its view (show_entries): the
     backend points PKB_EXTENSIONS there; no launch sees the cache itself."""
-    if hasattr(backend, "extensions_dir"):
-        backend.extensions_dir = config.extensions_dir()  # type: ignore[attr-defined]
+    backend.extensions_dir = config.extensions_dir()  # a capability every Backend declares
 
 
 VIEW_COPY_CAP = 256 << 20  # an entry copied (not linked) into a view: a precompiled header is left out
