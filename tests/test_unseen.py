@@ -344,3 +344,22 @@ def test_an_outcome_splits_into_its_first_trials_and_the_later_ones():
     assert later.outputs == {(0, 0): "out20", (0, 1): "out21"} and later.output_errors == {}
     assert last.outputs == {} and last.output_errors == {(0, 1): "unreadable"}
     assert first.output_errors == {} and first.wall_s == later.wall_s == 1.0
+
+
+def test_a_trial_candidate_s_expectation_waits_for_its_reference_part_and_never_past_its_end(monkeypatch):
+    """Beside the judged trials, the unseen trial's candidate launch learns its expected outputs from
+    its part of the judged trials' reference launch (issue 49: header first, bytes capped): given, it
+    is that part; lost (that launch failed) or the trial discarded, it is none at once, never a wait."""
+    monkeypatch.setattr(ProcessBackend, "isolated", True)
+    request = RunRequest(problem=1, path=SUITE[1].path, world_size=2, device="cpu", sandbox="process")
+    given = unseen.Trial(Run(request))
+    outcome = object()
+    threading.Timer(0.2, given.take_reference, args=(outcome,)).start()
+    assert given._given_reference() is outcome
+    for end in ("reference_lost", "discard"):
+        trial = unseen.Trial(Run(request))
+        getattr(trial, end)()
+        t0 = time.monotonic()
+        with pytest.raises(LookupError):
+            trial._given_reference()
+        assert time.monotonic() - t0 < 1

@@ -172,6 +172,8 @@ def judged_launches(
     if not later:
         return seeds, ref_outcome, cand_outcome
     if not ref_outcome.ok:  # told apart from the later parts: the judged trials' reference alone
+        if trial is not None:
+            trial.reference_lost()
         return seeds, run.run_one(run.launch("outputs", p.path, seeds), cancel), cand_outcome
     parts = split_outcome(ref_outcome, [trials, *(len(group["seeds"]) for group in later)])
     ref_outcome, rest = parts[0], iter(parts[1:])

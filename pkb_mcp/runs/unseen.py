@@ -131,6 +131,7 @@ class Trial:
         self._pool: ThreadPoolExecutor | None = None
         self._future: Future[tuple[LaunchOutcome | None, LaunchOutcome | None]] | None = None
         self._reference: LaunchOutcome | None = None  # its part of the judged trials' reference launch
+        self._settled = threading.Event()  # that part given (take_reference), lost, or the trial discarded
         self._skip = ""  # why no trial: a note (nothing to judge) or a warning (a problem's fault)
         self._skip_is_warning = False
         self.placed: tuple[int, dict[str, Any]] | None = None
@@ -177,11 +178,26 @@ class Trial:
         runs/references.py `split_outcome` splits that launch's outputs). Not given (the launch
         failed), `judge` runs it in a launch of its own."""
         self._reference = outcome
+        self._settled.set()
+
+    def reference_lost(self) -> None:
+        """The judged trials' reference launch failed: its part will not be given (`judge` runs it in a
+        launch of its own); a candidate launch waiting for it to know its expected outputs waits no more."""
+        self._settled.set()
+
+    def _given_reference(self) -> LaunchOutcome:
+        """The reference part's outcome once the judged trials' reference launch gave it (`later`), for
+        the candidate's expected outputs (judge.expecting_later); LookupError where it never came."""
+        self._settled.wait(self.run.timeout_s + 60.0)
+        if self._reference is None:
+            raise LookupError("the reference's part of the unseen trial was not given")
+        return self._reference
 
     def adopt(self, placed: tuple[int, dict[str, Any]], seeds: list[int], reference: LaunchOutcome) -> None:
         """Run where a check's reference run ahead had it drawn (runs/references.py), at its seed, the
         reference's outcome given: only the candidate's launch is left."""
         self.placed, self.seeds, self._reference = placed, seeds, reference
+        self._settled.set()
         self._skip, self._skip_is_warning = "", False
 
     def start(self, shared: bool = True) -> None:
@@ -202,6 +218,8 @@ class Trial:
         if not with_reference:
             if self._reference is not None:  # adopted: its outputs are what the candidate's must be
                 candidate = judge.expecting(candidate, self._reference)
+            else:  # its reference part runs in the judged trials' reference launch: expected from that
+                candidate = judge.expecting_later(candidate, self._given_reference)
             return None, run.run_one(candidate, self._cancel)
         reference = run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size)
         return run.launch_pair(reference, candidate, self._cancel)
@@ -209,6 +227,7 @@ class Trial:
     def discard(self) -> None:
         """Kill the trial's launches if they still run, and wait for them to end."""
         self._cancel.set()
+        self._settled.set()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
