@@ -191,16 +191,24 @@ class Expected:
 class Mismatch(str):
     """How a file's header first differs from its expected outputs, in the words of the host's judge
     (pkb_mcp/runs/judge.py): "output 0 is float32[8], expected float32[4]". A str, kept where a
-    file's read error would be, so that the judge can tell it from one."""
+    file's read error would be, so that the judge can tell it from one; `meta` is the header's own
+    (its aliasing and mutation flags, which the judge names before any difference of shape)."""
+
+    meta: dict[str, Any]
+
+    def __new__(cls, difference: str, meta: dict[str, Any] | None = None) -> Mismatch:
+        made = super().__new__(cls, difference)
+        made.meta = meta or {}
+        return made
 
 
 class HeaderMismatch(TensorFileError):
     """The header describes other outputs than the expected ones (`difference` says how); no data
     was read."""
 
-    def __init__(self, difference: str) -> None:
+    def __init__(self, difference: str, meta: dict[str, Any] | None = None) -> None:
         super().__init__(difference)
-        self.difference = Mismatch(difference)
+        self.difference = Mismatch(difference, meta)
 
 
 def read(
@@ -251,7 +259,8 @@ def read(
     if expect is not None:
         difference = _difference(structure, described, expect)
         if difference is not None:
-            raise HeaderMismatch(difference)
+            said = header.get("meta")
+            raise HeaderMismatch(difference, said if isinstance(said, dict) else {})
     end = described[-1][3] + described[-1][4] if described else 0
     if end > max_bytes:
         raise TensorFileError(f"{name} is over the cap of {max_bytes} bytes")

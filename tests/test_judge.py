@@ -153,3 +153,20 @@ def test_complex_bounds_apply_to_the_modulus_of_the_difference():
     assert compare(0, 0, out(inside), out(ref), bounds).state == "pass"
     assert compare(0, 0, out(outside), out(ref), bounds).state == "wrong"
     assert outputs_match([inside], [ref], bounds) and not outputs_match([outside], [ref], bounds)
+
+
+def test_a_header_that_differs_is_named_as_compare_would_its_flags_first():
+    """A candidate file refused from its header (issue 49: no data read) gets compare's message: an
+    output aliasing an input or a changed input first, then the header's difference."""
+    from harness import tensorfile
+    from pkb_mcp.runs import judge as judging
+
+    differs = "output 0 is bfloat16[8, 1024], expected float32[8, 1024]"
+    assert judging.header_mismatch(tensorfile.Mismatch(differs)) == differs
+    mutated = tensorfile.Mismatch(differs, {"mutated_inputs": ["vocab_parallel_logits"]})
+    assert (
+        judging.header_mismatch(mutated)
+        == "vocab_parallel_logits was changed by the solution; inputs are read-only"
+    )
+    aliased = tensorfile.Mismatch(differs, {"aliased_outputs": [0], "mutated_inputs": [1]})
+    assert judging.header_mismatch(aliased) == "output 0 shares memory with an input; return new tensors"

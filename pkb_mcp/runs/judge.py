@@ -35,6 +35,17 @@ def _fmt(value: torch.Tensor) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def header_mismatch(mismatch: tensorfile.Mismatch) -> str:
+    """What `compare` would say of a file whose header differs from the expected outputs (its data
+    never read): its aliasing or mutation flag first, as compare names them, else the difference."""
+    flags = Outputs("tuple", [], mismatch.meta)
+    if (aliased := flags.flagged("aliased_outputs")) is not None:
+        return f"{aliased} shares memory with an input; return new tensors"
+    if (mutated := flags.flagged("mutated_inputs")) is not None:
+        return f"{mutated} was changed by the solution; inputs are read-only"
+    return str(mismatch)
+
+
 def compare(rank: int, trial: int, got: Outputs, want: Outputs, tol: dict[str, Any]) -> RankResult:
     """The verdict for one rank's outputs in one trial: each output on its own bounds (the problem's
     TOLERANCE, or the output's entry in TOLERANCE["outputs"])."""

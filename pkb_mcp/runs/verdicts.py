@@ -62,7 +62,11 @@ def judge_ranks(
             if got is None:
                 err = errors.get((key, rank), "no output file")
                 # a header that describes other outputs than the reference's: wrong, in the judge's words
-                message = err if isinstance(err, tensorfile.Mismatch) else f"unreadable output: {err}"
+                message = (
+                    judge.header_mismatch(err)
+                    if isinstance(err, tensorfile.Mismatch)
+                    else f"unreadable output: {err}"
+                )
                 res = RankResult(rank=rank, trial=key, state="wrong", message=message)
             elif mac_key is not None and not tensorfile.verify(mac_key, got.structure, got.tensors, got.meta):
                 res = RankResult(
