@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contracts import WarmSetup
+from harness.extensions import VIEW
 from sandbox.untrusted import LaunchFiles, usage
 
 
@@ -161,7 +162,8 @@ class DiskGuard:
         if now < self._next:
             return None
         self._next = now + DISK_POLL_S
-        used, entries = usage(self.launch_dir, MAX_LAUNCH_ENTRIES)
+        # the launch's view of the cache is the host's hard links: no disk of the launch's
+        used, entries = usage(self.launch_dir, MAX_LAUNCH_ENTRIES, skip=(VIEW,))
         if entries > MAX_LAUNCH_ENTRIES:
             return f"the launch made more than {MAX_LAUNCH_ENTRIES} files and folders in its launch folder"
         if used > self.cap:

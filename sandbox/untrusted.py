@@ -390,13 +390,16 @@ def _as(value: Any, kind: Any) -> Any:
     return _MISSING
 
 
-def usage(root: Path, max_entries: int) -> tuple[int, int]:
+def usage(root: Path, max_entries: int, skip: tuple[str, ...] = ()) -> tuple[int, int]:
     """(bytes, entries) under the folder `root`, a file's bytes the larger of its size and its blocks,
-    walked from descriptors without following a link; the walk stops once it has seen more than
-    `max_entries` entries (what it saw so far)."""
+    walked from descriptors without following a link, the top-level entries named in `skip` left
+    out; the walk stops once it has seen more than `max_entries` entries (what it saw so far)."""
     used = entries = 0
     with contextlib.suppress(OSError):
-        for _, dirs, names, fd in os.fwalk(root, follow_symlinks=False):
+        for top, dirs, names, fd in os.fwalk(root, follow_symlinks=False):
+            if top == str(root):
+                dirs[:] = [d for d in dirs if d not in skip]
+                names = [n for n in names if n not in skip]
             for name in (*dirs, *names):
                 entries += 1
                 with contextlib.suppress(OSError):

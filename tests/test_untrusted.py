@@ -199,6 +199,9 @@ def test_the_disk_guard_names_a_folder_over_its_cap_or_with_too_many_entries(tmp
     (root / "out" / "big").write_bytes(b"x" * (2 << 20))
     assert "limit of 0.000977 GiB" in (guard.over() or "")
     (root / "out" / "big").unlink()
+    (root / ".pkb-cache").mkdir()  # the host's hard links of the launch's own cache entries
+    (root / ".pkb-cache" / "ext.so").write_bytes(b"x" * (2 << 20))
+    assert guard.over() is None, "the cache view is the host's, not what the launch wrote"
     os.symlink("/", root / "everything")  # a link to the root of the host counts as a link, not its tree
     assert guard.over() is None
     monkeypatch.setattr(base, "MAX_LAUNCH_ENTRIES", 50)
