@@ -236,10 +236,11 @@ def source_files(request: Request, directory: Path) -> list[str]:
 
 
 CPP_UNIT, CUDA_UNIT = "main.cpp", "cuda.cu"
-# the request's fields that only decide the other unit's text (each unit's key leaves them out)
+# the request's fields that only decide the other unit's text, or only the link (each unit's key
+# leaves them out: two requests that differ in their link flags share their units' objects)
 _ONLY_TEXT_OF = {
-    CPP_UNIT: ("cuda_sources",),
-    CUDA_UNIT: ("cpp_sources", "functions", "with_pytorch_error_handling"),
+    CPP_UNIT: ("cuda_sources", "extra_ldflags"),
+    CUDA_UNIT: ("cpp_sources", "functions", "with_pytorch_error_handling", "extra_ldflags"),
 }
 
 
