@@ -322,7 +322,8 @@ def test_result_files_rewritten_after_the_harness_wrote_them_are_rejected(sandbo
     tensor file at all). Its forked process must not outlive the launch."""
     r = check(ADV / "forges_after_return.py", trials=2, sandbox=sandbox)
     assert r.verdict == "fail" and states(r) == ["wrong", "wrong"], r.message
-    caught = ("altered after the harness wrote it", "shares memory", "is not a tensor file")
+    # (a rewrite cut short leaves a file that is no tensor file, or one whose data stops early)
+    caught = ("altered after the harness wrote it", "shares memory", "is not a tensor file", "past the end")
     assert any(why in r.message for why in caught), r.message
     assert_clean(isolated_dirs)
 
