@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import roofline, service
-from pkb_mcp.frontends import render
+from pkb_mcp import render, roofline, service
 from pkb_mcp.models import BenchResult, RunRequest, SandboxInfo
 from pkb_mcp.runs import benchmark, stats, verdicts
 

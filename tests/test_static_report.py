@@ -262,7 +262,7 @@ def test_gpu_only_facilities_are_named_from_the_text():
 
 
 def test_ranks_that_failed_alike_are_told_once():
-    from pkb_mcp.frontends import render
+    from pkb_mcp import render
     from pkb_mcp.models import RankResult
 
     same = {"state": "error", "message": "raised RuntimeError: needs CUDA", "traceback": "Traceback\n  boom"}

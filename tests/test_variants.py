@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import problems, service
+from pkb_mcp import problems, render, service
 from pkb_mcp.errors import UserError
-from pkb_mcp.frontends import cli, render
+from pkb_mcp.frontends import cli
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES

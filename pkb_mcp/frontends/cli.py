@@ -21,9 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pkb_mcp import config, log, service
+from pkb_mcp import config, log, render, service
 from pkb_mcp.errors import UserError
-from pkb_mcp.frontends import render
 from pkb_mcp.models import RunRequest
 from pkb_mcp.problems import VARIANTS, ProblemFormatError
 from pkb_mcp.runs import benchmark
