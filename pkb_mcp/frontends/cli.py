@@ -25,6 +25,7 @@ from pkb_mcp import config, log, render, service
 from pkb_mcp.errors import UserError
 from pkb_mcp.models import RunRequest
 from pkb_mcp.problems import VARIANTS, ProblemFormatError
+from pkb_mcp.profiling import text as profile_text
 from pkb_mcp.runs import benchmark
 
 EXIT_PASS, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -108,7 +109,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     result = service.profile(_request(args), _progress(args.json))
-    _emit(args, result, render.profile(result))
+    _emit(args, result, profile_text.profile(result))
     return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED
 
 

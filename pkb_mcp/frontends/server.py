@@ -46,6 +46,7 @@ from pkb_mcp.models import (
     RunRequest,
     lean_property,
 )
+from pkb_mcp.profiling import text as profile_text
 from pkb_mcp.profiling.profile import ProfileResult, profiles_root
 from pkb_mcp.runs import benchmark, pairing, run
 
@@ -401,7 +402,7 @@ class Tools:
             return f"{head}\n{result.summary()}"
         if isinstance(result, ProfileResult):
             uri = f"pkb://jobs/{out.job_id}"
-            return f"{head}\n{render.profile(result, f'{uri}/trace', f'{uri}/timeline')}"
+            return f"{head}\n{profile_text.profile(result, f'{uri}/trace', f'{uri}/timeline')}"
         detail = out.error or out.message
         return (
             head
