@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pkb_mcp import config, log, render, service
+from pkb_mcp.agents import trail
 from pkb_mcp.errors import UserError
 from pkb_mcp.models import RunRequest
 from pkb_mcp.problems import VARIANTS, ProblemFormatError
@@ -96,13 +97,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    call = trail.record_cli_call("check", Path(args.file))  # in an agent run's shell (agents/trail.py)
     result = service.check(_request(args), _progress(args.json))
+    trail.record_cli_result(call, result.verdict == "pass", None)
     _emit(args, result, render.check(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    call = trail.record_cli_call("bench", Path(args.file))
     result = service.bench(_request(args), _progress(args.json))
+    trail.record_cli_result(
+        call, result.verdict in ("pass", "suspect"), result.speedup if result.verdict == "pass" else None
+    )
     _emit(args, result, render.bench(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 

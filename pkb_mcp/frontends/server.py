@@ -30,6 +30,7 @@ from mcp_types import Tool as PublishedTool
 from pydantic import BaseModel, Field, ValidationError
 
 from pkb_mcp import config, render, service
+from pkb_mcp.agents import trail
 from pkb_mcp.agents.task import attempt_text
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import ECHO_CHARS, UserError, echoed
@@ -125,7 +126,7 @@ class _Server(MCPServer):
             return CallToolResult(content=content, structured_content={"error": text}, is_error=True)
 
     async def list_tools(self) -> list[PublishedTool]:
-        return [
+        published = [
             t.model_copy(
                 update={
                     "input_schema": lean_input(t.input_schema),
@@ -134,6 +135,8 @@ class _Server(MCPServer):
             )
             for t in ordered(await super().list_tools())
         ]
+        trail.mark_listed([t.name for t in published])  # an agent run's preflight (agents/trail.py)
+        return published
 
 
 def refusal_sentence(tool: str, exc: ToolError) -> str:

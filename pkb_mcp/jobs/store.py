@@ -97,6 +97,11 @@ class JobStore:
         rows = self.db.read("SELECT result FROM jobs WHERE id=?", (job_id,))
         return json.loads(rows[0]["result"]) if rows and rows[0]["result"] else None
 
+    def every(self, kinds: tuple[str, ...] = ()) -> list[JobRecord]:
+        """Every job (of `kinds`, where given), in the order they were submitted."""
+        rows = self.db.read("SELECT * FROM jobs ORDER BY created")
+        return [_record(r) for r in rows if not kinds or r["kind"] in kinds]
+
     def unfinished(self) -> list[JobRecord]:
         rows = self.db.read("SELECT * FROM jobs WHERE state IN ('queued', 'running') ORDER BY created")
         return [_record(r) for r in rows]
