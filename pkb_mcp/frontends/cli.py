@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from pkb_mcp import config, log, render, service
 from pkb_mcp.agents import trail
 from pkb_mcp.errors import UserError
+from pkb_mcp.frontends import agents_cli
 from pkb_mcp.models import RunRequest
 from pkb_mcp.problems import VARIANTS, ProblemFormatError
 from pkb_mcp.profiling import text as profile_text
@@ -319,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs(sub)
     _add_eval(sub)
     _add_node(sub)
+    agents_cli.add(sub)
     return parser
 
 
