@@ -61,7 +61,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path):
     for change, said in (
         ({"attempts": 0}, "--attempts must be at least 1"),
         ({"wall_s": 0}, "--wall must be"),
-        ({"world_size": 3}, "world size"),
+        ({"world_size": 1}, "cannot run at world size 1"),
     ):
         with pytest.raises(UserError, match=said):
             run_agents(AgentSettings(**{**base, **change}), tmp_path / "out")
