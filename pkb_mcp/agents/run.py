@@ -122,7 +122,7 @@ def run_agents(
     say: Say = lambda _: None,
 ) -> RunResult:
     """Run every attempt not yet complete, then judge and score them all."""
-    from pkb_mcp.agents import scores  # type: ignore[attr-defined]
+    from pkb_mcp.agents import scores
 
     client = clients.client(settings.agent)
     exe = clients.executable(client)
