@@ -180,9 +180,9 @@ nvlink_profile() {  # nvlink_profile NAME CANDIDATE SIZE: problem 1's profile, c
   [ -s "$dir/$1.json" ] || { tail -3 "$dir/$1.err"; return 0; }
   python3 - "$dir/$1.json" > "$dir/$1.txt" 2>&1 <<'PY'
 import sys
-from pkb_mcp.frontends import render
+from pkb_mcp.profiling import text
 from pkb_mcp.profiling.profile import ProfileResult
-print(render.profile(ProfileResult.model_validate_json(open(sys.argv[1]).read())))
+print(text.profile(ProfileResult.model_validate_json(open(sys.argv[1]).read())))
 PY
   [ -d "$dir/$1" ] && tar czf "$dir/$1.tgz" -C "$dir" "$1" && rm -rf "${dir:?}/$1"
   head -70 "$dir/$1.txt"

@@ -25,9 +25,9 @@ prof() {  # prof NAME PROBLEM FILE SIZE
     echo "pkb profile $2 $3 --world-size $WS --size $4 --device cuda: exit $rc, $(( (t1 - t0) / 1000000 )) ms wall"
     python3 - "$OUT/$1.json" <<'PY'
 import sys
-from pkb_mcp import render
+from pkb_mcp.profiling import text
 from pkb_mcp.profiling.profile import ProfileResult
-print(render.profile(ProfileResult.model_validate_json(open(sys.argv[1]).read())))
+print(text.profile(ProfileResult.model_validate_json(open(sys.argv[1]).read())))
 PY
   } > "$OUT/$1.txt" 2>&1
   cat "$OUT/$1.txt"
