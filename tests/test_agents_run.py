@@ -278,6 +278,29 @@ def test_an_agent_that_hangs_is_ended_at_the_wall_with_everything_it_started(sou
     assert not [p for p in alive if _marked(p)], alive
 
 
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not os.environ.get("PKB_CLAUDE"), reason="PKB_CLAUDE names no Claude Code (.ci/run installs it)"
+)
+def test_the_real_claude_code_without_a_key_passes_the_preflight_and_fails_as_the_client(
+    tmp_path, monkeypatch
+):
+    """Claude Code from npm, no key: its init event lists pkb's server connected and its tools (the
+    preflight, before any model call), then it ends "Not logged in": agent_error, not no_tools."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    settings = AgentSettings(
+        agent="claude", problems=[1], attempts=1, world_size=2, device="cpu", agent_sandbox="none", wall_s=120
+    )
+    run = run_agents(settings, tmp_path / "run", judge=False)
+    record = AttemptRecord.model_validate_json(
+        (tmp_path / "run" / "001_allreduce" / "attempt-0" / "attempt.json").read_text()
+    )
+    assert record.preflight.ok and "run_correctness" in record.preflight.tools, record.preflight
+    assert record.status == "agent_error" and "Not logged in" in record.message
+    assert record.agent_version == "2.1.332" and record.leftovers == []
+    assert run.scores.causes == {"agent_error": 1}
+
+
 def _marked(pid: str) -> bool:
     try:
         return b"PKB_AGENT_ATTEMPT=" in Path(f"/proc/{pid}/environ").read_bytes()
