@@ -301,6 +301,58 @@ def test_the_real_claude_code_without_a_key_passes_the_preflight_and_fails_as_th
     assert run.scores.causes == {"agent_error": 1}
 
 
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not os.environ.get("PKB_CLAUDE"), reason="PKB_CLAUDE names no Claude Code (.ci/run installs it)"
+)
+def test_the_real_claude_code_scripted_over_two_problems_and_two_attempts(tmp_path, monkeypatch):
+    """The real client calls pkb's real MCP server; only the model is a loopback stand-in, whose turns
+    write solution.py, call run_correctness on it and end. Attempt 0 of problem 1 is right, the rest
+    wrong (problem 2's in its shape)."""
+    from tests.agents.anthropic_standin import AnthropicStandin, attempt_script
+
+    def source(request: dict) -> str:
+        seen = json.dumps(request.get("system", "")) + json.dumps(request.get("messages", []))
+        return GOOD if "001_allreduce/attempt-0/" in seen else BAD
+
+    def problem(request: dict) -> str:
+        return "2" if "002_allgather/" in json.dumps(request.get("system", "")) else "1"
+
+    script = attempt_script(source)
+    check = script[1]
+    script[1] = lambda req: (*check(req)[:2], {**check(req)[2], "problem": problem(req)})
+    settings = AgentSettings(
+        agent="claude", model="claude-sonnet-4-5", problems=[1, 2], attempts=2, world_size=2, device="cpu",
+        agent_sandbox="none", wall_s=240,
+    )  # fmt: skip
+    with AnthropicStandin(script) as model:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", model.url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
+        run = run_agents(settings, tmp_path / "run")
+    assert len(model.requests) == 12, [r["path"] for r in model.requests]  # three turns an attempt
+    out = tmp_path / "run"
+    records = {
+        (r.problem_id, r.attempt): r
+        for r in (
+            AttemptRecord.model_validate_json(p.read_text()) for p in out.glob("*/attempt-*/attempt.json")
+        )
+    }
+    for r in records.values():
+        assert r.status == "done" and r.preflight.ok and r.agent_version == "2.1.332", r
+        assert (r.usage.turns, r.usage.tool_calls, r.usage.pkb_calls) == (3, 2, 1)
+        assert r.usage.input_tokens and r.usage.cost_usd is not None and not r.leftovers
+        assert [(s.kind, s.step) for s in r.snapshots] == [("check", 2)]
+    assert [s.passed for s in records[(1, 0)].snapshots] == [True]
+    assert [s.passed for s in records[(2, 1)].snapshots] == [False]
+    transcript = (out / "001_allreduce" / "attempt-0" / "transcript.jsonl").read_text()
+    assert '"name":"mcp__pkb__run_correctness"' in transcript and '"verdict":"pass"' in transcript
+    assert run.scores.causes == {"correct": 1, "mismatch": 1, "shape": 2}
+    assert run.pass_at_k == {"1": pytest.approx(0.25), "2": pytest.approx(0.5)}
+    assert (out / "report" / "report.md").exists() and (out / "steps.png").exists()
+    steps = {p.steps: p.correct for p in run.scores.steps}
+    assert steps[1] == 0 and steps[2] == pytest.approx(0.25)  # correct once run_correctness said so
+
+
 def _marked(pid: str) -> bool:
     try:
         return b"PKB_AGENT_ATTEMPT=" in Path(f"/proc/{pid}/environ").read_bytes()

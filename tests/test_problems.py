@@ -119,8 +119,7 @@ def test_per_output_bounds_are_validated(tmp_path, tolerance, message):
 
 
 def test_per_output_bounds_load_and_show():
-    from pkb_mcp import service
-    from pkb_mcp import render
+    from pkb_mcp import render, service
 
     p = SUITE[21]
     assert 0 in p.output_tolerances and p.bounds["outputs"][0] == p.output_tolerances[0]
