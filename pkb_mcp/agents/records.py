@@ -54,7 +54,7 @@ class Snapshot(BaseModel):
     index: int = Field(description="the call's place among the attempt's check and bench calls, from 0")
     kind: Literal["check", "bench"]
     at_s: float = Field(description="seconds since the attempt started")
-    step: int = Field(description="tool calls the agent had made when it made this one")
+    step: int = Field(description="tool calls the agent had made by this one, itself included")
     sha256: str
     file: str = Field(description="the snapshot, relative to the attempt's folder")
     passed: bool | None = Field(None, description="check: passed; bench: its check part passed")
