@@ -262,7 +262,7 @@ def run_attempt(spec: AttemptSpec) -> AttemptRecord:
         if s.tools == "mcp":
             env = _server_env(state)
             if contained:
-                from pkb_mcp.agents import container  # type: ignore[attr-defined]
+                from pkb_mcp.agents import container
 
                 http = _HttpServer(env, workspace, folder / "server.log", container.host_address())
                 server = Server(url=http.url, token=http.token)
@@ -354,7 +354,7 @@ def _start(
     marker = f"{spec.problem_id}-{spec.attempt}-{secrets.token_hex(4)}"
     if not contained:
         return HostProcess(argv, env, workspace, spec.folder / "stderr.log", stdin, marker)
-    from pkb_mcp.agents import container  # type: ignore[attr-defined]
+    from pkb_mcp.agents import container
 
     mounts = [
         container.Mount(workspace, str(workspace), writable=True),

@@ -79,7 +79,7 @@ def _check(settings: AgentSettings) -> None:
     for pid in settings.problems:
         service.show_problem(pid, settings.world_size, settings.size, settings.variant)  # its world size
     if settings.agent_sandbox == "docker":
-        from pkb_mcp.agents import container  # type: ignore[attr-defined]
+        from pkb_mcp.agents import container
 
         if not container.available():
             raise UserError(
