@@ -35,7 +35,7 @@ def test_the_client_sees_only_its_mounts_and_is_ended_with_what_it_started(tmp_p
         "setsid sleep 600 & sleep 600"
     )
     proc = container.launch(
-        ["/bin/bash", "-c", script],
+        ["/usr/bin/bash", "-c", script],
         env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
         cwd=ws,
         mounts=[container.Mount(ws, str(ws), True), container.Mount(home, str(home), True)],

@@ -282,14 +282,16 @@ def test_an_agent_that_hangs_is_ended_at_the_wall_with_everything_it_started(sou
 @pytest.mark.skipif(
     not os.environ.get("PKB_CLAUDE"), reason="PKB_CLAUDE names no Claude Code (.ci/run installs it)"
 )
+@pytest.mark.parametrize("where", ["none", "docker"])
 def test_the_real_claude_code_without_a_key_passes_the_preflight_and_fails_as_the_client(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, where
 ):
     """Claude Code from npm, no key: its init event lists pkb's server connected and its tools (the
-    preflight, before any model call), then it ends "Not logged in": agent_error, not no_tools."""
+    preflight, before any model call), then it ends "Not logged in": agent_error, not no_tools. In its
+    own container (the default) it reaches the attempt's pkb server on the host over HTTP."""
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     settings = AgentSettings(
-        agent="claude", problems=[1], attempts=1, world_size=2, device="cpu", agent_sandbox="none", wall_s=120
+        agent="claude", problems=[1], attempts=1, world_size=2, device="cpu", agent_sandbox=where, wall_s=120
     )
     run = run_agents(settings, tmp_path / "run", judge=False)
     record = AttemptRecord.model_validate_json(
@@ -297,8 +299,13 @@ def test_the_real_claude_code_without_a_key_passes_the_preflight_and_fails_as_th
     )
     assert record.preflight.ok and "run_correctness" in record.preflight.tools, record.preflight
     assert record.status == "agent_error" and "Not logged in" in record.message
-    assert record.agent_version == "2.1.332" and record.leftovers == []
+    assert record.agent_version == "2.1.332" and record.leftovers == [] and record.agent_sandbox == where
     assert run.scores.causes == {"agent_error": 1}
+    if where == "docker":
+        assert (
+            "serving MCP on http://"
+            in (tmp_path / "run" / "001_allreduce" / "attempt-0" / "server.log").read_text()
+        )
 
 
 @pytest.mark.integration

@@ -86,6 +86,7 @@ def _check(settings: AgentSettings) -> None:
                 "no Docker engine answers, and the agent's client runs in a container of its own by default; "
                 "start Docker, or pass --agent-sandbox none to run it as you (no isolation)"
             )
+        container.prepare()
         if settings.tools == "cli":
             raise UserError(
                 "--tools cli runs pkb's command in the agent's own shell, which a container does not have "
