@@ -231,7 +231,7 @@ def _judge(
 
 
 def _harbor_result(folder: Path, r: AttemptRecord, results: dict[tuple[int, int], FileResult]) -> None:
-    """result.json: the attempt as a subset of Harbor's trial result (docs/agents.md, "Records")."""
+    """result.json: the attempt as a subset of Harbor's trial result (docs/agents.md, "One attempt")."""
     judged = results.get((r.problem_id, r.attempt))
     rewards: dict[str, Any] | None = None
     if judged is not None:
