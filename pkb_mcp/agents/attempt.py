@@ -288,13 +288,10 @@ def run_attempt(spec: AttemptSpec) -> AttemptRecord:
     solution, digest = _collect(workspace, folder)
     if status == "done" and solution is None:
         status, message = "no_file", f"the agent ended without writing {SOLUTION}"
-    from pkb_mcp.agents.trail import from_calls, from_jobs
-
     times = _times(folder)
     tool_times = [times[i] for i in transcript.tool_lines if i < len(times)]
-    snaps = from_jobs(state, folder / "snapshots", started, tool_times) + from_calls(
-        state / "calls", folder / "snapshots", started, tool_times
-    )
+    snaps = trail.from_jobs(state, folder / "snapshots", started, tool_times)
+    snaps += trail.from_calls(state / "calls", folder / "snapshots", started, tool_times)
     record = AttemptRecord(
         problem_id=spec.problem_id,
         problem=spec.problem,
