@@ -24,6 +24,7 @@ Cause = Literal[
     "deadlock",
     "build",
     "suspect",
+    "refused",
     "no_tools",
     "agent_timeout",
     "agent_error",
@@ -31,7 +32,9 @@ Cause = Literal[
     "unjudged",
 ]
 # an attempt's cause in the paper's words (syntax, shape, runtime, mismatch, deadlock), and pkb's
-# own: a failed build, a suspect (refused by pkb's protections), and the attempt's own statuses
+# own: a failed build, a suspect (caught by pkb's protections), a file pkb refused to run as written
+# (NVLink multicast, a convention it cannot bridge), and the attempt's own statuses; defined in
+# docs/measurement.md, "Agent runs"
 
 
 class Usage(BaseModel):
@@ -148,9 +151,17 @@ class RunScores(BaseModel):
     problems: list[ProblemScore]
     pass_at_k: dict[str, float | None] = Field(description="k -> unbiased pass@k over the problems")
     fast_1_at_k: dict[str, float | None]
+    estimated: dict[str, int] = Field(
+        default_factory=dict,
+        description="k -> problems with at least k counted attempts, where pass@k is the unbiased "
+        "estimate (the others count by their best of n, a lower bound)",
+    )
+    fast_p: float = Field(1.0, description="the speedup fast_1_at_k and the step curve's fast_1 must exceed")
+    solved: int = Field(0, description="problems with a correct counted attempt (best of k)")
     no_tools: int = Field(description="attempts whose client never had pkb's tools: counted apart")
     causes: dict[str, int]
     cost_usd: float | None = None
+    cost_attempts: int = Field(0, description="attempts whose client reported a cost: cost_usd sums theirs")
     cost_per_solved_usd: float | None = None
     wall_s: float
     wall_per_solved_s: float | None = None
