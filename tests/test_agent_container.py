@@ -9,6 +9,7 @@ import secrets
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -134,10 +135,13 @@ def test_mounts_over_its_own_folders_and_an_unwritable_home_are_refused(start, t
 def test_its_root_is_read_only_but_tmp_and_home_are_writable(start):
     script = (
         "for p in /etc/x /usr/x /x /sbin/x; do touch $p 2>/dev/null && echo WROTE $p; done; "
-        'touch /tmp/ok && echo tmp-ok; touch "$HOME/ok" && echo home-ok'
+        'touch /tmp/ok && echo tmp-ok; touch "$HOME/ok" && echo home-ok; '
+        "awk '$5 == \"/\" {print $6}' /proc/self/mountinfo"
     )
     _, out = bash(start, script)
-    assert out.split("\n")[:2] == ["tmp-ok", "home-ok"], out
+    lines = out.split("\n")
+    assert lines[:2] == ["tmp-ok", "home-ok"], out
+    assert lines[2].split(",")[0] == "ro"  # the root itself, not only its folders' owners, refuses writes
     assert (start.home / "ok").exists()
 
 
@@ -158,6 +162,15 @@ def test_kill_all_ends_everything_it_started_and_removes_the_container(start):
     assert proc.stdout.read() == b""
 
 
+def test_kill_all_ends_a_client_whose_output_nobody_reads(start):
+    proc = start(["yes"])
+    assert proc.stdout.read(10) == b"y\ny\ny\ny\ny\n"  # it runs; then its output fills every buffer
+    t0 = time.monotonic()
+    proc.kill_all()
+    assert time.monotonic() - t0 < 10
+    assert proc.leftovers() == [] and containers(proc.name) == []
+
+
 def _host_sleepers() -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -174,6 +187,13 @@ def test_stdout_comes_as_it_is_written(start):
     proc = start(["bash", "-c", "echo first; sleep 60; echo second"])
     assert proc.stdout.readline() == b"first\n"
     assert proc.poll() is None  # the line came before the client ended
+
+
+def test_a_large_output_arrives_whole(start):
+    proc = start(["bash", "-c", "head -c 3000000 /dev/zero | base64 -w 100; echo END"])
+    out = proc.stdout.read()  # far more than the pipe holds: the client waits for its reader, loses nothing
+    assert proc.wait(WAIT_S) == 0
+    assert len(out) == 4_000_000 // 100 * 101 + 4 and out.endswith(b"END\n")
 
 
 def test_stdin_is_delivered_and_then_closed(start):

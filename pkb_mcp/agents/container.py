@@ -7,8 +7,9 @@ So by default it runs here, in a container that holds only what it needs:
   mount points, the links /bin, /lib, ... into /usr as the host has them, a passwd naming one user),
   read-only, with a tmpfs /tmp and a tmpfs home for that user;
 - the host's /usr read-only (node, bash, coreutils, git, python3 and their libraries), the host's CA
-  certificates (/etc/ssl/certs) read-only for HTTPS to the model's provider, /etc/resolv.conf and
-  /etc/hosts from Docker (DNS by the engine);
+  certificates (/etc/ssl/certs) read-only for HTTPS to the model's provider, /etc/alternatives (the
+  links awk and others in /usr/bin go through) read-only, /etc/resolv.conf and /etc/hosts from Docker
+  (DNS by the engine);
 - the mounts the attempt gives (`Mount`): its workspace and the client's home read-write, the client's
   install folder read-only (`client_mounts`). Nothing else of the host: no repository checkout, no
   /root or /home, no pkb state or cache folder, no /tmp, no Docker socket (a mount holding it is
@@ -93,6 +94,8 @@ FILE_SIZE_CAP = 4 << 30  # RLIMIT_FSIZE: no one file larger, in the mounts or th
 STDERR_CAP = 64 << 20  # bytes of the client's stderr kept on the host
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 CA_CERTS = "/etc/ssl/certs"
+# links only (Debian's awk, editor, pager, ... in /usr/bin point there): read-only, nothing secret
+ALTERNATIVES = "/etc/alternatives"
 # what a mount may not cover inside: the image's own and what the engine provides
 RESERVED_INSIDE = ("/usr", "/proc", "/sys", "/dev", "/etc")
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock")
@@ -164,8 +167,8 @@ def _host_top_links() -> tuple[dict[str, str], list[str]]:
 def rootfs_tar(uid: int, gid: int) -> bytes:
     """The image's root: mount points, the host's top-level links, and /etc's name files."""
     links, folders = _host_top_links()
-    dirs = ["tmp", "etc", "etc/ssl", "etc/ssl/certs", "proc", "sys", "dev", "usr", "sbin", "home"]
-    dirs.append(HOME_INSIDE[1:])
+    dirs = ["tmp", "etc", "etc/ssl", "etc/ssl/certs", "etc/alternatives", "proc", "sys", "dev", "usr"]
+    dirs += ["sbin", "home", HOME_INSIDE[1:]]
     dirs += [f[1:] for f in folders]
     files = {
         "etc/passwd": (
@@ -238,11 +241,13 @@ def network(client: docker.DockerClient | None = None) -> Any:
 
 
 def prepare() -> None:
-    """The image and the network, made once before any attempt (its pkb server, which makes the same
-    image for its own sandboxes, then finds it made)."""
+    """The agents' image and network, made once before any attempt (attempts that start together then
+    find them made rather than racing to make them); the agents' containers of dead pkb processes
+    removed."""
     client = _engine()
     ensure_image(client, *agent_user())
     network(client)
+    sweep()  # what a crashed run left
 
 
 def host_address() -> str:
@@ -402,7 +407,10 @@ class ContainerProcess:
 
     def _read(self) -> None:
         """Frames of the multiplexed stream (8-byte header: the stream, 3 zero bytes, the length) until
-        it ends: the container exited or was removed."""
+        it ends: the container exited or was removed. Once stdout has no reader left (closed, or the
+        container being ended with the pipe full), its frames are read and dropped: an engine that
+        cannot hand over the container's output does not let the container end."""
+        to_stdout = True
         try:
             while True:
                 header = self._recv_exact(8)
@@ -412,16 +420,19 @@ class ContainerProcess:
                 data = self._recv_exact(size) if size else b""
                 if data is None:
                     return
-                if kind == 1:
+                if kind == 1 and to_stdout:
                     if not self._to_stdout(data):
-                        return
+                        to_stdout = False
+                        with contextlib.suppress(OSError):
+                            os.close(self._write_fd)
                 elif kind == 2:
                     self._to_stderr(data)
         except OSError:
             return
         finally:
-            with contextlib.suppress(OSError):
-                os.close(self._write_fd)
+            if to_stdout:
+                with contextlib.suppress(OSError):
+                    os.close(self._write_fd)
             with contextlib.suppress(OSError, ValueError):
                 self._stderr.flush()
 
@@ -498,12 +509,16 @@ class ContainerProcess:
                 with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
                     self.container.remove(force=True)
         with contextlib.suppress(OSError):
-            self._raw.close()
+            self._raw.shutdown(socket.SHUT_RDWR)  # wakes the reader; the socket is closed once it is done
         self._reader.join(5)
-        if self._waiter.ident is None:  # never started: its start failed
+        if not self._reader.is_alive():
+            with contextlib.suppress(OSError):
+                self._raw.close()
+        if self._waiter.ident is None:  # never started: the container's start failed
             self._code = 137
             self._exited.set()
-        self._waiter.join(5)
+        else:
+            self._waiter.join(5)
         with contextlib.suppress(OSError, ValueError):
             self._stderr.close()
 
@@ -577,8 +592,9 @@ def launch(
         *[DockerMount(f, f, type="bind", read_only=True) for f in top_folders],
         *[DockerMount(m.inside, str(m.host), type="bind", read_only=not m.writable) for m in mounts],
     ]
-    if os.path.isdir(CA_CERTS):
-        docker_mounts.append(DockerMount(CA_CERTS, CA_CERTS, type="bind", read_only=True))
+    for shared in (CA_CERTS, ALTERNATIVES):
+        if os.path.isdir(shared):
+            docker_mounts.append(DockerMount(shared, shared, type="bind", read_only=True))
     tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={TMP_SIZE},mode=1777"}
     if not any(m.inside == HOME_INSIDE for m in mounts):
         tmpfs[HOME_INSIDE] = f"rw,exec,nosuid,nodev,size={HOME_SIZE},mode=0700,uid={uid},gid={gid}"
@@ -612,15 +628,20 @@ def launch(
         tty=False,
         log_config={"type": "none"},  # its output is read as it comes, never kept by the engine
     )
+    proc: ContainerProcess | None = None
     try:
+        # attached before it starts: none of its output is missed, and the engine keeps none of it
         params = {"stdout": 1, "stderr": 1, "stream": 1, "stdin": 1 if stdin is not None else 0}
         sock = client.api.attach_socket(container.id, params=params)
         proc = ContainerProcess(client, container, sock, stderr, stdin)
         container.start()
         proc._started()
     except BaseException:
-        with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
-            container.remove(force=True)
+        if proc is not None:
+            proc.kill_all()
+        else:
+            with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
+                container.remove(force=True)
         raise
     return proc
 
