@@ -152,6 +152,9 @@ def test_kill_all_ends_everything_it_started_and_removes_the_container(start):
     )
     assert proc.stdout.readline() == b"started\n"
     assert proc.poll() is None and proc.leftovers() != []
+    deadline = time.monotonic() + 10  # "started" may come before the background child's exec of sleep
+    while not _host_sleepers() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _host_sleepers() != [], "the probe must see the container's processes on the host"
     proc.kill_all()
     assert proc.leftovers() == []
@@ -317,8 +320,8 @@ def test_sweep_removes_only_containers_whose_pkb_process_is_gone():
         )
         made[who] = name
     try:
-        removed = container.sweep()
-        assert made["dead"] in removed and made["mine"] not in removed
+        removed = container.sweep()  # another pkb process's sweep may have taken the dead one first
+        assert made["mine"] not in removed
         assert containers(made["dead"]) == [] and len(containers(made["mine"])) == 1
         assert made["mine"] in container.sweep(include_own=True)
         assert containers(made["mine"]) == []
