@@ -105,14 +105,22 @@ def export_tasks(
     if not ids:
         raise UserError("no problems to export; name at least one problem id")
     details = [service.show_problem(pid, world_size, size, variant) for pid in ids]
-    folders = {f"{d.id:03d}_{d.name}": d for d in details}
+    tasks = {f"{d.id:03d}_{d.name}": task_files(d, problems.resolve(d.id, variant), s) for d in details}
     _check_out_dir(out_dir)
     written = []
-    for name, d in folders.items():
+    for name, files in tasks.items():
         folder = out_dir / name
         if folder.exists():
             shutil.rmtree(folder)  # an earlier export of this problem (_check_out_dir made sure)
-        _write_task(folder, d, problems.resolve(d.id, variant), s)
+        for relative, content in files.items():
+            path = folder / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content)
+            if path.suffix == ".sh":
+                path.chmod(0o755)
         written.append(folder)
     return written
 
@@ -153,8 +161,9 @@ def _is_exported_task(folder: Path) -> bool:
         return False
 
 
-def _write_task(folder: Path, d: ProblemDetail, p: problems.Problem, s: Settings) -> None:
-    files = {
+def task_files(d: ProblemDetail, p: problems.Problem, s: Settings) -> dict[str, str | bytes]:
+    """A task folder's files by their path in it."""
+    files: dict[str, str | bytes] = {
         "instruction.md": instruction(d, s),
         "task.toml": task_toml(d, s),
         "solution/solution.py": oracle_source(p),
@@ -163,14 +172,8 @@ def _write_task(folder: Path, d: ProblemDetail, p: problems.Problem, s: Settings
     }
     if s.image is None:
         files["environment/Dockerfile"] = dockerfile(s.device)
-    for relative, text in files.items():
-        path = folder / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        if path.suffix == ".sh":
-            path.chmod(0o755)
-    if s.image is None:
-        (folder / "environment" / "pkb.tar.gz").write_bytes(source_tar(p))
+        files["environment/pkb.tar.gz"] = source_tar(p)
+    return files
 
 
 # ---------------------------------------------------------------- instruction.md
