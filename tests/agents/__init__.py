@@ -1,0 +1,1 @@
+"""Real agent clients (Claude Code, Codex) against loopback stand-ins for their model APIs."""
