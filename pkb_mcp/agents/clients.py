@@ -221,6 +221,7 @@ def _codex_config(home: Path, workspace: Path, server: Server | None) -> dict[st
             # Codex passes none of its own environment: every variable pkb needs is spelled out
             env = ", ".join(f"{k} = {_toml_str(v)}" for k, v in sorted(server.env.items()))
             lines.append(f"env = {{ {env} }}")
+        lines.append("required = true")  # else Codex may start without pkb's tools and say nothing
         lines.append(f"startup_timeout_sec = {MCP_TIMEOUT_MS // 1000}")
         lines.append("tool_timeout_sec = 3600")
     existing = home / "config.toml"
