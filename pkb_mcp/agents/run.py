@@ -236,11 +236,14 @@ def _harbor_result(folder: Path, r: AttemptRecord, results: dict[tuple[int, int]
     rewards: dict[str, Any] | None = None
     if judged is not None:
         rewards = {"reward": 1.0 if judged.correct else 0.0}
-        if judged.speedup is not None and judged.credited:
-            rewards["speedup"] = judged.speedup
     exception = None
     if r.status != "done":
-        exception = {"exception_type": r.status, "exception_message": r.message, "occurred_at": r.finished_at}
+        exception = {
+            "exception_type": r.status,
+            "exception_message": r.message,
+            "exception_traceback": "",
+            "occurred_at": r.finished_at,
+        }
     data = {
         "task_name": folder.parent.name,
         "trial_name": f"{folder.parent.name}__{folder.name}",
@@ -259,7 +262,13 @@ def _harbor_result(folder: Path, r: AttemptRecord, results: dict[tuple[int, int]
         "exception_info": exception,
         "started_at": r.started_at,
         "finished_at": r.finished_at,
-        "pkb": {"status": r.status, "agent_sandbox": r.agent_sandbox, "tools": r.tools},
+        # one reward key only: Harbor computes pass@k only then; the speedup goes beside it
+        "pkb": {
+            "status": r.status,
+            "agent_sandbox": r.agent_sandbox,
+            "tools": r.tools,
+            "speedup": judged.speedup if judged is not None and judged.credited else None,
+        },
     }
     (folder / "result.json").write_text(json.dumps(data, indent=2))
 

@@ -1,4 +1,4 @@
-"""`pkb agents run`: the command line over pkb_mcp/agents (docs/agents.md)."""
+"""`pkb agents run` and `pkb export harbor`: the command lines over pkb_mcp/agents (docs/agents.md)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,19 @@ def add(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the run's result as JSON")
     p.set_defaults(func=cmd_agents_run)
 
+    export = sub.add_parser("export", help="the problems as tasks of another evaluation engine")
+    kinds = export.add_subparsers(dest="export_kind", required=True, parser_class=type(export))
+    h = kinds.add_parser("harbor", help="one Harbor task per problem (docs/harbor.md)")
+    h.add_argument("dir", help="the folder to write the tasks into")
+    h.add_argument("--problems", default="all", help="ids, ranges (1-10), categories, names or all")
+    h.add_argument("--variant", choices=list(VARIANTS), default="pkb")
+    h.add_argument("--world-size", type=int, default=4)
+    h.add_argument("--size", default="pkb")
+    h.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    h.add_argument("--image", default=None, help="the environment's image (default: see docs/harbor.md)")
+    h.add_argument("--mcp-url", default=None, help="pkb's MCP server as the agent reaches it")
+    h.set_defaults(func=cmd_export_harbor)
+
 
 def cmd_agents_run(args: argparse.Namespace) -> int:
     from pkb_mcp import service
@@ -84,4 +97,22 @@ def cmd_agents_run(args: argparse.Namespace) -> int:
         print(run.model_dump_json(indent=2))
     else:
         print(Path(run.reports["md"]).read_text())
+    return EXIT_PASS
+
+
+def cmd_export_harbor(args: argparse.Namespace) -> int:
+    from pkb_mcp.agents.harbor import export_tasks
+    from pkb_mcp.agents.run import select_problems
+
+    written = export_tasks(
+        Path(args.dir),
+        select_problems(args.problems, args.variant),
+        variant=args.variant,
+        world_size=args.world_size,
+        size=args.size,
+        device=args.device,
+        image=args.image,
+        mcp_url=args.mcp_url,
+    )
+    print(f"pkb: {len(written)} Harbor task(s) in {args.dir}")
     return EXIT_PASS
