@@ -373,3 +373,19 @@ def test_the_cli_refuses_a_bad_agent_in_one_line(tmp_path):
         capture_output=True, text=True, env={**os.environ}, timeout=120,
     )  # fmt: skip
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "none of claude" in out.stderr
+
+
+def test_an_attempts_files_are_read_without_trusting_them(tmp_path):
+    """A client running as the user can replace the attempt's record, trail or snapshots' sources: a
+    FIFO there (which would hang a plain read) and a link out of the folder are refused."""
+    from pkb_mcp.agents import attempt, trail
+
+    secret = tmp_path / "secret"
+    secret.write_text('{"tools": ["stolen"]}')
+    folder = tmp_path / "attempt"
+    folder.mkdir()
+    os.mkfifo(folder / "attempt.json")
+    (folder / "listed.json").symlink_to(secret)
+    assert attempt.read_record(folder) is None
+    assert trail.listed(folder / "listed.json") is None
+    assert trail.read(folder, "attempt.json") is None

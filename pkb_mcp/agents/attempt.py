@@ -320,8 +320,8 @@ def run_attempt(spec: AttemptSpec) -> AttemptRecord:
 
 def _times(folder: Path) -> list[float]:
     try:
-        return [float(x) for x in (folder / "transcript.times").read_text().split()]
-    except (OSError, ValueError):
+        return [float(x) for x in (trail.read(folder, "transcript.times", 1 << 26) or b"").split()]
+    except ValueError:
         return []
 
 
@@ -333,9 +333,10 @@ def write_record(folder: Path, record: AttemptRecord) -> None:
 
 def read_record(folder: Path) -> AttemptRecord | None:
     """A complete attempt's record, or None (absent or unreadable: the attempt runs again)."""
+    data = trail.read(folder, RECORD, 1 << 24)
     try:
-        return AttemptRecord.model_validate_json((folder / RECORD).read_text())
-    except (OSError, ValueError):
+        return AttemptRecord.model_validate_json(data) if data is not None else None
+    except ValueError:
         return None
 
 

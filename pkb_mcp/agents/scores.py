@@ -18,6 +18,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
+from typing import get_args
 
 from pkb_mcp.agents.records import AttemptRecord, Cause, ProblemScore, RunScores, StepPoint
 from pkb_mcp.evaluation.records import NOT_ATTEMPTED, FileResult, is_fast
@@ -26,22 +27,7 @@ from pkb_mcp.evaluation.report import NO_MATPLOTLIB
 Results = Mapping[tuple[int, int], FileResult]  # (problem id, attempt) -> the judged file
 
 # The paper's words first, then pkb's, then the attempt's own: the order of every causes table.
-CAUSES: tuple[Cause, ...] = (
-    "correct",
-    "syntax",
-    "shape",
-    "runtime",
-    "mismatch",
-    "deadlock",
-    "build",
-    "suspect",
-    "refused",
-    "no_tools",
-    "agent_timeout",
-    "agent_error",
-    "no_file",
-    "unjudged",
-)
+CAUSES: tuple[Cause, ...] = get_args(Cause)
 
 # What pkb writes where a file does not parse or is no candidate (pkb_mcp/runs/run.py, read_solution),
 # or where Python raised it while importing (the rank's message: "raised SyntaxError: ...").

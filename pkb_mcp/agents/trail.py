@@ -40,11 +40,25 @@ def mark_listed(tools: list[str]) -> None:
         os.replace(tmp, path)
 
 
+def read(folder: Path, name: str, cap: int = SNAPSHOT_CAP) -> bytes | None:
+    """A file of the attempt's folders, which a client running as the user could have replaced: read
+    through the reader that refuses links, FIFOs and devices and bounds the bytes (sandbox/untrusted.py)."""
+    from sandbox.untrusted import LaunchFiles
+
+    return LaunchFiles(folder).read(name, cap)
+
+
+def _json(folder: Path, name: str) -> Any:
+    try:
+        return json.loads(read(folder, name, 65536) or b"null")
+    except ValueError:
+        return None
+
+
 def listed(path: Path) -> list[str] | None:
     """The tools pkb's server listed to the client, or None if it never did."""
-    try:
-        data = json.loads(path.read_text()[:65536])
-    except (OSError, ValueError):
+    data = _json(path.parent, path.name)
+    if data is None:
         return None
     tools = data.get("tools") if isinstance(data, dict) else None
     return [t for t in tools if isinstance(t, str)] if isinstance(tools, list) else []
@@ -92,9 +106,11 @@ def from_jobs(state: Path, out: Path, started: float, tool_times: list[float]) -
     for index, job in enumerate(store.every(("check", "bench"))):
         source = Path(str(job.params.get("path", "")))
         try:
-            source.resolve().relative_to(state.resolve())  # the server's own copy, nowhere else
-            data = source.read_bytes()[:SNAPSHOT_CAP]
-        except (OSError, ValueError):
+            rel = source.relative_to(state)  # the server's own copy, nowhere else
+        except ValueError:
+            continue
+        data = read(state, str(rel))
+        if data is None:
             continue
         found.append(
             _snapshot(index, job.kind, data, job.created, started, tool_times, out, store.result(job.id))
@@ -106,12 +122,9 @@ def from_calls(calls: Path, out: Path, started: float, tool_times: list[float]) 
     """The checks and benches the agent's `pkb` command recorded (`--tools cli`)."""
     found = []
     for index, note_path in enumerate(sorted(calls.glob("*.json")) if calls.is_dir() else []):
-        try:
-            note = json.loads(note_path.read_text()[:65536])
-            data = note_path.with_suffix(".py").read_bytes()[:SNAPSHOT_CAP]
-        except (OSError, ValueError):
-            continue
-        if not isinstance(note, dict) or note.get("kind") not in ("check", "bench"):
+        note = _json(calls, note_path.name)
+        data = read(calls, note_path.with_suffix(".py").name)
+        if data is None or not isinstance(note, dict) or note.get("kind") not in ("check", "bench"):
             continue
         at = float(note["at"]) if isinstance(note.get("at"), int | float) else started
         result = {"verdict": "pass" if note.get("passed") else "fail", "speedup": note.get("speedup")}
