@@ -111,6 +111,42 @@ def test_each_client_gets_pkb_in_its_own_format(tmp_path, url):
         assert gemini["args"] == ["-m", "pkb_mcp", "serve"]
 
 
+def test_a_provider_chosen_in_the_environment_reaches_the_clients_fresh_home(tmp_path, monkeypatch):
+    """A fresh home has no provider settings of the user's: Codex is given OPENAI_BASE_URL as its
+    `openai_base_url`, Gemini CLI API-key auth when GEMINI_API_KEY is set (else 0.61 picks a
+    "gateway" auth for a base URL and refuses it headless)."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("GEMINI_API_KEY", "k")
+    clients.CLIENTS["codex"].write_config(tmp_path / "codex", tmp_path, _server(False))
+    assert tomllib.loads((tmp_path / "codex" / "config.toml").read_text())["openai_base_url"] == (
+        "http://127.0.0.1:9/v1"
+    )
+    clients.CLIENTS["gemini"].write_config(tmp_path / "gemini", tmp_path, _server(False))
+    settings = json.loads((tmp_path / "gemini" / ".gemini" / "settings.json").read_text())
+    assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    monkeypatch.delenv("GEMINI_API_KEY")
+    clients.CLIENTS["codex"].write_config(tmp_path / "codex2", tmp_path, _server(False))
+    assert "openai_base_url" not in tomllib.loads((tmp_path / "codex2" / "config.toml").read_text())
+
+
+def test_a_client_without_a_key_in_the_environment_is_warned_of_before_the_run():
+    claude = clients.CLIENTS["claude"]
+    assert claude.signed_in({"CLAUDE_CODE_OAUTH_TOKEN": "t"}) is None
+    warning = claude.signed_in({})
+    assert warning and "ANTHROPIC_API_KEY" in warning and "own login is not carried" in warning
+    assert clients.cmd_client("true").signed_in({}) is None  # a cmd: agent's sign-in is its own
+
+
+@pytest.mark.parametrize(
+    "name, pkb",
+    [("mcp__pkb__run_correctness", True), ("mcp_pkb_benchmark", True), ("run_correctness", True),
+     ("mcp__other__run_correctness", False), ("mcp_pkb_nothing", False), ("Write", False)],
+)  # fmt: skip
+def test_pkb_tools_are_told_by_each_clients_naming(name, pkb):
+    assert clients.is_pkb_tool(name) is pkb
+
+
 def test_budgets_go_where_the_client_has_them_and_are_noted_where_not(tmp_path):
     home = tmp_path / "h"
     clients.CLIENTS["claude"].write_config(home, tmp_path, _server(False))
@@ -312,31 +348,70 @@ def test_the_real_claude_code_without_a_key_passes_the_preflight_and_fails_as_th
 @pytest.mark.skipif(
     not os.environ.get("PKB_CLAUDE"), reason="PKB_CLAUDE names no Claude Code (.ci/run installs it)"
 )
-def test_the_real_claude_code_scripted_over_two_problems_and_two_attempts(tmp_path, monkeypatch):
-    """The real client calls pkb's real MCP server; only the model is a loopback stand-in, whose turns
-    write solution.py, call run_correctness on it and end. Attempt 0 of problem 1 is right, the rest
-    wrong (problem 2's in its shape)."""
-    from tests.agents.anthropic_standin import AnthropicStandin, attempt_script
-
-    def source(request: dict) -> str:
-        seen = json.dumps(request.get("system", "")) + json.dumps(request.get("messages", []))
-        return GOOD if "001_allreduce/attempt-0/" in seen else BAD
-
-    def problem(request: dict) -> str:
-        return "2" if "002_allgather/" in json.dumps(request.get("system", "")) else "1"
-
-    script = attempt_script(source)
-    check = script[1]
-    script[1] = lambda req: (*check(req)[:2], {**check(req)[2], "problem": problem(req)})
+def test_the_real_claude_code_whose_pkb_server_cannot_start_is_no_tools(tmp_path, monkeypatch):
+    """A broken pkb install on the server's PYTHONPATH: Claude Code's init event says pkb failed, so
+    the attempt is no_tools (counted apart, not the model's failure), whatever the client did next."""
+    broken = tmp_path / "broken" / "pkb_mcp"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('a broken pkb install')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken.parent))
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     settings = AgentSettings(
-        agent="claude", model="claude-sonnet-4-5", problems=[1, 2], attempts=2, world_size=2, device="cpu",
+        agent="claude", problems=[1], attempts=1, world_size=2, device="cpu", agent_sandbox="none", wall_s=120
+    )
+    run = run_agents(settings, tmp_path / "run", judge=False)
+    record = AttemptRecord.model_validate_json(
+        (tmp_path / "run" / "001_allreduce" / "attempt-0" / "attempt.json").read_text()
+    )
+    assert record.status == "no_tools" and not record.preflight.ok, record
+    assert "pkb" in record.preflight.message and "failed" in record.preflight.message
+    assert run.scores.no_tools == 1 and run.scores.causes == {"no_tools": 1}
+
+
+# each real client against its model's stand-in: the variables that point it there, its model, its version
+REAL_CLIENTS = {
+    "claude": ("AnthropicStandIn", {"ANTHROPIC_BASE_URL": "", "ANTHROPIC_API_KEY": "test"},
+               "claude-sonnet-4-5", "2.1.332"),
+    "codex": ("ResponsesStandIn", {"OPENAI_BASE_URL": "/v1", "OPENAI_API_KEY": "test"},
+              "gpt-5.5", "codex-cli 0.171.0"),
+    "gemini": ("GeminiStandIn", {"GOOGLE_GEMINI_BASE_URL": "", "GEMINI_API_KEY": "test"},
+               "gemini-2.5-pro", "0.61.0"),
+}  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("agent", list(REAL_CLIENTS))
+def test_a_real_client_scripted_right_and_wrong_is_recorded_judged_and_tabled(tmp_path, monkeypatch, agent):
+    """The real client (npm, pinned) calls pkb's real MCP server; only the model is a loopback
+    stand-in (tests/agents/standin.py), whose turns read the problem, write solution.py with the
+    client's own file tool, call run_correctness on it and end. Attempt 0 of problem 1 is right, the
+    rest wrong. Claude Code over 2 problems x 2 attempts (the second problem's file in the wrong
+    shape), the others over problem 1 x 2 attempts, to keep CI short."""
+    from tests.agents import standin
+
+    exe = os.environ.get(clients.CLIENTS[agent].env_var)
+    if not exe:
+        pytest.skip(f"{clients.CLIENTS[agent].env_var} names no {agent} (.ci/run installs it)")
+    kind, variables, model, version = REAL_CLIENTS[agent]
+    problems = [1, 2] if agent == "claude" else [1]
+    script = standin.attempt_script(
+        problem=lambda s: "2" if "/002_allgather/" in (s.cwd or "") else "1",
+        source=lambda s: GOOD if "/001_allreduce/attempt-0/" in (s.cwd or "") else BAD,
+        trials=1,
+    )
+    settings = AgentSettings(
+        agent=agent, model=model, problems=problems, attempts=2, world_size=2, device="cpu",
         agent_sandbox="none", wall_s=240,
     )  # fmt: skip
-    with AnthropicStandin(script) as model:
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", model.url)
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
+    for name in [
+        k for k in os.environ if k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "GEMINI_", "GOOGLE_"))
+    ]:
+        monkeypatch.delenv(name)
+    with getattr(standin, kind)(script) as api:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, api.url + value if "BASE_URL" in name else value)
         run = run_agents(settings, tmp_path / "run")
-    assert len(model.requests) == 12, [r["path"] for r in model.requests]  # three turns an attempt
+    assert api.errors == []
     out = tmp_path / "run"
     records = {
         (r.problem_id, r.attempt): r
@@ -344,20 +419,29 @@ def test_the_real_claude_code_scripted_over_two_problems_and_two_attempts(tmp_pa
             AttemptRecord.model_validate_json(p.read_text()) for p in out.glob("*/attempt-*/attempt.json")
         )
     }
+    assert len(records) == 2 * len(problems)
     for r in records.values():
-        assert r.status == "done" and r.preflight.ok and r.agent_version == "2.1.332", r
-        assert (r.usage.turns, r.usage.tool_calls, r.usage.pkb_calls) == (3, 2, 1)
-        assert r.usage.input_tokens and r.usage.cost_usd is not None and not r.leftovers
-        assert [(s.kind, s.step) for s in r.snapshots] == [("check", 2)]
+        assert r.status == "done" and r.preflight.ok and "run_correctness" in r.preflight.tools, r
+        assert r.agent_version == version and not r.leftovers, r
+        assert r.usage.pkb_calls == 2 and r.usage.tool_calls >= 3 and r.usage.input_tokens, r.usage
+        assert [s.kind for s in r.snapshots] == ["check"] and r.snapshots[0].step >= 3, r.snapshots
     assert [s.passed for s in records[(1, 0)].snapshots] == [True]
-    assert [s.passed for s in records[(2, 1)].snapshots] == [False]
+    assert [s.passed for s in records[(1, 1)].snapshots] == [False]
     transcript = (out / "001_allreduce" / "attempt-0" / "transcript.jsonl").read_text()
-    assert '"name":"mcp__pkb__run_correctness"' in transcript and '"verdict":"pass"' in transcript
-    assert run.scores.causes == {"correct": 1, "mismatch": 1, "shape": 2}
-    assert run.pass_at_k == {"1": pytest.approx(0.25), "2": pytest.approx(0.5)}
+    assert "run_correctness" in transcript and "pass" in transcript
+    if agent == "claude":
+        assert all((r.usage.turns, r.usage.tool_calls) == (4, 3) for r in records.values())
+        assert all(r.usage.cost_usd is not None for r in records.values())
+        assert run.scores.causes == {"correct": 1, "mismatch": 1, "shape": 2}
+        assert run.pass_at_k == {"1": pytest.approx(0.25), "2": pytest.approx(0.5)}
+        steps = {p.steps: p.correct for p in run.scores.steps}
+        assert steps[2] == 0 and steps[3] == pytest.approx(0.25)  # correct once run_correctness said so
+    else:
+        assert run.scores.causes == {"correct": 1, "mismatch": 1}
+        assert run.pass_at_k == {"1": pytest.approx(0.5), "2": pytest.approx(1.0)}
     assert (out / "report" / "report.md").exists() and (out / "steps.png").exists()
-    steps = {p.steps: p.correct for p in run.scores.steps}
-    assert steps[1] == 0 and steps[2] == pytest.approx(0.25)  # correct once run_correctness said so
+    harbor = json.loads((out / "001_allreduce" / "attempt-0" / "result.json").read_text())
+    assert harbor["agent_info"]["name"] == agent and harbor["verifier_result"]["rewards"]["reward"] == 1.0
 
 
 def _marked(pid: str) -> bool:

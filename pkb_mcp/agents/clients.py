@@ -44,6 +44,8 @@ PKB_TOOLS = (
     "cancel_job",
 )
 RUN_TOOLS = ("run_correctness", "benchmark")
+# how the clients name an MCP server's tool: Claude Code, Gemini CLI, Codex's namespace, others
+PKB_TOOL_PREFIXES = ("mcp__pkb__", "mcp_pkb_", "pkb__", "pkb.", "pkb/")
 MCP_TIMEOUT_MS = 120_000  # how long a client may take to connect pkb's server (it starts a sandbox pool)
 
 
@@ -96,9 +98,11 @@ class Transcript:
 
 
 def is_pkb_tool(name: str) -> bool:
-    """A tool name as a client shows it (`mcp__pkb__run_correctness`, `pkb__benchmark`, ...)."""
-    base = name.rsplit("__", 1)[-1].rsplit(".", 1)[-1]
-    return base in PKB_TOOLS and ("pkb" in name or name == base)
+    """A tool name as a client shows it (`mcp__pkb__run_correctness`, `mcp_pkb_benchmark`, ...)."""
+    for prefix in PKB_TOOL_PREFIXES:
+        if name.startswith(prefix):
+            return name.removeprefix(prefix) in PKB_TOOLS
+    return name in PKB_TOOLS
 
 
 def _events(lines: list[bytes]) -> list[tuple[int, dict[str, Any]]]:
@@ -209,6 +213,8 @@ def _toml_str(value: str) -> str:
 def _codex_config(home: Path, workspace: Path, server: Server | None) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     lines = []
+    if os.environ.get("OPENAI_BASE_URL"):  # a proxy's or gateway's: Codex reads it from its config
+        lines.append(f"openai_base_url = {_toml_str(os.environ['OPENAI_BASE_URL'])}")
     if server is not None:
         lines.append("[mcp_servers.pkb]")
         if server.url:
@@ -282,6 +288,10 @@ def _gemini_config(home: Path, workspace: Path, server: Server | None) -> dict[s
         entry["timeout"] = MCP_TIMEOUT_MS
         entry["trust"] = True
         settings["mcpServers"] = {"pkb": entry}
+    if os.environ.get("GEMINI_API_KEY"):
+        # else GOOGLE_GEMINI_BASE_URL (a proxy's) makes Gemini CLI 0.61 pick its "gateway" auth, which it
+        # then refuses headless ("Invalid auth method selected"); a fresh home has no choice of its own
+        settings["security"] = {"auth": {"selectedType": "gemini-api-key"}}
     (home / ".gemini" / "settings.json").write_text(json.dumps(settings, indent=2))
     (home / ".gemini" / "trustedFolders.json").write_text(json.dumps({str(workspace): "TRUST_FOLDER"}))
     return {"HOME": str(home), "GEMINI_CLI_TRUST_WORKSPACE": "true"}
@@ -397,16 +407,38 @@ class Client:
     has_turns: bool = False
     has_budget: bool = False
     reports_preflight: bool = False  # its transcript says whether pkb's tools were there at the start
+    # the variables that sign it in: an attempt's home is fresh, so the client's own login is not there
+    keys: tuple[str, ...] = ()
+
+    def signed_in(self, environ: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+        """None, or a sentence saying the client will find no login (pkb carries none of its own
+        logins into an attempt: concurrent attempts would share and rotate one refresh token)."""
+        if not self.keys or any(environ.get(k) for k in self.keys):
+            return None
+        return (
+            f"no {', '.join(self.keys[:-1])} or {self.keys[-1]} is set: {self.name}'s own login is not "
+            "carried into an attempt's fresh home, so each attempt will fail to sign in"
+        )
 
 
 CLIENTS: dict[str, Client] = {
     "claude": Client(
-        "claude", "claude", "PKB_CLAUDE", _claude_config, _claude_launch, _claude_read, True, True, True
+        "claude", "claude", "PKB_CLAUDE", _claude_config, _claude_launch, _claude_read, True, True, True,
+        ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
     ),
-    "codex": Client("codex", "codex", "PKB_CODEX", _codex_config, _codex_launch, _codex_read),
-    "gemini": Client("gemini", "gemini", "PKB_GEMINI", _gemini_config, _gemini_launch, _gemini_read),
-    "cursor": Client("cursor", "cursor-agent", "PKB_CURSOR", _cursor_config, _cursor_launch, _cursor_read),
-}
+    "codex": Client(
+        "codex", "codex", "PKB_CODEX", _codex_config, _codex_launch, _codex_read,
+        keys=("OPENAI_API_KEY", "CODEX_API_KEY"),
+    ),
+    "gemini": Client(
+        "gemini", "gemini", "PKB_GEMINI", _gemini_config, _gemini_launch, _gemini_read,
+        keys=("GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GENAI_USE_VERTEXAI"),
+    ),
+    "cursor": Client(
+        "cursor", "cursor-agent", "PKB_CURSOR", _cursor_config, _cursor_launch, _cursor_read,
+        keys=("CURSOR_API_KEY",),
+    ),
+}  # fmt: skip
 
 
 def cmd_client(template: str) -> Client:

@@ -128,6 +128,9 @@ def run_agents(
     client = clients.client(settings.agent)
     exe = clients.executable(client)
     _check(settings)
+    unsigned = client.signed_in()
+    if unsigned:
+        say(f"warning: {unsigned}")
     out = out.expanduser().resolve()
     _settings_file(out, settings)
     started = attempts.now_iso()

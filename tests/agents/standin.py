@@ -1,4 +1,4 @@
-"""Loopback stand-ins for the model APIs of Claude Code and Codex, scripted turn by turn.
+"""Loopback stand-ins for the model APIs of Claude Code, Codex and Gemini CLI, scripted turn by turn.
 
 Each stand-in is a small HTTP server in a thread (`ThreadingHTTPServer` on 127.0.0.1, a free port):
 
@@ -6,6 +6,8 @@ Each stand-in is a small HTTP server in a thread (`ThreadingHTTPServer` on 127.0
   (`POST /v1/messages`, streamed as server-sent events or answered whole; `count_tokens` answered too).
 - `ResponsesStandIn`: the OpenAI Responses API Codex calls at its provider's `base_url`
   (`POST /v1/responses`, server-sent events; its WebSocket upgrade is refused at once).
+- `GeminiStandIn`: the Gemini API Gemini CLI calls at `GOOGLE_GEMINI_BASE_URL` with `GEMINI_API_KEY`
+  set (`POST /v1beta/models/M:streamGenerateContent?alt=sse`; `:countTokens` answered too).
 
 A script is a list of turns. A turn is a function of the request (a `Seen`: the parsed body, the
 working directory the client told its model, the tool results so far) returning the model's next
@@ -101,6 +103,7 @@ def found_cwd(text: str) -> str | None:
         r"<cwd>([^<\n]+)</cwd>",  # Codex's environment context
         r"[Pp]rimary working directory:\s*(\S[^\n]*)",  # Claude Code's environment section
         r"[Ww]orking directory:\s*(\S[^\n]*)",
+        r"Workspace Directories:\**\s*\n\s*-\s*(\S[^\n]*)",  # Gemini CLI's session context
     ):
         match = re.search(pattern, text)
         if match:
@@ -505,15 +508,79 @@ class ResponsesStandIn(StandIn):
         send_events(handler, events)
 
 
+# --- Gemini API (Gemini CLI) --------------------------------------------------------------------
+
+
+class GeminiStandIn(StandIn):
+    """`POST .../models/M:streamGenerateContent` (server-sent `data:` chunks when `alt=sse`, else one
+    JSON answer), `POST .../models/M:countTokens`, anything else a harmless empty JSON object."""
+
+    model = "gemini-standin"
+
+    def seen(self, body: dict[str, Any]) -> Seen:
+        contents = body.get("contents") or []
+        turn = sum(1 for c in contents if c.get("role") == "model")
+        cwd = found_cwd("\n".join(texts([c for c in contents if c.get("role") != "model"])))
+        results = [
+            json.dumps(part["functionResponse"].get("response"))
+            for c in contents
+            for part in c.get("parts") or []
+            if isinstance(part, dict) and "functionResponse" in part
+        ]
+        tools = [
+            f.get("name", "") for t in body.get("tools") or [] for f in t.get("functionDeclarations") or []
+        ]
+        return Seen(body, turn, cwd, tools, results)
+
+    def before(self, seen: Seen, action: Action) -> Action:
+        """Gemini CLI names an MCP tool `mcp_<server>_<tool>`: a script's `mcp__pkb__run_correctness`
+        is called by that name."""
+        if isinstance(action, Call) and action.name.startswith("mcp__"):
+            _, server, tool = action.name.split("__", 2)
+            return Call(f"mcp_{server}_{tool}", action.arguments)
+        return action
+
+    def answer(self, handler: BaseHTTPRequestHandler, method: str, path: str, body: Any) -> None:
+        route = path.split("?")[0]
+        if method == "POST" and route.endswith(":countTokens"):
+            send_json(handler, 200, {"totalTokens": tokens(body or "")})
+            return
+        if not (method == "POST" and route.endswith("GenerateContent") and isinstance(body, dict)):
+            send_json(handler, 200, {})
+            return
+        _, action = self.next_action(body)
+        part: dict[str, Any] = (
+            {"functionCall": {"name": action.name, "args": action.arguments}}
+            if isinstance(action, Call)
+            else {"text": action.text}
+        )
+        in_tokens = tokens({k: body.get(k) for k in ("systemInstruction", "contents", "tools")})
+        usage = {"promptTokenCount": in_tokens, "candidatesTokenCount": tokens(part),
+                 "totalTokenCount": in_tokens + tokens(part), "cachedContentTokenCount": 0}  # fmt: skip
+        candidate = {"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}
+        chunk = {"candidates": [candidate], "usageMetadata": usage, "modelVersion": self.model}
+        if "alt=sse" not in path:
+            send_json(handler, 200, chunk)
+            return
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+        handler.close_connection = True
+
+
 # --- the ready script ---------------------------------------------------------------------------
 
 
 def write_file(seen: Seen, path: str, content: str) -> Call:
     """The call that writes `content` to `path` with the file tool the client offers: Claude Code's
-    `Write`; Codex's `apply_patch` (a freeform patch adding the file), else its `exec_command` (a
-    shell here-document)."""
+    `Write`; Gemini CLI's `write_file`; Codex's `apply_patch` (a freeform patch adding the file), else
+    its `exec_command` (a shell here-document)."""
     if "Write" in seen.tools:
         return Call("Write", {"file_path": path, "content": content})
+    if "write_file" in seen.tools:
+        return Call("write_file", {"file_path": path, "content": content})
     text = content if content.endswith("\n") else content + "\n"
     if "apply_patch" in seen.tools:
         lines = "".join(f"+{line}\n" for line in text.splitlines())
@@ -537,8 +604,8 @@ def verdict(result: str) -> str | None:
 
 
 def attempt_script(
-    problem: int | str,
-    source: str,
+    problem: int | str | Callable[[Seen], int | str],
+    source: str | Callable[[Seen], str],
     world_size: int = 2,
     device: str = "cpu",
     trials: int = 2,
@@ -547,8 +614,14 @@ def attempt_script(
 ) -> list[Turn]:
     """One attempt, as a model would make it: read the problem (get_reference), write `name` with
     `source` into the working directory the client named, check it (run_correctness with the file's
-    absolute path), then end with a sentence naming the verdict. Both clients name an MCP tool
-    `mcp__<server>__<tool>` (Codex's deferred ones are searched for first: ResponsesStandIn.before)."""
+    absolute path), then end with a sentence naming the verdict. `problem` and `source` may be
+    functions of the request (an attempt told apart by its working directory). The script names an
+    MCP tool `mcp__<server>__<tool>`, as Claude Code and Codex do (Codex's deferred ones are searched
+    for first: ResponsesStandIn.before; Gemini CLI's names: GeminiStandIn.before)."""
+
+    def of(value: Any, seen: Seen) -> Any:
+        return value(seen) if callable(value) else value
+
     get_reference, run_correctness = (
         f"mcp__{server}__{tool}" for tool in ("get_reference", "run_correctness")
     )
@@ -559,12 +632,12 @@ def attempt_script(
         return f"{seen.cwd.rstrip('/')}/{name}"
 
     return [
-        lambda s: Call(get_reference, {"problem": problem, "world_size": world_size}),
-        lambda s: write_file(s, where(s), source),
+        lambda s: Call(get_reference, {"problem": of(problem, s), "world_size": world_size}),
+        lambda s: write_file(s, where(s), of(source, s)),
         lambda s: Call(
             run_correctness,
             {
-                "problem": problem,
+                "problem": of(problem, s),
                 "path": where(s),
                 "world_size": world_size,
                 "device": device,
