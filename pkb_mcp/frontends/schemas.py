@@ -18,9 +18,10 @@ function-calling dialects that clients turn tool schemas into (Gemini's OpenAPI 
 Short means tools/list stays below what every agent can carry (tests/test_schema_portability.py):
 output schemas are published two objects deep (a tool's output and the result in it), without
 `required` (a result always holds every field of its model); an object deeper than that (a rank, a
-side's timing, the static report) is published as an object whose properties are not listed. The result resource (`pkb://jobs/{id}/result`) holds all of it and every
-figure is defined in docs/measurement.md. Arguments are still validated against the tools' full
-models and results are still the full models, compacted: only what tools/list says is shorter.
+side's timing, the static report) is published as an object whose properties are not listed. The
+result resource (`pkb://jobs/{id}/result`) holds all of it, and docs/measurement.md defines every
+figure. Arguments are still validated against the tools' full models, and results are still the
+full models, compacted: only what tools/list says is shorter.
 """
 
 from __future__ import annotations
