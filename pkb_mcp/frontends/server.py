@@ -136,7 +136,8 @@ def Arg(**kwargs: Any) -> Any:
     return Field(json_schema_extra=lean_property, **kwargs)
 
 
-ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. 12 or 'allgather_gemm'")]
+# published as a string (frontends/schemas.py): an integer id is still accepted
+ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. '12' or 'allgather_gemm'")]
 WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on cuda)")]
 SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
 Variant = Annotated[
