@@ -17,8 +17,9 @@ function-calling dialects that clients turn tool schemas into (Gemini's OpenAPI 
 
 Short means tools/list stays below what every agent can carry (tests/test_schema_portability.py):
 output schemas are published two objects deep (a tool's output and the result in it), without
-`required` (a result always holds every field of its model); an object deeper than that (a rank, a
-side's timing, the static report) is published as an object whose properties are not listed. The
+`required` (a result holds every field of its model, but for list_problems' optional ones, absent
+rather than null: the list would repeat the names); an object deeper than that (a rank, a side's
+timing, the static report) is published as an object whose properties are not listed. The
 result resource (`pkb://jobs/{id}/result`) holds all of it, and docs/measurement.md defines every
 figure. Arguments are still validated against the tools' full models, and results are still the
 full models, compacted: only what tools/list says is shorter.
@@ -31,7 +32,8 @@ from typing import Any
 # objects below this depth (0: the tool's output) are published without their properties
 OUTPUT_DEPTH = 2
 _NULL = {"type": "null"}
-# a type a value of each other scalar type can be spelled in, as the server reads it
+# the branch an argument of several scalar types is published as: the first of these it has (a
+# string spells any of the others, an id as digits; the server reads it as before)
 _WIDEST = ("string", "number", "integer", "boolean")
 
 
@@ -56,7 +58,8 @@ def one_type(prop: dict[str, Any]) -> dict[str, Any]:
         return out
     values = [b for b in branches if b != _NULL]
     kinds = [b["type"] for b in values]
-    if len(values) > 1 and not (set(kinds) <= set(_WIDEST) and all(set(b) == {"type"} for b in values)):
+    scalars = set(kinds) <= set(_WIDEST) and all(set(b) == {"type"} for b in values)
+    if not values or (len(values) > 1 and not scalars):
         return out
     chosen = values[0] if len(values) == 1 else {"type": next(k for k in _WIDEST if k in kinds)}
     del out["anyOf"]
@@ -77,7 +80,7 @@ def _shallow(node: dict[str, Any], defs: dict[str, Any], depth: int) -> dict[str
         beside = {k: v for k, v in node.items() if k != "$ref"}  # a field's description
         target = {k: v for k, v in defs[ref.removeprefix("#/$defs/")].items() if k != "description"}
         return _shallow({**target, **beside}, defs, depth)
-    # a result holds every field of its model (null where it has no value): `required` adds nothing
+    # `required` is left out: the module's docstring says why
     out = {k: v for k, v in node.items() if k not in ("$defs", "title", "required")}
     if isinstance(out.get("anyOf"), list):
         out["anyOf"] = [_shallow(b, defs, depth) for b in out["anyOf"]]

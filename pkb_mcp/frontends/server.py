@@ -183,7 +183,7 @@ class CompileOutput(JobOutput):
 
 
 class ProfileOutput(JobOutput):
-    # The result's schema is left out of tools/list (its size); docs/measurement.md defines each figure.
+    # The result's fields are left out of tools/list (their size); docs/measurement.md defines them.
     result: Annotated[Any, WithJsonSchema(PROFILE_RESULT)] = None
 
 
