@@ -17,26 +17,16 @@ from pkb_mcp import config
 
 
 def lean_property(prop: dict[str, Any]) -> None:
-    """One property's schema without a title, a default of null, or `anyOf [T, null]` (written
-    `type: [T, null]`, which says the same in less)."""
+    """One property's schema without a title or a default of null (tools/list publishes an
+    optional value portably: pkb_mcp/frontends/schemas.py)."""
     prop.pop("title", None)
     if prop.get("default", 0) is None:
         prop.pop("default")
-    options = prop.get("anyOf")
-    if (
-        isinstance(options, list)
-        and len(options) == 2
-        and {"type": "null"} in options
-        and all(set(o) == {"type"} and isinstance(o["type"], str) for o in options)
-    ):
-        kinds = [o["type"] for o in options if o["type"] != "null"]
-        prop.pop("anyOf")
-        prop["type"] = [*kinds, "null"]
 
 
 def _lean(schema: dict[str, Any]) -> None:
-    """Output schemas without what an agent does not need: titles (they repeat the field names),
-    defaults (a result always has every field), and the longer form of optional fields."""
+    """Output schemas without what an agent does not need: titles (they repeat the field names) and
+    defaults (a result always has every field)."""
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
         lean_property(prop)

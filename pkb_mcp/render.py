@@ -137,6 +137,24 @@ def roofline(r: RooflineResult) -> str:
     return "\n".join(lines)
 
 
+def speedup_words(speedup: float, low: float | None, high: float | None, within_noise: bool | None) -> str:
+    """A benchmark's speedup as every headline says it (the result's message, so the CLI, an MCP
+    tool's text and a task's status; the job's last message): a figure within noise says so first,
+    the figure after it as measured, not credited (docs/measurement.md, "within_noise")."""
+    spread = f"quartile range {low:.3f}-{high:.3f}" if low is not None and high is not None else ""
+    if within_noise:
+        measured = ", ".join([f"{speedup:.3f}x measured", *([spread] if spread else []), "not credited"])
+        return f"within noise of the reference ({measured})"
+    return f"{speedup:.3f}x the reference" + (f" ({spread})" if spread else "")
+
+
+def bench_headline(r: BenchResult) -> str:
+    """A benchmark's verdict and what leads its message, in one line: the job's last message."""
+    if r.verdict == "pass" and r.speedup is not None:
+        return f"PASS: {speedup_words(r.speedup, r.speedup_low, r.speedup_high, r.within_noise)}"
+    return f"{r.verdict.upper()}: {r.message}"
+
+
 def bench(r: BenchResult) -> str:
     lines = [
         f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size}, device {r.device}, "
@@ -163,10 +181,7 @@ def bench(r: BenchResult) -> str:
     if r.verdict in ("fail", "timeout"):
         lines.append(rank_table(r.ranks, r.message))
     if r.speedup is not None:
-        noise = "; within noise: no evidence of a difference, not credited" if r.within_noise else ""
-        lines.append(
-            f"speedup {r.speedup:.3f}x (quartile range {r.speedup_low:.3f}-{r.speedup_high:.3f}){noise}"
-        )
+        lines.append("speedup: " + speedup_words(r.speedup, r.speedup_low, r.speedup_high, r.within_noise))
     fresh = [
         f"{label} {s.fresh_calls} calls, median {s.fresh_median_ms:.4g} ms, replay advantage "
         f"{s.replay_advantage:.2f}"

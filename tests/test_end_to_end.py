@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp import problems, service
+from pkb_mcp import problems, render, service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES, launch_processes
@@ -180,7 +180,9 @@ def test_wrong_by_one_percent_is_caught_by_the_norm(isolated_dirs):
 
 def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     p = problems.suite()[1]
-    r = service.bench(RunRequest(problem=1, path=p.path, world_size=2, device="cpu"))
+    said: list[str] = []
+    request = RunRequest(problem=1, path=p.path, world_size=2, device="cpu")
+    r = service.bench(request, lambda done, total, message: said.append(message))
     assert r.verdict == "pass", r.message
     assert r.reference and r.candidate and r.speedup is not None
     assert r.candidate.samples >= 10 and r.candidate.input_sets >= 2
@@ -189,6 +191,11 @@ def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     assert "launches per side" not in r.message
     # identical code on CPU: flagged as no evidence of a difference (issue 33), whatever it measured
     assert r.within_noise and "no evidence of a difference" in r.message, r.message
+    # and every headline says so first (issue 51): the message, the CLI's verdict, the job's message
+    assert r.message.startswith("within noise of the reference ("), r.message
+    assert said[-1] == render.bench_headline(r) and said[-1].startswith("PASS: within noise"), said[-1]
+    lines = render.bench(r).splitlines()
+    assert any(line.startswith("PASS: within noise of the reference (") for line in lines), lines
     assert_clean(isolated_dirs)
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-from pkb_mcp.frontends.server import lean_input
 from pkb_mcp.models import RunRequest
 from pkb_mcp.profiling import profile, timeline, traces
 
@@ -215,22 +214,6 @@ def test_a_cluster_node_s_artifacts_land_under_the_server_s_folder_or_are_left_o
     assert ["not UTF-8" in refused["warnings"][0], "not a PNG" in refused["warnings"][1]] == [True, True]
     assert "no bytes came" in missing["warnings"][0]
     assert len(list(server.iterdir())) == 1, "a folder only for what was written"
-
-
-def test_lean_input_schema_keeps_meaning():
-    schema = {
-        "title": "fArguments",
-        "properties": {
-            "p": {"anyOf": [{"type": "integer"}, {"type": "string"}], "title": "P"},
-            "d": {"anyOf": [{"enum": ["cpu", "cuda"], "type": "string"}, {"type": "null"}], "title": "D"},
-            "mixed": {"anyOf": [{"enum": ["a"], "type": "string"}, {"type": "integer"}]},
-        },
-    }
-    lean = lean_input(schema)
-    assert "title" not in lean
-    assert lean["properties"]["p"] == {"type": ["integer", "string"]}
-    assert lean["properties"]["d"] == {"type": ["string", "null"], "enum": ["cpu", "cuda", None]}
-    assert lean["properties"]["mixed"] == schema["properties"]["mixed"]
 
 
 def test_calls_out_of_range_is_one_sentence(capsys):

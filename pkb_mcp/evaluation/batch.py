@@ -417,7 +417,9 @@ class _Batch:
             return e.stage
         assert e.result is not None
         reused = " (from an earlier run)" if e.result.reused else ""
-        speed = f", {e.result.speedup:.3f}x" if e.result.speedup is not None else ""
+        speed = "" if e.result.speedup is None else f", {e.result.speedup:.3f}x"
+        if e.result.speedup is not None and not e.result.credited:  # within noise, or suspect
+            speed = f", not credited ({e.result.speedup:.3f}x measured)"
         return f"{e.result.outcome}{speed}{reused}"
 
 

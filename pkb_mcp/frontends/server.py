@@ -27,13 +27,14 @@ from mcp_types import (
     TextContent,
 )
 from mcp_types import Tool as PublishedTool
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
 from pkb_mcp import config, render, service
 from pkb_mcp.agents import trail
 from pkb_mcp.agents.task import attempt_text
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import ECHO_CHARS, UserError, echoed
+from pkb_mcp.frontends.schemas import published_input, published_output
 from pkb_mcp.frontends.surface import CACHE_HINTS, CANCELS, READ_ONLY, RUNS_CODE, ordered
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobRecord
@@ -60,47 +61,22 @@ LOG_CHARS = 600
 DETAILED_FAILURES = 2  # ranks whose traceback and log stay in the compact result
 POLL_S = 0.1
 
+# The first sentence is what a client that defers the tools' schemas shows a model before any tool
 INSTRUCTIONS = """\
-pkb: multi-GPU kernel problems (ParallelKernelBench style). Replace a PyTorch + NCCL reference with a
-faster implementation and get a per-rank correctness verdict, a trustworthy speedup and % of roofline.
-Start with list_problems, read a problem with get_reference (or the attempt_problem prompt), write a
-Python file defining solution(...) with the reference's signature, then run_correctness, benchmark,
-profile and roofline. Long calls accept wait=false and return a job id (job_status, job_result, cancel_job).
+pkb judges multi-GPU kernel solutions: replace a problem's PyTorch + NCCL reference with a faster
+solution(...) and get a per-rank correctness verdict, a speedup credited only beyond run-to-run noise,
+and % of the roofline floor, all run in a sandbox. Work in this order: list_problems, get_reference (or
+the attempt_problem prompt), write a Python file defining solution(...) with the reference's
+signature, run_correctness until it passes, then benchmark; profile and roofline show where the time
+goes. Long calls accept wait=false and return a job id (job_status, job_result, cancel_job).
 NVLink multicast (multimem / NVLS) is unavailable and must not be used."""
 
 
-def lean_input(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool's input schema as published: without titles (pydantic adds each parameter's name again
-    after a Field's own schema hook has run) and with `anyOf [T, null]` written `type: [T, null]`.
-    Arguments are still validated against the full model; only tools/list gets shorter."""
-    out = {k: v for k, v in schema.items() if k != "title"}
-    props: dict[str, Any] = {}
-    for name, prop in schema.get("properties", {}).items():
-        prop = {k: v for k, v in prop.items() if k != "title"}
-        options = prop.get("anyOf")
-        if not isinstance(options, list) or not all(
-            isinstance(o, dict) and isinstance(o.get("type"), str) and set(o) <= {"type", "enum"}
-            for o in options
-        ):
-            props[name] = prop
-            continue
-        enums = [o for o in options if "enum" in o]
-        # an enum survives the merge only beside null (its values plus null); else no enum at all
-        if not enums or (len(enums) == 1 and len(options) == 2 and {"type": "null"} in options):
-            prop.pop("anyOf")
-            prop["type"] = [o["type"] for o in options]
-            if enums:
-                prop["enum"] = [*enums[0]["enum"], None]
-        props[name] = prop
-    if props:
-        out["properties"] = props
-    return out
-
-
 class _Server(MCPServer):
-    """Publishes its tools in our order (frontends/surface.py), with lean input schemas and
-    descriptions without the docstrings' indentation; answers a refused call in one sentence, with the
-    sentence as structured content too; repeats at most ECHO_CHARS of a resource's URI in an error."""
+    """Publishes its tools in our order (frontends/surface.py), with portable, short schemas
+    (frontends/schemas.py) and descriptions without the docstrings' indentation; answers a refused
+    call in one sentence, with the sentence as structured content too; repeats at most ECHO_CHARS of
+    a resource's URI in an error."""
 
     async def _handle_read_resource(
         self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
@@ -129,7 +105,8 @@ class _Server(MCPServer):
         published = [
             t.model_copy(
                 update={
-                    "input_schema": lean_input(t.input_schema),
+                    "input_schema": published_input(t.input_schema),
+                    "output_schema": published_output(t.output_schema) if t.output_schema else None,
                     "description": " ".join(t.description.split()) if t.description else t.description,
                 }
             )
@@ -159,7 +136,8 @@ def Arg(**kwargs: Any) -> Any:
     return Field(json_schema_extra=lean_property, **kwargs)
 
 
-ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. 12 or 'allgather_gemm'")]
+# published as a string (frontends/schemas.py): an integer id is still accepted
+ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. '12' or 'allgather_gemm'")]
 WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on cuda)")]
 SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
 Variant = Annotated[
@@ -176,6 +154,12 @@ Convention = Annotated[
 ]
 
 
+PROFILE_RESULT = {
+    "anyOf": [{"type": "object", "additionalProperties": True}, {"type": "null"}],
+    "description": "per side and rank: communication, compute, overlap, gaps; docs/measurement.md",
+}
+
+
 class JobOutput(Result):
     """What a long tool returns: the job, and its result once it has one."""
 
@@ -183,7 +167,7 @@ class JobOutput(Result):
     state: str = Field(description="queued, running, done, failed or cancelled")
     message: str = ""
     error: str | None = None  # why the job failed or was cancelled
-    result_uri: str = Field(description="the full result")
+    result_uri: str = Field(description="the full result: every rank, each side's timing, static report")
 
 
 class CheckOutput(JobOutput):
@@ -199,8 +183,8 @@ class CompileOutput(JobOutput):
 
 
 class ProfileOutput(JobOutput):
-    # The result's schema is left out of tools/list (its size); docs/measurement.md defines each figure.
-    result: Any = None
+    # The result's fields are left out of tools/list (their size); docs/measurement.md defines them.
+    result: Annotated[Any, WithJsonSchema(PROFILE_RESULT)] = None
 
 
 class AnyJobOutput(JobOutput):
@@ -454,7 +438,7 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         ),
         detail: Annotated[bool, Arg(description="add source, dtype, world-size rule")] = False,
     ) -> Annotated[CallToolResult, ProblemPage]:
-        """The problems (all on one page): id, name, category, one-line summary."""
+        """List the multi-GPU kernel problems to solve: id, name, category, one-line summary."""
         with tool_errors(category or "", text or ""):
             page = service.problem_page(category, text, offset, limit, detail)
         return CallToolResult(
@@ -466,7 +450,8 @@ def _add_problem_tools(mcp: MCPServer) -> None:
     def get_reference(
         problem: ProblemRef, world_size: WorldSize = 4, size: SizePreset = "pkb", variant: Variant = "pkb"
     ) -> Annotated[CallToolResult, ProblemDetail]:
-        """A problem's contract: reference source, signature, per-rank input shapes, tolerance, traffic."""
+        """Read a problem's contract before writing a solution: reference source, signature, per-rank
+        input shapes, tolerance, traffic."""
         with tool_errors(str(problem), size):
             detail = service.show_problem(problem, world_size, size, variant)
         return reply(detail, render.show(detail) + "\n\nreference source:\n" + detail.reference_source)
@@ -481,7 +466,8 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         ] = None,
         variant: Variant = "pkb",
     ) -> Annotated[CallToolResult, RooflineResult]:
-        """The floor from NVLink bytes, HBM bytes and FLOPs per GPU and the node's ceilings; % of floor."""
+        """A problem's least possible time here, from NVLink bytes, HBM bytes and FLOPs per GPU and
+        the node's ceilings; a measured time as % of that floor."""
         with tool_errors(str(problem), size):
             result = service.roofline_of(problem, world_size, size, time_ms, variant)
         return reply(result, render.roofline(result))
@@ -527,7 +513,8 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         ] = None,
         wait: Wait = True,
     ) -> Annotated[CallToolResult, CheckOutput]:
-        """Run solution() on every rank over several trials; per-rank verdict, max error, first mismatch."""
+        """Judge a solution against the problem's reference on every rank over fresh random inputs:
+        per-rank verdict, max error, first mismatch."""
         request = tools.run_request(
             problem,
             source,
@@ -566,7 +553,8 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         variant: Variant = "pkb",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, BenchOutput]:
-        """Time candidate and reference the same way on the same inputs; speedup, spread, % of floor."""
+        """Time a correct solution against the reference on the same inputs: the speedup (or that it
+        is within noise, not credited), its spread, % of floor."""
         request = tools.run_request(
             problem,
             source,
@@ -588,7 +576,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
 
     @mcp.tool(annotations=READ_ONLY)
     def job_status(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
-        """Where a job stands, with its progress."""
+        """Where a job from a wait=false call stands, with its progress."""
         with tool_errors(job_id):
             return scheduler.get(job_id)
 
@@ -596,7 +584,8 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
     def job_result(
         job_id: Annotated[str, Arg(description="id from a wait=false call")],
     ) -> Annotated[CallToolResult, AnyJobOutput]:
-        """A job's result (compacted; the full one is the resource in result_uri)."""
+        """A job's result from a wait=false call (compacted; the full one is the resource in
+        result_uri)."""
         with tool_errors(job_id):
             record = scheduler.get(job_id)
         out = tools.output(record)
@@ -610,7 +599,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
 
     @mcp.tool(annotations=CANCELS)
     def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
-        """Cancel a queued or running job (its processes are killed)."""
+        """Cancel a queued or running job from a wait=false call (its processes are killed)."""
         with tool_errors(job_id):
             return scheduler.cancel(job_id)
 
@@ -640,8 +629,9 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
         variant: Variant = "pkb",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, ProfileOutput]:
-        """Each rank's call split into communication, compute, overlap and gaps, beside the reference;
-        waits, top kernels; trace and timeline as resources. Use when a benchmark disappoints."""
+        """Profile a solution beside the reference: each rank's call split into communication,
+        compute, overlap and gaps; waits, top kernels; trace and timeline as resources. Use when a
+        benchmark disappoints."""
         request = tools.run_request(
             problem, source, path, world_size, size, device, timeout_s, variant, profiles_dir=str(profiles)
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from pkb_mcp.models import Result
 from pkb_mcp.sqlite_file import SQLiteFile
@@ -48,7 +49,8 @@ class JobRecord(Result):
     total: float | None = None
     message: str = Field("", description="the latest progress message")
     error: str | None = None  # why the job failed or was cancelled
-    params: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    # the request, kept in the store and left out of what a tool returns (and of its schema)
+    params: SkipJsonSchema[dict[str, Any]] = Field(default_factory=dict, exclude=True)
 
     @property
     def terminal(self) -> bool:

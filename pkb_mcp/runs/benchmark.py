@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from harness import tensorfile
 from harness.contracts import TimingConfig, TimingRecord
-from pkb_mcp import roofline
+from pkb_mcp import render, roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch, timing_window, warm_pool
 from pkb_mcp.models import BenchResult, RunRequest, TimingStats
@@ -132,10 +132,11 @@ def bench(
         return result(*refused, **fields)
     cand_stats, warnings = stats.summarize(stats.pool_launches(cand_records))
     run.warnings.extend(warnings)
-    verdict, message, speed = _credit(run, ref_stats, cand_stats, launches, fields)
+    verdict, message = _credit(run, ref_stats, cand_stats, launches, fields)
+    done = result(verdict, message, candidate=cand_stats, **fields)
     steps = 2 * launches + 1
-    progress(steps, steps, f"speedup {speed:.3f}x")
-    return result(verdict, message, candidate=cand_stats, **fields)
+    progress(steps, steps, render.bench_headline(done))  # the job's message: as the result leads
+    return done
 
 
 def _launch_of(launch: int, launches: int) -> str:
@@ -271,10 +272,10 @@ def _credit(
     cand_stats: TimingStats,
     launches: int,
     fields: dict[str, Any],
-) -> tuple[str, str, float]:
-    """The verdict, the message and the speedup of timings that passed judging: the speedup with its
-    range, the roofline, and the guards (the physical floor, memoized outputs). Sets the result's
-    remaining fields in `fields`."""
+) -> tuple[str, str]:
+    """The verdict and the message of timings that passed judging: the speedup with its range (led
+    by "within noise" where identical code could have given it), the roofline, and the guards (the
+    physical floor, memoized outputs). Sets the result's remaining fields in `fields`."""
     p = run.problem
     speed, low, high = stats.speedup(ref_stats, cand_stats)
     fields.update(speedup=speed, speedup_low=low, speedup_high=high)
@@ -282,10 +283,14 @@ def _credit(
     roof = roofline.floor(
         p.id, p.name, run.world_size, run.size, p.traffic(run.world_size, run.size), p.dtype, time_ms
     )
+    if cand_stats.fresh_median_ms and ref_stats.fresh_median_ms:
+        fields["fresh_speedup"] = ref_stats.fresh_median_ms / cand_stats.fresh_median_ms
+    fresh = fields.get("fresh_speedup")
+    fields["within_noise"] = stats.within_noise(speed, run.device, fresh, (low, high))
     verdict = "pass"
     message = (
-        f"{speed:.3f}x the reference ({low:.3f}-{high:.3f}); candidate {cand_stats.median_ms:.4g} ms, "
-        f"reference {ref_stats.median_ms:.4g} ms"
+        f"{render.speedup_words(speed, low, high, fields['within_noise'])}; candidate "
+        f"{cand_stats.median_ms:.4g} ms, reference {ref_stats.median_ms:.4g} ms"
     )
     if launches > 1:
         spreads = [s.launch_spread or 0.0 for s in (cand_stats, ref_stats)]
@@ -293,8 +298,6 @@ def _credit(
             f"; {launches} launches per side, their medians spread {spreads[0]:.1%} (candidate) and "
             f"{spreads[1]:.1%} (reference)"
         )
-    if cand_stats.fresh_median_ms and ref_stats.fresh_median_ms:
-        fields["fresh_speedup"] = ref_stats.fresh_median_ms / cand_stats.fresh_median_ms
     fields["seen_inputs_advantage"] = stats.seen_inputs_advantage(ref_stats, cand_stats)
     limit = stats.REPLAY_ADVANTAGE_LIMIT.get(run.device, stats.REPLAY_ADVANTAGE_LIMIT["cpu"])
     if (ref_stats.replay_advantage or 0.0) > limit:
@@ -302,8 +305,6 @@ def _credit(
             f"the reference itself is {ref_stats.replay_advantage:.2f}x faster on replayed input sets "
             "than on fresh ones: the check for memoized outputs is weaker on this problem here"
         )
-    fresh = fields.get("fresh_speedup")
-    fields["within_noise"] = stats.within_noise(speed, run.device, fresh, (low, high))
     noise = (
         "; no evidence of a difference: identical code lands up to "
         f"{stats.run_to_run_spread(run.device):.0%} either way between runs on {run.device.upper()}"
@@ -334,4 +335,4 @@ def _credit(
         fields["faster_on_seen_inputs"] = True
         message = seen_inputs_message(ref_stats, cand_stats, speed, fields.get("fresh_speedup"))
     fields["roofline"] = roof.placement()
-    return verdict, message, speed
+    return verdict, message
