@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pkb_mcp.agents import clients
+from pkb_mcp.agents import clients, trail
 from pkb_mcp.agents.records import AgentSettings, AttemptRecord
 from pkb_mcp.agents.run import run_agents, select_problems
 from pkb_mcp.errors import UserError
@@ -462,7 +462,7 @@ def test_the_cli_refuses_a_bad_agent_in_one_line(tmp_path):
 def test_an_attempts_files_are_read_without_trusting_them(tmp_path):
     """A client running as the user can replace the attempt's record, trail or snapshots' sources: a
     FIFO there (which would hang a plain read) and a link out of the folder are refused."""
-    from pkb_mcp.agents import attempt, trail
+    from pkb_mcp.agents import attempt
 
     secret = tmp_path / "secret"
     secret.write_text('{"tools": ["stolen"]}')
@@ -473,3 +473,14 @@ def test_an_attempts_files_are_read_without_trusting_them(tmp_path):
     assert attempt.read_record(folder) is None
     assert trail.listed(folder / "listed.json") is None
     assert trail.read(folder, "attempt.json") is None
+
+
+@pytest.mark.parametrize(
+    "result, expected",
+    [({"verdict": "pass", "speedup": 1.4, "within_noise": False}, (True, 1.4)),
+     ({"verdict": "pass", "speedup": 1.4, "within_noise": True}, (True, None)),
+     ({"verdict": "suspect", "speedup": 9.0}, (True, None)), ({"verdict": "fail"}, (False, None))],
+)  # fmt: skip
+def test_a_snapshot_s_bench_speedup_is_credited_as_pkb_credits_it(result, expected):
+    """A bench within noise passed but credited nothing: the steps curve's "fast" must not count it."""
+    assert trail._outcome("bench", result) == expected

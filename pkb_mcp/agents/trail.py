@@ -160,12 +160,15 @@ def _snapshot(
 
 
 def _outcome(kind: str, result: dict[str, Any] | None) -> tuple[bool | None, float | None]:
-    """A job result's pass and credited speedup (a bench's verdict `pass` is its credited time)."""
+    """A job result's pass and credited speedup: a bench's verdict `pass` is its credited time,
+    unless the speedup is within noise (measured, not credited: docs/measurement.md)."""
     if not isinstance(result, dict):
         return None, None
     verdict = result.get("verdict")
     if kind == "check":
         return verdict == "pass", None
     speedup = result.get("speedup")
-    credited = verdict == "pass" and isinstance(speedup, int | float)
+    credited = (
+        verdict == "pass" and isinstance(speedup, int | float) and result.get("within_noise") is not True
+    )
     return verdict in ("pass", "suspect"), float(speedup) if credited and speedup is not None else None
