@@ -59,11 +59,16 @@ def launches_dir() -> Path:
     return path
 
 
-def state_dir() -> Path:
+def state_path() -> Path:
+    """Where the state folder is (PKB_STATE_DIR, else XDG_STATE_HOME/pkb), not made."""
     env = os.environ.get("PKB_STATE_DIR")
-    base = (
+    return (
         Path(env) if env else Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "pkb"
     )
+
+
+def state_dir() -> Path:
+    base = state_path()
     base.mkdir(parents=True, exist_ok=True)
     return base
 

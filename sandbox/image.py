@@ -66,13 +66,20 @@ def rootfs_tar() -> bytes:
     return buf.getvalue()
 
 
-def ensure_image(client: docker.DockerClient) -> str:
-    """The image to run launches in: PKB_SANDBOX_IMAGE if set, else the local one (built if missing)."""
+def image_tag(data: bytes | None = None) -> str:
+    """The image launches run in: PKB_SANDBOX_IMAGE if set, else the local one's tag (its files' hash)."""
     chosen = os.environ.get("PKB_SANDBOX_IMAGE")
     if chosen:
         return chosen
+    return f"pkb-sandbox:local-{hashlib.sha256(rootfs_tar() if data is None else data).hexdigest()[:12]}"
+
+
+def ensure_image(client: docker.DockerClient) -> str:
+    """The image to run launches in: PKB_SANDBOX_IMAGE if set, else the local one (built if missing)."""
+    if os.environ.get("PKB_SANDBOX_IMAGE"):
+        return image_tag()
     data = rootfs_tar()
-    tag = f"pkb-sandbox:local-{hashlib.sha256(data).hexdigest()[:12]}"
+    tag = image_tag(data)
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:

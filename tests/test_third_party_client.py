@@ -23,7 +23,8 @@ pytestmark = [
 
 def inspect(tmp_path, *args):
     env = dict(os.environ, PKB_STATE_DIR=str(tmp_path / "state"), PKB_LAUNCH_DIR=str(tmp_path))
-    cmd = [INSPECTOR, "--cli", sys.executable, "-m", "pkb_mcp", "serve", *args]
+    node = os.environ.get("PKB_NODE")  # Node 22 (.ci/run), which the Inspector declares
+    cmd = [*([node] if node else []), INSPECTOR, "--cli", sys.executable, "-m", "pkb_mcp", "serve", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout)

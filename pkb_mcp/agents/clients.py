@@ -476,3 +476,84 @@ def executable(c: Client) -> str:
 def describe(argv: list[str]) -> str:
     """A launch as a shell line, the task cut short (for the record and the logs)."""
     return " ".join(shlex.quote(a if len(a) < 120 else a[:60] + "...") for a in argv)
+
+
+# ---------------------------------------------------------------- a user's own set-up (pkb doctor)
+
+TOOL_TIMEOUT_S = 900  # a user's client waits this long for one call; longer benchmarks: wait=false
+INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How a user adds pkb's server to a client of theirs: where it goes, what to write or run, and
+    the client's own check that it connects."""
+
+    client: str
+    where: str
+    text: str
+    check: str
+    notes: tuple[str, ...] = ()
+
+
+def setups(server: Server) -> list[Setup]:
+    """Each client's set-up for `server` (stdio), in that client's own format. The server's `env`
+    is spelled out for every client: Codex passes none of its own environment to MCP servers."""
+    entry = {"command": server.command, "args": list(server.args), "env": server.env}
+    claude = {"type": "stdio", **entry, "timeout": TOOL_TIMEOUT_S * 1000}
+    codex = [
+        "[mcp_servers.pkb]",
+        f"command = {_toml_str(server.command)}",
+        "args = [" + ", ".join(_toml_str(a) for a in server.args) + "]",
+        f"startup_timeout_sec = {MCP_TIMEOUT_MS // 1000}",
+        f"tool_timeout_sec = {TOOL_TIMEOUT_S}",
+        "",
+        "[mcp_servers.pkb.env]",
+        *(f"{k} = {_toml_str(v)}" for k, v in sorted(server.env.items())),
+    ]
+    gemini = {"mcpServers": {"pkb": {**entry, "timeout": TOOL_TIMEOUT_S * 1000}}}
+    line = " ".join(shlex.quote(a) for a in [server.command, *server.args])
+    return [
+        Setup(
+            "Claude Code",
+            "run once (user scope: a project's .mcp.json stays pending approval until `claude` is run "
+            "interactively in it)",
+            f"claude mcp add-json --scope user pkb {shlex.quote(json.dumps(claude))}",
+            "claude mcp list   (pkb: ... - ✓ Connected)",
+            (
+                "`timeout` is Claude Code's limit for one tool call, in ms; `claude mcp add -e` sets the "
+                "server's environment, not that limit",
+            ),
+        ),
+        Setup(
+            "Codex",
+            "~/.codex/config.toml (or $CODEX_HOME/config.toml)",
+            "\n".join(codex),
+            "codex exec 'call the pkb tool list_problems'   (`codex mcp list` only reads the file)",
+            ("Codex passes none of its environment to MCP servers: every variable pkb needs is in env",),
+        ),
+        Setup(
+            "Gemini CLI",
+            "~/.gemini/settings.json (its mcpServers key)",
+            json.dumps(gemini, indent=2),
+            "gemini mcp list   (in a trusted folder: pkb ... - Connected)",
+            (
+                "Gemini CLI disables every MCP server in a folder it does not trust: trust it once "
+                "interactively, list it in ~/.gemini/trustedFolders.json, or set "
+                "GEMINI_CLI_TRUST_WORKSPACE=true",
+            ),
+        ),
+        Setup(
+            "Cursor",
+            "~/.cursor/mcp.json (or the project's .cursor/mcp.json)",
+            json.dumps({"mcpServers": {"pkb": entry}}, indent=2),
+            "cursor-agent mcp list",
+        ),
+        Setup(
+            "MCP Inspector",
+            "run (Node 22 or later: Inspector 2.12 declares it; on Debian's Node 20 a bare npx gets an "
+            "old Inspector)",
+            f"npx -y {INSPECTOR} --cli {line} --method tools/list --strict",
+            "the same command: tools/list, and its schema portability report (no findings)",
+        ),
+    ]

@@ -192,6 +192,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from pkb_mcp.frontends import doctor
+
+    report = doctor.examine(sweep=not args.no_sweep)
+    _emit(args, report.as_json(), doctor.text(report))
+    return EXIT_FAILED if report.failed else EXIT_PASS
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
@@ -321,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_node(sub)
     agents_cli.add(sub)
+    p = sub.add_parser(
+        "doctor",
+        help="check this machine for pkb, remove what dead pkb processes left, print each client's set-up",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-sweep", action="store_true", help="remove nothing")
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 
