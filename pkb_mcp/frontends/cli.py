@@ -233,6 +233,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.no_warm = True
     scheduler = Scheduler(JobStore(state / "jobs.sqlite"), gpus, cluster=cluster)
     server = build_server(scheduler, state / "sources", roots)
+    from sandbox import reaper
+    from sandbox.docker import OWNER_LABEL, owner_id
+
+    reaper.watch(OWNER_LABEL, owner_id())  # its sandboxes removed even if it is killed (SIGKILL)
     if not args.no_warm:
         from pkb_mcp.launches import enable_warm_pool, warm_key
         from sandbox import select_backend
