@@ -328,8 +328,8 @@ def test_a_clean_end_returns_at_once_and_the_container_goes_in_the_background(do
         harness_root=Path("/opt/harness-root"),
         ended=lambda d: (d / "launch.json").exists(),
     )
+    t0 = time.monotonic()  # before the timer starts: the record cannot appear sooner than 0.2 s after it
     threading.Timer(0.2, record.write_text, args=("{}",)).start()
-    t0 = time.monotonic()
     run = backend.run(launch)
     waited = time.monotonic() - t0
     assert run.exit_code == 0 and not run.killed_at_deadline and not run.cancelled
