@@ -347,6 +347,10 @@ def _join_group(setup: RankSetup, launch_dir: Path, next_message: Callable[[], o
     backend = "nccl" if device.type == "cuda" else "gloo"
     t = time.monotonic()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **init_kwargs)
+    if backend == "gloo":
+        from harness import gloo_as_nccl
+
+        gloo_as_nccl.install()  # the all-gathers NCCL takes and gloo refuses, for the original's files
     steps["group_s"] = time.monotonic() - t
     t = time.monotonic()
     dist.all_reduce(torch.ones(1, device=device))

@@ -11,7 +11,7 @@ from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import cli
 from pkb_mcp.models import RunRequest
 
-from .conftest import CANDIDATES
+from .conftest import CANDIDATES, ROOT
 
 ORIGINAL = problems.suite("original")
 
@@ -172,3 +172,34 @@ def test_the_original_s_constant_inputs_let_a_solution_skip_the_exchange(tmp_pat
     )
     assert _check(1, path, "original").verdict == "pass"
     assert _check(1, path, "pkb").verdict == "fail"
+
+
+def test_the_all_gathers_nccl_takes_and_gloo_refuses_run_on_cpu_as_nccl_runs_them():
+    """A 0-dim all_gather_into_tensor, one into [W, ...] and an all_gather of unequal sizes, as the
+    original's 61 and 81 make them: gloo refuses each, the CPU ranks run them as NCCL does."""
+    result = _check(1, CANDIDATES / "gathers_as_nccl.py", "pkb")
+    assert result.verdict == "pass", result.message
+
+
+ORIGINAL_REFERENCES = ROOT.parent / "shared" / "pkb-original" / "reference"
+
+
+# the original's own reference files that gloo refused before harness/gloo_as_nccl.py
+GLOO_REFUSED = [
+    "2_allgather",
+    "11_allgather_gemm_AT",
+    "26_moe_token_preprocess",
+    "61_gsplat_3d_gaussian_splatting",
+    "81_sam3_allgather_iou_suppression",
+]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not ORIGINAL_REFERENCES.is_dir(), reason="the original benchmark's files are not beside the repository"
+)
+@pytest.mark.parametrize("stem", GLOO_REFUSED)
+def test_the_original_s_own_references_that_gloo_refused_pass_their_variant_on_cpu(stem):
+    """Their gathers into [W, ...], of 0-dim tensors and of unequal sizes (docs/variants.md)."""
+    result = _check(int(stem.split("_")[0]), ORIGINAL_REFERENCES / f"{stem}.py", "original")
+    assert result.verdict == "pass", result.message

@@ -15,11 +15,11 @@ that ids from different ranks coincide. No canonical order: the outputs are judg
 Judged as the original harness judges: atol = rtol = 1e-2, no norm bound; the inputs are drawn from
 secret seeds (pkb's, docs/variants.md).
 
-On CPU (gloo) the counts are gathered as [1] tensors and the pairs exchanged with one
-all_to_all_single each, where the original gathers a 0-dim tensor and passes lists of uneven
-tensors, which gloo refuses; the values and their order are the same. The original's own reference
-file fails on gloo at that 0-dim gather; with that one tensor made [1] it matches this reference bit
-for bit (CPU, W = 2 and 4, 2026-11-26).
+This file gathers the counts as [1] tensors and exchanges the pairs with one all_to_all_single
+each, where the original gathers a 0-dim tensor and passes lists of uneven tensors; the values and
+their order are the same. gloo itself refuses the original's 0-dim gather; pkb's CPU ranks run it as
+NCCL does (harness/gloo_as_nccl.py), and the original's own reference file passes this variant on
+CPU (W = 2, 2026-12-02).
 
 The `pkb` variant computes in float32, with random cameras, culling and global Gaussian ids.
 """

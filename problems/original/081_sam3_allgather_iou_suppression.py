@@ -17,8 +17,9 @@ noise over 16% of the rest, so two objects overlap with IoU about 0.5 at most: n
 suppressed, and a solution that only gathers passes. The `pkb` variant's objects come in clusters
 that overlap above 0.8.
 
-On CPU the original's own reference fails here: it all-gathers lists of tensors of unequal sizes,
-which gloo refuses ("invalid tensor size"); NCCL takes them.
+The original's own reference all-gathers lists of tensors of unequal sizes, which NCCL takes and
+gloo itself refuses ("invalid tensor size"); pkb's CPU ranks run that gather as NCCL does
+(harness/gloo_as_nccl.py), and the reference passes this variant on CPU (W = 2, 2026-12-02).
 """
 
 import math
