@@ -38,7 +38,8 @@ Differences from the original:
   unrelated to what the ranks sent. An original file passes unchanged: its function handles any
   consistent inputs.
 - The routing is uneven (the original draws every token's experts uniformly), and a token's
-  selected_experts are in the order of its weights' scores (the original's are ascending).
+  selected_experts are in the order of its routing scores, highest first (the original's are
+  ascending); its weights are drawn apart from those scores.
 - The reference syncs the host nowhere (the original reads the counts with `.tolist()` and selects the
   weights with masked_select).
 """
@@ -242,7 +243,7 @@ ORIGINAL = {
     "differences": (
         "the splits, counts, routing map and permutation are one routing's, the same on every rank (the "
         "original's builder splits the rows evenly whatever the routing), the routing is uneven, and a "
-        "token's selected_experts follow its weights' order (the original's are ascending). An original "
-        "file passes unchanged. The reference syncs the host nowhere."
+        "token's selected_experts follow its routing scores, highest first (the original's are "
+        "ascending). An original file passes unchanged. The reference syncs the host nowhere."
     ),
 }

@@ -19,7 +19,9 @@ Source: NeMo-RL `ChunkedDistributedLogprobWithSampling` (ParallelKernelBench pro
 and the call (logits, target, None, top_k, top_p, chunk_size) are the original's.
 
 Differences from the original: as problem 82's (inputs drawn so that the cutoffs are unambiguous and
-the targets lie in their kept sets); `large` runs 4 chunks.
+the targets lie in their kept sets); `large` runs 4 chunks. chunk_size is the size's (8 at `pkb`)
+at every world size, where the original's follows W (2, 4, 8 at W = 2, 4, 8: the `original`
+variant's); the result does not depend on it, only the memory a chunk holds.
 """
 
 import math
@@ -240,6 +242,7 @@ ORIGINAL = {
     "args": lambda inputs, env: inputs,
     "differences": (
         "as problem 82's (inputs drawn so that the cutoffs are unambiguous and the targets lie in their "
-        "kept sets); `large` runs 4 chunks."
+        "kept sets); `large` runs 4 chunks; chunk_size is the size's at every world size (the original's "
+        "follows W), which the result does not depend on."
     ),
 }

@@ -2,7 +2,9 @@
 
 Rank r holds local_shard [n_r] bf16, unsorted, with n_r = n + r, except that every rank r with
 r % 4 == 1 holds none (n_r = 0: an empty shard, as the original's odd ranks have on one trial in
-four). Let T = n_0 + ... + n_{W-1} and the global sequence be every rank's values in ascending order.
+four; at W = 2 that is rank 1 on every trial, so there the workload is rank 0's local sort and a send
+of the upper half of it to rank 1, and the all-to-all exchange starts at W = 4). Let T = n_0 + ... +
+n_{W-1} and the global sequence be every rank's values in ascending order.
 Rank d returns its slice of that sequence, bf16 [T // W + (1 if d < T % W else 0)]: ranks below
 T % W hold one value more, rank 0's slice first. Equal values are indistinguishable, so the answer
 is unique; pure data movement, judged exactly.
