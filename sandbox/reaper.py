@@ -26,6 +26,8 @@ def watch(label: str, owner: str) -> subprocess.Popen[bytes] | None:
             # -P: this file's folder holds sandbox/docker.py, which must not stand in for the SDK
             [sys.executable, "-P", os.path.abspath(__file__), label, owner],
             stdin=read,
+            # only what reaches the engine: no mark of an agent's attempt, no token, nothing else
+            env={k: v for k, v in os.environ.items() if k in ("PATH", "HOME") or k.startswith("DOCKER_")},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
