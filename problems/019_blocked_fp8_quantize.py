@@ -43,7 +43,7 @@ FP8_MAX = 448.0
 # Codes: one FP8 e4m3 step is at most 1/8 of the value it rounds from (3 mantissa bits), and 2^-9
 # below the smallest normal: rtol 1/8 and atol 2^-9 let every code move by one step where rounding
 # differs. Their relative norm is 0.0027 for the reciprocal variant (tests/candidates/legit/
-# 019_reciprocal.py; docs/scripts/tolerance_study.py, W = 2 and 4) and about 0.02 for scales 0.5%
+# 019_reciprocal.py; bench/scripts/tolerance_study.py, W = 2 and 4) and about 0.02 for scales 0.5%
 # off, which move a large share of the codes by a step.
 # Scales (output 0): amax / 448 in float32; a reciprocal or an approximate division moves a scale
 # by a float32 unit or two (measured: 1.2e-7 relative at most, relative norm 6e-8), so 2e-6 is a

@@ -44,7 +44,7 @@ L2_BYTES = 50 * 2**20  # H200 L2 cache, for the memory floor in traffic()
 # bf16 before the multiply (up to 2^-9 relative, the same for every element; torch does either, by
 # device) and in the rounding of each product to bf16 (one unit in the last place where the two
 # roundings part): measured up to a relative norm of 0.0042 and 0.62% per element
-# (tests/candidates/legit/021_coef_bf16.py; docs/scripts/tolerance_study.py, W = 2 and 4). A
+# (tests/candidates/legit/021_coef_bf16.py; bench/scripts/tolerance_study.py, W = 2 and 4). A
 # coefficient 1.2% off is 0.012 (tests/adversarial/clip_coefficient_off.py) and fails both bounds.
 # Total norm (output 0, float32): summation order and precision (float32 or float64) move it by
 # 4e-5 relative at most (measured); 2e-4 leaves a margin of 5x.

@@ -47,7 +47,7 @@ SIZES = {
 # All three outputs are O(1) (losses in [1, 4), gradients of RMS ~1). Correct solutions differ in
 # the precision of the sums (float32 or float64; counts stay exact below 2^24 in float32), in
 # whether W / N is applied before or after the gradient all-reduce and in that all-reduce's
-# precision (bf16 partial sums round at every step): measured (docs/scripts/tolerance_study.py, W =
+# precision (bf16 partial sums round at every step): measured (bench/scripts/tolerance_study.py, W =
 # 2, 4, 8) a relative norm of at most 0.0043 for the gradient summed in float32
 # (tests/candidates/legit/023_fused_float32.py), a bf16 unit or two per element.
 TOLERANCE = {"atol": 0.02, "rtol": 0.02, "rel_norm": 0.01}

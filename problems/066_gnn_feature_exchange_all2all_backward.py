@@ -57,7 +57,7 @@ SIZES = {
 # Each sum has one or two float32 terms (chunk_ids), and a sum of two is correctly rounded whatever
 # the order: the original's reference (sparse.mm), 066_original_style, 066_float64 (float64 sums
 # rounded once) and the reference on float64 inputs all matched it bit for bit, W = 2, 3, 4, 3
-# trials each, on CPU (docs/scripts/tolerance_study.py --problems 66, 2026-11-26). The bounds keep
+# trials each, on CPU (bench/scripts/tolerance_study.py --problems 66, 2026-11-26). The bounds keep
 # a few units in the last place of float32 as a margin; a bf16 round trip of the gradient (relative
 # norm ~2e-3) fails.
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5, "rel_norm": 1e-6}

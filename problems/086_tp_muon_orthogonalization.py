@@ -60,7 +60,7 @@ COEFFICIENTS = {
     "simple": ((3.4445, -4.7750, 2.0315),),
 }
 EPS = 1e-7
-# Measured on CPU (docs/scripts/tolerance_study.py, W = 2, 4 and 8, pkb, 3 seeds): float32 solutions
+# Measured on CPU (bench/scripts/tolerance_study.py, W = 2, 4 and 8, pkb, 3 seeds): float32 solutions
 # that take the Gram on the other side after gathering X once (tests/candidates/legit/
 # 086_gather_once.py) or iterate in float64 (086_float64.py) differ from the reference by a relative
 # norm of at most 1.1e-4 and by a bf16 unit in the last place per element at most. bf16 GEMMs and a

@@ -335,7 +335,7 @@ class DockerBackend(Pooled, Backend):
         harness_root: Path,
     ) -> dict[str, Any]:
         """Everything a launch's container is created with but its image and command (the launch
-        directory handed over to the sandbox user): docs/scripts/gpu_step.py takes the same."""
+        directory handed over to the sandbox user): bench/scripts/gpu_step.py takes the same."""
         host_dir = str(launch_dir)
         self._hand_over(launch_dir)
         gpu = _gpu_setup(self.client, gpus if device == "cuda" else [])

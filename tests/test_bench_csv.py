@@ -1,4 +1,4 @@
-"""docs/scripts/bench_csv.py: the benchmark rows of gpu_report.py's JSONL files as the CSV that
+"""bench/scripts/bench_csv.py: the benchmark rows of gpu_report.py's JSONL files as the CSV that
 docs/gpu-results.md cites."""
 
 import csv
@@ -8,7 +8,7 @@ import json
 from contextlib import redirect_stdout
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "scripts" / "bench_csv.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scripts" / "bench_csv.py"
 
 
 def load():

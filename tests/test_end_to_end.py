@@ -157,7 +157,7 @@ LEGIT = sorted((CANDIDATES / "legit").glob("[0-9][0-9][0-9]_*.py"))
 def test_every_correct_variant_passes(variant, isolated_dirs):
     """Correct solutions computed another way (tests/candidates/legit/NNN_*.py: other precisions,
     orders, schedules) pass each output's bounds: the bounds are no tighter than what correct
-    solutions differ by (docs/scripts/tolerance_study.py measures the margins, at 2, 4 and 8 ranks)."""
+    solutions differ by (bench/scripts/tolerance_study.py measures the margins, at 2, 4 and 8 ranks)."""
     r = service.check(
         RunRequest(
             problem=int(variant.name[:3]),

@@ -3,7 +3,7 @@ which parts a build asks for, and what of a launch's output enters the cache (pk
 
 The compiles run the real nvcc where it is installed (CI's machine has it), on a unit whose headers are
 CUDA's and the C++ library's: torch's CPU build cannot plan a CUDA extension, so the whole path through
-a build launch runs on GPU machines (docs/scripts/build_speed.py)."""
+a build launch runs on GPU machines (bench/scripts/build_speed.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""docs/scripts/side_by_side.py: the original harness's verdict read from what its run_local.py prints,
+"""bench/scripts/side_by_side.py: the original harness's verdict read from what its run_local.py prints,
 and the agreement of the two sides, with a disagreement explained only by a named protection. No
 launch runs here."""
 
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "scripts" / "side_by_side.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scripts" / "side_by_side.py"
 
 
 def load():

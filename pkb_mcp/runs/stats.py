@@ -45,7 +45,7 @@ WIDE_SPREAD = 0.25
 # Replay advantage (docs/measurement.md): a side whose fresh calls are slower than the replayed calls
 # around them by more than this factor (relative to the reference's own advantage, where that
 # exceeds 1), and significantly so (one-sided sign test, REPLAY_P), is flagged as faster on input
-# sets it has seen. On CPU (docs/cpu-runs/2026-11-24/refs_memo_w2.jsonl: 2 cores shared with other
+# sets it has seen. On CPU (bench/cpu-runs/2026-11-24/refs_memo_w2.jsonl: 2 cores shared with other
 # test runs, every reference against itself, an honest state-keeping candidate three times) honest
 # sides reached 1.91 (1.76 relative to their reference), with p down to 0.0003: CPU caches are
 # not flushed between calls and the host was loaded, so the CPU limit is high; memoizers measured

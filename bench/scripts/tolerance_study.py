@@ -1,8 +1,8 @@
 """How far correct solutions are from each problem's reference, output by output, against its bounds.
 
 Run on CPU from the repository root, e.g.
-    python3 docs/scripts/tolerance_study.py --problems 19,21,22 --world-sizes 2 4 --seeds 3
-    python3 docs/scripts/tolerance_study.py --problems 21 --variant tests/adversarial/clip_coefficient_off.py
+    python3 bench/scripts/tolerance_study.py --problems 19,21,22 --world-sizes 2 4 --seeds 3
+    python3 bench/scripts/tolerance_study.py --problems 21 --variant tests/adversarial/clip_coefficient_off.py
 
 For each problem, world size and seed, every rank (gloo, one process each) builds its inputs, runs the
 reference and each variant on them, and compares each output with the reference's the way

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 22: the profile tool on GPUs (docs/measurement.md, "Profile"), in one device call of about 5 minutes.
 # On the device machine, from the repository root, with .gpu carried:
-#     source .gpu/setup.sh > $OUT/setup.log 2>&1; OUT=$OUT bash docs/scripts/profile_gpu.sh
+#     source .gpu/setup.sh > $OUT/setup.log 2>&1; OUT=$OUT bash bench/scripts/profile_gpu.sh
 # World size $WS (else 2). For each profile: NAME.json (the result), NAME.txt (its text, with the
 # command's wall time), NAME.err (progress and logs); the traces and timelines go into one tar
 # (profiles.tgz), since the device tool returns a limited number of files.
@@ -41,6 +41,6 @@ prof p12_ex012_pkb 12 examples/012_allgather_gemm_overlap.py pkb
 # a symmetric-memory example: problem 1's all-reduce through torch symmetric memory
 prof p1_symm_pkb 1 examples/001_allreduce_symm_mem.py pkb
 # the MCP tool's wall time, through a server in this process (cold: no warm sandboxes)
-timeout 280 python3 docs/scripts/profile_tool_wall.py --world-size "$WS" > "$OUT/tool_wall.txt" 2>&1
+timeout 280 python3 bench/scripts/profile_tool_wall.py --world-size "$WS" > "$OUT/tool_wall.txt" 2>&1
 cat "$OUT/tool_wall.txt"
 tar czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"

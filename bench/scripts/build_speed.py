@@ -1,6 +1,6 @@
 """Issue 32's figures: what one iteration on a custom kernel costs, stage by stage.
 
-    python3 docs/scripts/build_speed.py --out build.jsonl [--device cuda] [--world-size 2] [--files 10]
+    python3 bench/scripts/build_speed.py --out build.jsonl [--device cuda] [--world-size 2] [--files 10]
 
 With an empty cache (a fresh PKB_CACHE_DIR) and through the service layer, as the MCP server and the
 CLI call it (the Docker sandbox when an engine answers, else the process backend), in order:
@@ -25,7 +25,7 @@ CLI call it (the Docker sandbox when an engine answers, else the process backend
                (not part of the default stages)
 
 The cached and plain stages are fresh service calls, each starting its sandboxes: a server's warm
-check is faster (docs/scripts/turnaround.py measures that). With --server the service keeps warm
+check is faster (bench/scripts/turnaround.py measures that). With --server the service keeps warm
 sandboxes as `pkb serve` does (for the build stages: a build launch then takes a warm tool sandbox,
 torch imported ahead; a batch keeps its own otherwise).
 

@@ -1,7 +1,7 @@
 """Issue 16's figures: a solution that builds its CUDA with load_inline, through the MCP server as an
 agent uses it. Run on a GPU node from the repository root (Docker sandbox when an engine answers):
 
-    python3 docs/scripts/extension_turnaround.py --out ext.jsonl [--world-size 2] [--repeats 8]
+    python3 bench/scripts/extension_turnaround.py --out ext.jsonl [--world-size 2] [--repeats 8]
 
 With an empty extension cache (a fresh PKB_CACHE_DIR), in order:
   first_check   run_correctness (5 trials): discovery, the build job, then the check: the first-build cost

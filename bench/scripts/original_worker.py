@@ -1,6 +1,6 @@
 """pkb's stand-in for the original benchmark's `scripts/worker.py`, which its published copy lacks.
 
-docs/scripts/side_by_side.py places this file at `scripts/worker.py` in a temporary copy of the
+bench/scripts/side_by_side.py places this file at `scripts/worker.py` in a temporary copy of the
 original benchmark, so that the original's own launcher (`run_local.py`) runs unchanged. One process
 per rank under `torchrun`, invoked as run_local.py invokes it:
 

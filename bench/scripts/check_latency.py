@@ -1,6 +1,6 @@
 """A plain check's wall time in the process backend, with and without its fork server.
 
-    python3 docs/scripts/check_latency.py [--checks 6] [--world-size 2] [--device cpu]
+    python3 bench/scripts/check_latency.py [--checks 6] [--world-size 2] [--device cpu]
 
 Runs `--checks` checks (one trial) of problem 1's reference as the candidate through the service in
 one process, as a server or a test session does, first with the fork server (harness/forkserver.py:

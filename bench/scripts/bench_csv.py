@@ -1,11 +1,11 @@
-"""Every benchmark row of gpu_report.py's JSONL files as one compact CSV (docs/gpu-runs/benchmarks.csv).
+"""Every benchmark row of gpu_report.py's JSONL files as one compact CSV (bench/gpu-runs/benchmarks.csv).
 
 The results page cites benchmark figures by this CSV, so that the raw JSONL files (a few hundred KB)
 need not stay in the repository: each row names the file it came from (`call`, relative to the
 folder given by --root), which git history keeps. One row per `refs` (a reference against itself)
 or `examples` (an example against the reference) row; `machine` rows give the date.
 
-    python3 docs/scripts/bench_csv.py --root docs/gpu-runs docs/gpu-runs/*/*.jsonl > benchmarks.csv
+    python3 bench/scripts/bench_csv.py --root bench/gpu-runs bench/gpu-runs/*/*.jsonl > benchmarks.csv
 """
 
 from __future__ import annotations

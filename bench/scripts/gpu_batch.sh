@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What is still to be measured on GPUs, in parts that each fit one device call (<= 10 minutes).
 # On the device machine, from the repository root, with .gpu carried:
-#     source .gpu/setup.sh && bash docs/scripts/gpu_batch.sh PART [PART ...]
+#     source .gpu/setup.sh && bash bench/scripts/gpu_batch.sh PART [PART ...]
 # Every part writes its JSONL and logs under $OUT (default ./gpu-out), then prints a summary.
 # DEVICE=cpu makes the reference parts a dry run on a machine without GPUs.
 # commit.txt and status.txt describe the .git that travelled, which can be older than the working
@@ -39,11 +39,11 @@
 #   side-by-side-a .. side-by-side-d   issue 28 item 7: the original harness (run_local.py, from a copy
 #              of the original in ${ORIGINAL:-.gpu/pkb-original}: `cp -r ../shared/pkb-original .gpu/`
 #              before the call) and `pkb check --variant original` side by side, verdict agreement
-#              (docs/scripts/side_by_side.py), over a quarter each of the original-format files:
+#              (bench/scripts/side_by_side.py), over a quarter each of the original-format files:
 #              tests/candidates/original/, examples/original/ (013 a C++ build failure) and the custom
 #              CUDA files (tests/candidates/original_helper_cuda.py as 001_allreduce_cuda.py, examples/001_*);
 #              $TRIALS (else 1) trials a side; world size $WS, else 2
-#   build-speed issue 32: docs/scripts/build_speed.py (first build, kernel-only edit, cached re-check,
+#   build-speed issue 32: bench/scripts/build_speed.py (first build, kernel-only edit, cached re-check,
 #              plain check, a batch of $FILES (else 10) extension files through pkb eval); world size $WS, else 2;
 #              $STAGES (else all five) and $REPEATS (else 5) pass through; NO_WARM=1: the batch without
 #              warm sandboxes; SERVER=1: warm sandboxes kept as `pkb serve` does (a build launch takes
@@ -54,16 +54,16 @@
 #              solution with a C++ extension and one with a CUDA extension (cached after their first
 #              check), and example 001's own kernel; $REPEATS (else 6) each, $THINK (else 8) s apart;
 #              the server's log keeps each launch's stages and whether it started warm, and
-#              docs/scripts/launch_steps.py sums up where the warm launches' time went; $TAG names it
+#              bench/scripts/launch_steps.py sums up where the warm launches' time went; $TAG names it
 #   nvcc-phases issue 32: where a CUDA unit's build time goes (nvcc -time, per phase) and the same unit
 #              through harness/nvcc.py (host and device front ends at once), side by side, $REPEATS
-#              (else 2) times: docs/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox);
+#              (else 2) times: bench/scripts/nvcc_phases.py on example 001's kernel, on the node (no sandbox);
 #              $NVCC_FILE: another solution's kernel, the string $NVCC_VARIABLE (else CUDA_SRC); $TAG names it
 #   nvcc-at-once issue 32: what a wave of builds does to each: $AT_ONCE (else 1,4,8) copies of the CUDA unit
 #              of $NVCC_FILE (else example 001) compiled through harness/nvcc.py at once, all but the first
-#              at niceness $NICE (else 0): docs/scripts/nvcc_phases.py --at-once, on the node (no sandbox)
+#              at niceness $NICE (else 0): bench/scripts/nvcc_phases.py --at-once, on the node (no sandbox)
 #   gpu-step   issue 32: what a warm sandbox's GPU step costs with 1-6 opened at once, and whether its parts
-#              disturb a benchmark timed beside them (docs/scripts/gpu_step.py); $REPEATS (else 2),
+#              disturb a benchmark timed beside them (bench/scripts/gpu_step.py); $REPEATS (else 2),
 #              $COUNTS (else 1,2,4,6); DOCKER=1: each pair in a container made as the sandbox's are;
 #              ANATOMY_ONLY=1: no interference part; $DISTURBANCES (else none,context,group,step);
 #              NCCL_LOG=1: NCCL's set-up lines per rank; $TAG
@@ -73,7 +73,7 @@
 #              Ray from the wheels in $RAY_WHEELS (the device has no registry); ray_batch.jsonl
 #   nvlink-probe issue 34 (docs/nvlink-counters.md), before the profiles: ncu's path, version and metric
 #              names of interest (nvl, peer, aperture, tma), the driver's profiling setting, NVML's NVLink
-#              counters around peer copies of known size (docs/scripts/nvlink_probe.py), and ncu's CSV of
+#              counters around peer copies of known size (bench/scripts/nvlink_probe.py), and ncu's CSV of
 #              one local kernel with the profile's metric set; into $OUT/nvlink/
 #   nvlink-oneshot, nvlink-copy, nvlink-ref   issue 34: `pkb profile` of problem 1 in the process sandbox
 #              (its counter launches need it) with the candidate examples/001_allreduce_cuda_oneshot.py (SM
@@ -109,13 +109,13 @@ limit() {  # limit SECONDS: SECONDS, or the time left before $DEADLINE where tha
   echo "$want"
 }
 refs() {  # refs NAME SIZE PROBLEMS [WORLD_SIZE]: references against themselves, $LAUNCHES launches a side
-  timeout "$(limit "${LIMIT:-590}")" python3 docs/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
+  timeout "$(limit "${LIMIT:-590}")" python3 bench/scripts/gpu_report.py --out "$OUT/$1.jsonl" --world-sizes "${4:-${WS:-4}}" --parts refs \
     --sizes "$2" --problems "$3" --no-refs-check --warm --launches "${LAUNCHES:-1}" \
     --device "${DEVICE:-cuda}" > "$OUT/$1.log" 2>&1
   tail -45 "$OUT/$1.log"
 }
 examples() {  # examples WORLD_SIZE [NAME FILTER]
-  timeout "$(limit 590)" python3 docs/scripts/gpu_report.py --out "$OUT/examples$1${2:-}.jsonl" --world-sizes "$1" \
+  timeout "$(limit 590)" python3 bench/scripts/gpu_report.py --out "$OUT/examples$1${2:-}.jsonl" --world-sizes "$1" \
     --parts examples ${3:+--example "$3"} > "$OUT/examples$1${2:-}.log" 2>&1
   tail -30 "$OUT/examples$1${2:-}.log"
 }
@@ -127,7 +127,7 @@ side_by_side() {  # side_by_side QUARTER (1-4): every fourth original-format fil
   cp examples/001_allreduce_cuda_oneshot.py examples/001_allreduce_symm_mem.py "$files/"
   ls tests/candidates/original/[0-9]*.py examples/original/[0-9]*.py "$files"/[0-9]*.py \
     | awk -v q="$1" 'NR % 4 == q % 4' > "/tmp/$name.files"
-  timeout "$(limit 590)" python3 docs/scripts/side_by_side.py $(cat "/tmp/$name.files") \
+  timeout "$(limit 590)" python3 bench/scripts/side_by_side.py $(cat "/tmp/$name.files") \
     --world-size "${WS:-2}" --device "${DEVICE:-cuda}" --trials "${TRIALS:-1}" --timeout 240 \
     --original "${ORIGINAL:-.gpu/pkb-original}" --json "$OUT/$name.jsonl" > "$OUT/$name.log" 2>&1
   tail -40 "$OUT/$name.log"
@@ -198,7 +198,7 @@ nvlink_probe() {
     nvidia-smi --query-gpu=name,driver_version --format=csv; nvidia-smi nvlink -s -i 0 | head -8
   } > "$dir/env.txt" 2>&1
   cat "$dir/env.txt"
-  timeout "$(limit 120)" python3 docs/scripts/nvlink_probe.py > "$dir/nvml_probe.jsonl" 2> "$dir/nvml_probe.err"
+  timeout "$(limit 120)" python3 bench/scripts/nvlink_probe.py > "$dir/nvml_probe.jsonl" 2> "$dir/nvml_probe.err"
   cat "$dir/nvml_probe.jsonl"; tail -5 "$dir/nvml_probe.err"
   [ -n "$ncu" ] || return 0
   timeout "$(limit 120)" "$ncu" --query-metrics > "$dir/query_metrics.txt" 2>&1
@@ -206,7 +206,7 @@ nvlink_probe() {
   wc -l "$dir/query_metrics.txt" "$dir/metrics_of_interest.txt"
   timeout "$(limit 180)" "$ncu" --clock-control none --cache-control none --replay-mode kernel \
     --csv --page raw --print-units base --metrics "$metrics" --log-file "$dir/ncu_local.csv" \
-    python3 docs/scripts/nvlink_probe.py --local > "$dir/ncu_local.out" 2>&1
+    python3 bench/scripts/nvlink_probe.py --local > "$dir/ncu_local.out" 2>&1
   echo "ncu on one local kernel: exit $?"; head -c 3000 "$dir/ncu_local.csv"
 }
 
@@ -219,7 +219,7 @@ for part in "$@"; do
   case "$part" in
     warm|warm2)
       ws=4; [ "$part" = warm2 ] && ws=2
-      timeout 300 python3 docs/scripts/turnaround.py --out "$OUT/$part.jsonl" --parts check --world-size $ws \
+      timeout 300 python3 bench/scripts/turnaround.py --out "$OUT/$part.jsonl" --parts check --world-size $ws \
         --check-repeats 7 --think-s 8 --log "$OUT/${part}_log.jsonl" | tail -3
       grep -E '"warm\.(take|died|expired|start_failed)"|"launch\.end"' "$OUT/${part}_log.jsonl" | cut -c1-900 | head -40 ;;
     refs-pkb) refs refs_pkb pkb "$ALL" ;;
@@ -232,7 +232,7 @@ for part in "$@"; do
     examples4) examples 4 ;;
     bench12)
       name=bench12_w${WS:-4}_j${LAUNCHES:-1}
-      timeout 200 python3 docs/scripts/turnaround.py --out "$OUT/$name.jsonl" --parts bench12 \
+      timeout 200 python3 bench/scripts/turnaround.py --out "$OUT/$name.jsonl" --parts bench12 \
         --world-size "${WS:-4}" --launches "${LAUNCHES:-1}" --device "${DEVICE:-cuda}" --log "$OUT/${name}_log.jsonl" | tail -4 ;;
     launches-a) LAUNCHES=${LAUNCHES:-4} refs "launches${LAUNCHES:-4}_${TAG:-1}_a" pkb "$HALF_A" | tail -22 ;;
     launches-b) LAUNCHES=${LAUNCHES:-4} refs "launches${LAUNCHES:-4}_${TAG:-1}_b" pkb "$HALF_B" | tail -22 ;;
@@ -241,7 +241,7 @@ for part in "$@"; do
         LAUNCHES=${LAUNCHES:-2} LIMIT=280 refs "launches_noisy_${i}" pkb "$NOISY_G" "${WS:-4}" | tail -14
       done ;;
     memo17)
-      timeout 590 python3 docs/scripts/gpu_report.py --out "$OUT/memo17_w${WS:-2}.jsonl" --world-sizes "${WS:-2}" \
+      timeout 590 python3 bench/scripts/gpu_report.py --out "$OUT/memo17_w${WS:-2}.jsonl" --world-sizes "${WS:-2}" \
         --parts memo --memo-sizes pkb large --memo-repeats "${REPEATS:-2}" --device "${DEVICE:-cuda}" \
         > "$OUT/memo17_w${WS:-2}.log" 2>&1
       tail -20 "$OUT/memo17_w${WS:-2}.log" ;;
@@ -266,7 +266,7 @@ for part in "$@"; do
       tail -25 "$OUT/pytest_timed.log" ;;
     examples-new) examples "${WS:-2}" _072 072_; examples "${WS:-2}" _082 082_ ;;
     profile12)
-      timeout "$(limit 200)" python3 docs/scripts/profile_tool_wall.py --world-size "${WS:-2}" \
+      timeout "$(limit 200)" python3 bench/scripts/profile_tool_wall.py --world-size "${WS:-2}" \
         > "$OUT/profile_tool_wall.txt" 2>&1
       cat "$OUT/profile_tool_wall.txt"
       timeout "$(limit 200)" python3 -m pkb_mcp profile 12 examples/012_allgather_gemm_overlap.py \
@@ -274,34 +274,34 @@ for part in "$@"; do
       cat "$OUT/profile_p12_ex012_pkb.txt" ;;
     build-speed)
       name=build_speed_w${WS:-2}
-      timeout "$(limit 590)" python3 docs/scripts/build_speed.py --out "$OUT/$name.jsonl" --world-size "${WS:-2}" \
+      timeout "$(limit 590)" python3 bench/scripts/build_speed.py --out "$OUT/$name.jsonl" --world-size "${WS:-2}" \
         --files "${FILES:-10}" --repeats "${REPEATS:-5}" --log "$OUT/${name}_log.jsonl" \
         --stages ${STAGES:-first_build kernel_edit cached plain batch} ${NO_WARM:+--no-warm} ${SERVER:+--server} \
         ${SOLUTION:+--solution "$SOLUTION"} >> "$OUT/$name.log" 2>&1
       tail -10 "$OUT/$name.log" ;;
     warm-ext)
       name=warm_ext_w${WS:-2}${TAG:+_$TAG}
-      timeout "$(limit 590)" python3 docs/scripts/turnaround.py --out "$OUT/$name.jsonl" --parts check \
+      timeout "$(limit 590)" python3 bench/scripts/turnaround.py --out "$OUT/$name.jsonl" --parts check \
         --world-size "${WS:-2}" --check-repeats "${REPEATS:-6}" --think-s "${THINK:-8}" --log "$OUT/${name}_log.jsonl" \
         --check-files ${FILES_CHECKED:-problems/001_allreduce.py tests/candidates/cpp_extension_lazy.py \
         tests/candidates/original_helper_cuda.py examples/001_allreduce_cuda_oneshot.py} > "$OUT/$name.log" 2>&1
       grep summary "$OUT/$name.log"
       grep -E '"warm\.take"' "$OUT/${name}_log.jsonl" | cut -c1-200 | tail -8
       grep -E '"launch\.end"' "$OUT/${name}_log.jsonl" | cut -c1-400 | tail -8
-      python3 docs/scripts/launch_steps.py "$OUT/${name}_log.jsonl" | tee "$OUT/${name}_steps.json" ;;
+      python3 bench/scripts/launch_steps.py "$OUT/${name}_log.jsonl" | tee "$OUT/${name}_steps.json" ;;
     nvcc-phases)
-      timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/nvcc_phases${TAG:+_$TAG}.jsonl" \
+      timeout "$(limit 590)" python3 bench/scripts/nvcc_phases.py --out "$OUT/nvcc_phases${TAG:+_$TAG}.jsonl" \
         --repeats "${REPEATS:-2}" ${NVCC_FILE:+--file "$NVCC_FILE" --variable "${NVCC_VARIABLE:-CUDA_SRC}"} \
         > "$OUT/nvcc_phases.log" 2>&1
       tail -6 "$OUT/nvcc_phases.log" | cut -c1-400 ;;
     nvcc-at-once)
-      timeout "$(limit 590)" python3 docs/scripts/nvcc_phases.py --out "$OUT/at_once${TAG:+_$TAG}.jsonl" \
+      timeout "$(limit 590)" python3 bench/scripts/nvcc_phases.py --out "$OUT/at_once${TAG:+_$TAG}.jsonl" \
         --at-once "${AT_ONCE:-1,4,8}" --nice "${NICE:-0}" \
         ${NVCC_FILE:+--file "$NVCC_FILE" --variable "${NVCC_VARIABLE:-CUDA_SRC}"} >> "$OUT/at_once.log" 2>&1
       tail -8 "$OUT/at_once.log" | cut -c1-400 ;;
     gpu-step)
       name=gpu_step${TAG:+_$TAG}
-      timeout "$(limit 300)" python3 docs/scripts/gpu_step.py --out "$OUT/$name.jsonl" \
+      timeout "$(limit 300)" python3 bench/scripts/gpu_step.py --out "$OUT/$name.jsonl" \
         --repeats "${REPEATS:-2}" --counts "${COUNTS:-1,2,4,6}" ${DOCKER:+--docker} ${ANATOMY_ONLY:+--anatomy-only} \
         --disturbances "${DISTURBANCES:-none,context,group,step}" \
         ${NCCL_LOG:+--nccl-log "$OUT/${name}_nccl"} > "$OUT/$name.log" 2>&1

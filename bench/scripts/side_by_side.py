@@ -8,7 +8,7 @@ files `{id}_{name}.py` too), one file at a time:
 - original: the original benchmark's own launcher, unchanged, from a copy of it made in a temporary
   folder (`run_local.py --mode eval --problem ID --solution BACKEND --solutions-dir DIR --trials N
   --nproc-per-node W`), with pkb's stand-in for the worker its copy lacks
-  (docs/scripts/original_worker.py) at scripts/worker.py. Its verdict is read from the
+  (bench/scripts/original_worker.py) at scripts/worker.py. Its verdict is read from the
   `PKB_EVAL_JSON:` line it prints: pass when every trial's rank outputs match the reference's, fail
   when one does not or the solution's job fails; none ("n/a") when its own reference job fails,
   which on CPU names what the CPU backend cannot run. The file is copied into DIR under the name the
@@ -27,15 +27,15 @@ sandbox. Give it only files you would run yourself.
 
 On CPU (slow: two torchrun launches per trial on the original side):
 
-    python3 docs/scripts/side_by_side.py ../shared/pkb-original/reference/1_allreduce.py \\
+    python3 bench/scripts/side_by_side.py ../shared/pkb-original/reference/1_allreduce.py \\
         --world-size 2 --device cpu --trials 1 --sandbox process
 
 On GPUs, on the device machine from the repository root, with a copy of the original carried in
 .gpu/pkb-original (`cp -r ../shared/pkb-original .gpu/`; .gpu is ignored and travels with carry):
 
-    source .gpu/setup.sh && WS=2 bash docs/scripts/gpu_batch.sh side-by-side-a   # to -d; WS=4 where lent
+    source .gpu/setup.sh && WS=2 bash bench/scripts/gpu_batch.sh side-by-side-a   # to -d; WS=4 where lent
 
-or directly `python3 docs/scripts/side_by_side.py tests/candidates/original examples/original
+or directly `python3 bench/scripts/side_by_side.py tests/candidates/original examples/original
 --world-size 2 --device cuda --json out.jsonl`. Prints one row per file and a summary line; exits
 1 when a disagreement is unexplained.
 """

@@ -1,7 +1,7 @@
 """Where a launch's time goes outside its ranks, from the service's logs (`--log` of turnaround.py or
 build_speed.py: JSON lines).
 
-    python3 docs/scripts/launch_steps.py LOG [LOG ...] [--all]
+    python3 bench/scripts/launch_steps.py LOG [LOG ...] [--all]
 
 For each log, over its warm launches (`--all`: every launch): the launch's wall time, the time until
 the launcher saw its last rank end (`ranks_ended_s`), and what is left (the hand-over, the launcher's

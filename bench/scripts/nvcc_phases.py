@@ -1,6 +1,6 @@
 """Where a CUDA unit's build time goes, and what running nvcc's two front-end chains at once saves.
 
-    python3 docs/scripts/nvcc_phases.py --out nvcc.jsonl [--file examples/001_allreduce_cuda_oneshot.py]
+    python3 bench/scripts/nvcc_phases.py --out nvcc.jsonl [--file examples/001_allreduce_cuda_oneshot.py]
         [--variable CUDA_SOURCE] [--repeats 2]
 
 The unit is the `cuda.cu` that `load_inline` writes for the file's first call with CUDA sources, as

@@ -5,8 +5,8 @@ ADDRESS`, and prints files per minute and the wall time of each, as JSON lines a
 Without --ray, it starts a local cluster of --nodes nodes with --gpus-per-node logical GPUs each
 (ray.cluster_utils; on one machine, so it measures the cluster path's overhead, not added hardware).
 
-    python docs/scripts/ray_throughput.py examples/original --device cpu --world-size 2 --no-bench
-    python docs/scripts/ray_throughput.py BATCH --device cuda --world-size 2 --ray HEAD:6379   # GPUs
+    python bench/scripts/ray_throughput.py examples/original --device cpu --world-size 2 --no-bench
+    python bench/scripts/ray_throughput.py BATCH --device cuda --world-size 2 --ray HEAD:6379   # GPUs
 
 Throughput = files finished (any outcome) / wall seconds of the `pkb eval` command, x 60.
 """

@@ -1,6 +1,6 @@
 """How long the host takes to judge one rank's outputs in one trial (pkb_mcp.runs.judge.compare).
 
-    python docs/scripts/judge_speed.py [--repeats 5]
+    python bench/scripts/judge_speed.py [--repeats 5]
 
 Cases: bf16 and fp32 outputs of 1M and 16M elements, compared with an identical copy (what a
 reference-as-candidate or an exact data-movement kernel gives) and with a copy off by about one

@@ -1,6 +1,6 @@
 """What a warm sandbox's GPU step costs, and whether its parts disturb a benchmark timed beside them.
 
-    python3 docs/scripts/gpu_step.py --out gpu_step.jsonl [--counts 1,2,4,6] [--repeats 2]
+    python3 bench/scripts/gpu_step.py --out gpu_step.jsonl [--counts 1,2,4,6] [--repeats 2]
         [--disturbers 6] [--seconds 3] [--docker] [--nccl-log DIR] [--anatomy-only]
 
 A gated sandbox (sandbox/pool.py) imports torch and joins its store first, then, once opened, takes
@@ -154,7 +154,7 @@ class Pairs:
         cpus = tuple(tuple(parse_cpulist(c)) for c in self.cpus)
         options = self.backend.container_options(f"step-{folder.name}", folder, "cuda", [0, 1], 4, cpus, ROOT)
         options["mounts"].append(Mount(MOUNT, str(ROOT), type="bind", read_only=True))
-        script = f"{MOUNT}/docs/scripts/gpu_step.py"
+        script = f"{MOUNT}/bench/scripts/gpu_step.py"
         command = [sys.executable, script, "--pair", LAUNCH_MOUNT, "--mode", mode, "--seconds", str(seconds)]
         command += ["--cpus", ";".join(self.cpus), *(["--log-nccl"] if self.nccl_log else [])]
         container = self.backend.client.containers.create(self.backend.image, command, **options)

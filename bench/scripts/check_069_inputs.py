@@ -4,7 +4,7 @@ Beside them, inputs drawn the earlier way (clamped N(0, 1) logits, ties left in)
 
 Needs no second GPU: it draws each rank's inputs on one device and counts without collectives.
 
-    python3 docs/scripts/check_069_inputs.py --device cuda --out rows.jsonl
+    python3 bench/scripts/check_069_inputs.py --device cuda --out rows.jsonl
 """
 
 from __future__ import annotations

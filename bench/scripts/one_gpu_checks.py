@@ -2,7 +2,7 @@
 all-reduce over one rank is a copy), so paths that do not need a peer run on a real GPU in the Docker
 sandbox. Run from the repository root on a GPU node (after `source .gpu/setup.sh`):
 
-    python3 docs/scripts/one_gpu_checks.py --out one_gpu.jsonl [--parts memo profile]
+    python3 bench/scripts/one_gpu_checks.py --out one_gpu.jsonl [--parts memo profile]
 
 Parts (each row appended to the JSONL file as soon as it is measured):
   memo      benchmarks at `pkb` and `large`: the plain memoizer and the one that burns GPU time on a hit

@@ -6,7 +6,7 @@ and its verdict is printed beside the reason where it is not a pass. Every such 
 where the CPU backend cannot run one (CUDA or Triton in the file, a collective gloo lacks), the
 reason names it. The files are read where they lie, never copied into this repository.
 
-    python3 docs/scripts/original_references.py ../shared/pkb-original/reference --world-size 2 \\
+    python3 bench/scripts/original_references.py ../shared/pkb-original/reference --world-size 2 \\
         --device cpu --sandbox process [--only 21,22,23] [--json results.jsonl]
 
 Problems without an `original` file yet are listed as such, not run.

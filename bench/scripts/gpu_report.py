@@ -1,7 +1,7 @@
 """Produce the recorded GPU figures: references as candidates, self-speedup, examples, check wall time.
 
 Run on a GPU node from the repository root, e.g.
-    python3 docs/scripts/gpu_report.py --world-sizes 2 4 --out report.jsonl
+    python3 bench/scripts/gpu_report.py --world-sizes 2 4 --out report.jsonl
 Each finished measurement is appended to the JSONL file at once (a killed run keeps what it did);
 a markdown summary of the file is printed at the end (`--summarize FILE` prints it for any file).
 

@@ -1,7 +1,7 @@
 """Issue 5's figures: turnaround of a warm server, fidelity of repeated benchmarks, scheduling
 throughput, and the node's calibration. Run on a GPU node from the repository root:
 
-    python3 docs/scripts/turnaround.py --out turnaround.jsonl [--budget-s 480]
+    python3 bench/scripts/turnaround.py --out turnaround.jsonl [--budget-s 480]
 
 Everything goes through the real MCP server (the SDK's in-process client against `build_server`, the
 scheduler, the Docker sandbox when an engine answers, sandboxes started ahead of need) as an agent
