@@ -39,7 +39,7 @@ SIZES = {
 }
 BLOCK = 128
 FP8_MAX = 448.0
-# Each output on its own bounds (issue 17: together, the codes, up to 448, hid scales 10% off).
+# Each output on its own bounds (together, the codes, up to 448, hid scales 10% off).
 # Codes: one FP8 e4m3 step is at most 1/8 of the value it rounds from (3 mantissa bits), and 2^-9
 # below the smallest normal: rtol 1/8 and atol 2^-9 let every code move by one step where rounding
 # differs. Their relative norm is 0.0027 for the reciprocal variant (tests/candidates/legit/

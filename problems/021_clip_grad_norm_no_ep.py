@@ -38,7 +38,7 @@ SIZES = {
 }
 EPS = 1e-6
 L2_BYTES = 50 * 2**20  # H200 L2 cache, for the memory floor in traffic()
-# Each output on its own bounds (issue 17: the total norm, some 5800 at the pkb size, outweighed
+# Each output on its own bounds (together, the total norm, some 5800 at the pkb size, outweighed
 # the clipped gradients, and a clip coefficient 1.2% off passed behind it).
 # Clipped gradients (O(1), RMS 1): correct solutions differ in whether the coefficient is rounded to
 # bf16 before the multiply (up to 2^-9 relative, the same for every element; torch does either, by

@@ -22,7 +22,7 @@ all-reduces (the gradient scaled after the sum) or sum in float32.
 Source: token-count normalized loss under gradient accumulation, fwd + bwd (ParallelKernelBench
 problem 23). The original works on single bf16 scalars (one loss, one count, one gradient value),
 which a test cannot tell from a constant fill, and stops before the gradient averaging, which left
-a `large` size with nothing to communicate but 16 bytes (issue 17): here the step ends with the
+a `large` size with nothing to communicate but 16 bytes: here the step ends with the
 gradient all-reduce, as a DP step does. The pkb preset stays small and latency-bound (8
 micro-batches, a 1024-element gradient); the large one averages a 256 M-element gradient (512 MiB).
 Counts are random per micro-batch and rank, so a rank that normalizes by its own count is wrong;

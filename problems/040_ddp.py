@@ -64,7 +64,7 @@ GRAD_RMS = 0.03  # RMS of the averaged gradient with these data (measured), the 
 # crosses zero: atol) and v through (1 - BETA2) * g^2; the parameters move by LR * (error of the
 # update), ~1e-5 of their size. Together ~1.5e-4 in norm. Skipping the step moves the parameters by
 # ~10% (~0.1 in norm), dropping the bias corrections changes it by 25%: both fail.
-# Each output is judged on its own (issue 17). The moments carry the gradient's error less diluted
+# Each output is judged on its own. The moments carry the gradient's error less diluted
 # than the parameters: a float32 pipeline (bench/scripts/tolerance_study.py, W = 2, 4, 8) differs
 # from the reference by a relative norm of up to m 8e-4 and v 1.5e-3 in the outputs (params, m, v);
 # their bounds of their own leave about 2.5x that.

@@ -68,7 +68,7 @@ GRAD_RMS = 0.03  # RMS of the averaged gradient with these data (measured), the 
 # the update), ~1e-5 of their size. The new bf16 params may differ by a unit in the last place where
 # the master weight is near a rounding boundary (rtol). Together ~3e-4 in norm. Skipping the step
 # moves the parameters by ~10% and fails.
-# Each output is judged on its own (issue 17). The moments carry the gradient's error less diluted
+# Each output is judged on its own. The moments carry the gradient's error less diluted
 # than the parameters: a float32 pipeline (bench/scripts/tolerance_study.py, W = 2, 4, 8) differs
 # from the reference by a relative norm of up to m 1.1e-3 and v 2.4e-3 in the outputs (params, master, m, v);
 # their bounds of their own leave about 2.5x that.

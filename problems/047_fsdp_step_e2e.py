@@ -67,7 +67,7 @@ GRAD_RMS = 0.03  # RMS of the averaged gradient with these data (measured), the 
 # update), ~1e-5 of their size. Together ~2e-4 in norm at the pkb size, ~4e-4 at the large one (the
 # moments weigh more there, against smaller weights). Skipping the step moves the parameters by ~10%;
 # skipping the weight decay changes the outputs by ~0.25% in norm: both fail.
-# Each output is judged on its own (issue 17). The moments carry the gradient's error less diluted
+# Each output is judged on its own. The moments carry the gradient's error less diluted
 # than the parameters: a float32 pipeline (bench/scripts/tolerance_study.py, W = 2, 4, 8) differs
 # from the reference by a relative norm of up to m 1.1e-3 and v 3e-3 in the outputs (param, m, v);
 # their bounds of their own leave about 2.5x that.

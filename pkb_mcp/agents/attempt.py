@@ -162,7 +162,8 @@ class _HttpServer:
         raise RuntimeError(f"pkb's MCP server for the attempt did not start (its log: {log_path})")
 
     def stop(self) -> None:
-        """SIGTERM, as a client ends it: it cancels its jobs and removes its sandboxes (issue 55)."""
+        """SIGTERM, as a client ends it: it cancels its jobs and removes its sandboxes (docs/sandbox.md,
+        leftovers)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -1,4 +1,4 @@
-"""An agent's client (Claude Code, Codex, ...) in a container of its own (issue 50, item 6).
+"""An agent's client (Claude Code, Codex, ...) in a container of its own (docs/agents.md, "What stays true").
 
 The client is untrusted: it runs shell commands with its permissions bypassed, on the model's say.
 So by default it runs here, in a container that holds only what it needs:

@@ -1,6 +1,6 @@
 """pkb's protections: the checks pkb applies that the original benchmark's harness does not, each
 under a short stable name, and which of them failed a candidate that is correct by the original's
-rules (issue 28, item 2; docs/variants.md, "pkb's protections in the original variant").
+rules (docs/variants.md, "pkb's protections in the original variant").
 
 The original's rules, as its harness (run_local.py and utils/) judges a trial: every rank's saved
 outputs against the reference's, the same nesting and number of outputs, the same shape, and

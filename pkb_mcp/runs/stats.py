@@ -21,14 +21,15 @@ from pkb_mcp.models import TimingStats
 
 # How far from 1.00x a benchmark of identical code lands on H200s (reference and candidate in
 # separate processes): up to 5.1% in 105 benchmarks (W=2, 35 problems, 3 calls each, all but the
-# host-synchronous problem 10; docs/gpu-results.md, run F). A speedup closer to 1 than this is no
-# evidence of a difference.
+# host-synchronous problem 10; docs/gpu-results.md, "Identical code benchmarked against itself"). A
+# speedup closer to 1 than this is no evidence of a difference.
 RUN_TO_RUN_SPREAD = 0.05
 # The same on CPU, where ranks share a few cores with everything else the host runs: the reference
 # of problem 1 benchmarked against itself on a 2-core host measured 1.562x on its replayed calls and
-# 0.684x (1/1.46) on its fresh ones in one benchmark (issue 33). A CPU speedup within 60% of 1.00x is
-# no evidence of a difference. Nor, on CPU, is one whose quartile range includes 1.00x: the same
-# benchmark in a 2-core test run (2026-11-27) measured 0.573x (0.381-2.083).
+# 0.684x (1/1.46) on its fresh ones in one benchmark (docs/measurement.md, "within_noise"). A CPU
+# speedup within 60% of 1.00x is no evidence of a difference. Nor, on CPU, is one whose quartile
+# range includes 1.00x: the same benchmark in a 2-core test run (2026-11-27) measured 0.573x
+# (0.381-2.083).
 CPU_RUN_TO_RUN_SPREAD = 0.6
 
 # The device clock missed work the host waited for (side streams, threads): the wall-clock median
@@ -38,7 +39,8 @@ EVENT_GAP_FLOOR_MS = 0.2
 
 # Calls vary widely (interquartile range above this fraction of the median, device clock): on H200s
 # every reference stayed at or below 0.20 except problem 10's, which waits on the host inside each
-# call (0.27-0.77), and whose speedup against itself ranged 0.76-1.62x (docs/gpu-results.md, run F).
+# call (0.27-0.77), and whose speedup against itself ranged 0.76-1.62x (docs/gpu-results.md,
+# "Identical code benchmarked against itself").
 WIDE_SPREAD = 0.25
 
 
@@ -51,8 +53,7 @@ WIDE_SPREAD = 0.25
 # not flushed between calls and the host was loaded, so the CPU limit is high; memoizers measured
 # 24-27x. On GPUs the calls being paired are microseconds apart in one process, with L2 flushed
 # before each (on 4 H200s, memory placements of identical code within a process spread under 1%,
-# run G): 1.10 leaves a memoizer
-# at most 10%; the H200 figures are to be recorded in docs/gpu-results.md (issue 17).
+# docs/gpu-results.md, "Memoization on GPUs"): 1.10 leaves a memoizer at most 10%.
 REPLAY_ADVANTAGE_LIMIT = {"cuda": 1.10, "cpu": 4.0}
 REPLAY_P = 0.01
 
