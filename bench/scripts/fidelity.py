@@ -14,7 +14,7 @@ would be about the first over the square root of the number of placements.
 
     python3 bench/scripts/fidelity.py placed{1,2,3}_p4.jsonl --exclude 10
 
-(the raw files of the 2026-11-22 runs are in git history: `git show 52f55d6:bench/gpu-runs/PATH`).
+(the raw files of the 2026-11-22 runs are in git history: `git show 52f55d6:docs/gpu-runs/PATH`).
 
 A call that `gpu_batch.sh jobs-a` and `jobs-b` recorded in two halves is given as
 `jobs4_1_a.jsonl,jobs4_1_b.jsonl`.
