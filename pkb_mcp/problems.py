@@ -54,6 +54,9 @@ class Problem:
     variant: str = "pkb"
     lean_inputs: bool = False  # LEAN_INPUTS: inputs never copied (docs/problem-format.md)
     max_outputs: int = tensorfile.MAX_TENSORS  # MAX_OUTPUTS: tensors a result file may hold
+    # PASSES_WITHOUT_EXCHANGE: why a solution that communicates nothing passes this workload (at every
+    # world size, or at those a dict names); the eval report and the published table mark it
+    passes_without_exchange: str | dict[int, str] | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -69,6 +72,11 @@ class Problem:
     @property
     def signature(self) -> str:
         return f"solution{inspect.signature(self.module.solution)}"
+
+    def without_exchange(self, world_size: int) -> str | None:
+        """Why a solution that communicates nothing passes at `world_size`, or None (it must)."""
+        reason = self.passes_without_exchange
+        return reason.get(world_size) if isinstance(reason, dict) else reason
 
     def size(self, preset: str) -> dict[str, Any]:
         if preset not in self.sizes:
@@ -173,6 +181,7 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
         mutates_inputs=flags["MUTATES_INPUTS"],
         lean_inputs=flags["LEAN_INPUTS"],
         max_outputs=max_outputs,
+        passes_without_exchange=_passes_without_exchange(path.name, module),
         path=path.resolve(),
         module=module,
         variant=variant,
@@ -229,6 +238,19 @@ def _options(file: str, module: Any) -> tuple[dict[str, bool], int]:
         if why:
             raise ProblemFormatError(f"{file}: canonical {why}")
     return flags, max_outputs
+
+
+def _passes_without_exchange(file: str, module: Any) -> str | dict[int, str] | None:
+    value = getattr(module, "PASSES_WITHOUT_EXCHANGE", None)
+    if value is None or (isinstance(value, str) and value.strip()):
+        return value
+    if isinstance(value, dict) and value and all(
+        type(w) is int and w >= 2 and isinstance(why, str) and why.strip() for w, why in value.items()
+    ):
+        return dict(value)
+    raise ProblemFormatError(
+        f"{file}: PASSES_WITHOUT_EXCHANGE must be a sentence, or a dict of world sizes to sentences"
+    )
 
 
 def _canonical_error(hook: object) -> str | None:

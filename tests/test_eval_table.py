@@ -213,3 +213,41 @@ def test_each_path_is_one_attempt_and_a_file_belongs_to_one(tmp_path):
     assert set(collect_attempts([tmp_path / "run1", tmp_path / "run2"], attempts=False).values()) == {0}
     with pytest.raises(UserError, match="attempt 1 and attempt 2"):
         collect_attempts([tmp_path / "run1", tmp_path / "run1" / "1_allreduce_cuda.py"], attempts=True)
+
+
+def test_problems_passable_without_an_exchange_are_marked_and_a_row_leaves_them_out():
+    """The original variant's problems whose workload a solution that communicates nothing passes:
+    counted in "all", left out of "all that must communicate", listed with their reasons, marked in
+    the report's rows."""
+    results = [_file(1, "pass", 2.0, variant="original"), _file(3, "pass", 0.5, variant="original")]
+    passable = {"original": {1: "its answer is a known constant"}}
+    t = table.published_table(results, SUITE, without_exchange=passable)
+    rows = _rows(t)
+    assert (rows[("original", "all")].problems, rows[("original", "all")].correct) == (5, 2)
+    rest = rows[("original", table.ALL_THAT_COMMUNICATE)]
+    assert (rest.problems, rest.correct, rest.fast_1) == (4, 1, 0)
+    assert t.without_exchange == passable
+    md = "\n".join(table.to_markdown(t))
+    assert "| **all that must communicate** | 4 |" in md and "- 1: its answer is a known constant" in md
+    report = EvalReport(
+        settings=EvalSettings(world_size=2), store="/tmp/x.sqlite", wall_s=1.0, resumed=0, results=results,
+        summary=eval_report.summarize(results), table=t,
+    )  # fmt: skip
+    assert "| 1_x_cuda.py | 1 (passes without communicating) |" in eval_report.to_markdown(report)
+
+
+def test_the_suite_s_passable_problems_are_the_original_variant_s_by_world_size():
+    found = table.passable_without_exchange(["pkb", "original"], 2)
+    assert "pkb" not in found  # the pkb variant's inputs are random: every workload must communicate
+    assert {1, 8, 64, 80} <= set(found["original"]) and 51 in found["original"]
+    assert 51 not in table.passable_without_exchange(["original"], 4)["original"]  # groups of 2 at W = 4
+    assert 12 not in found["original"]  # an all-gather GEMM must gather
+
+
+@pytest.mark.parametrize("value", ["", 3, {1: "x"}, {2: ""}, ["x"]])
+def test_a_malformed_passes_without_exchange_is_refused_naming_the_file(tmp_path, monkeypatch, value):
+    src = problems.suite("original")[1].path.read_text()
+    bad = tmp_path / "001_allreduce.py"
+    bad.write_text(src + f"\nPASSES_WITHOUT_EXCHANGE = {value!r}\n")  # the last assignment wins
+    with pytest.raises(problems.ProblemFormatError, match="PASSES_WITHOUT_EXCHANGE"):
+        problems.load_problem(bad, variant="original")

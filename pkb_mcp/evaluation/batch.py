@@ -572,7 +572,13 @@ def _report(
         results=results,
         summary=eval_report.summarize(results),
         table=eval_table.published_table(
-            results, eval_table.suite_categories(), attempts=attempts, benched=settings.bench
+            results,
+            eval_table.suite_categories(),
+            attempts=attempts,
+            benched=settings.bench,
+            without_exchange=eval_table.passable_without_exchange(
+                {eval_table.variant_of(r) for r in results}, settings.world_size
+            ),
         ),
     )
     if out_dir is not None:

@@ -135,6 +135,11 @@ class PublishedTable(BaseModel):
         default_factory=list,
         description="problems with more than one file in one attempt: each counts once, by its best file",
     )
+    without_exchange: dict[str, dict[int, str]] = Field(
+        default_factory=dict,
+        description="variant -> the problems whose workload a solution that communicates nothing passes, "
+        "with the file's reason; each such variant has a row over the rest (ALL_THAT_COMMUNICATE)",
+    )
 
 
 class EvalReport(BaseModel):

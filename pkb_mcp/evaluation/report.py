@@ -116,8 +116,11 @@ def to_markdown(report: EvalReport) -> str:
         + "| file | problem | convention | outcome | speedup (quartile range) | % of floor | message |",
         ("| --- " if several else "") + "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    passable = report.table.without_exchange if report.table is not None else {}
     for r in report.results:
         problem = f"{r.problem_id} {r.problem or ''}".strip() if r.problem_id is not None else ""
+        if r.problem_id in passable.get(table.variant_of(r), {}):
+            problem += " (passes without communicating)"
         message = r.message.replace("|", "\\|").replace("\n", " ")
         message = message if len(message) <= 160 else message[:157] + "..."
         lines.append(

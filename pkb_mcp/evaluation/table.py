@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pkb_mcp.evaluation.records import NOT_ATTEMPTED, FileResult, PublishedTable, TableRow, is_fast
 
 ALL = "all"
+ALL_THAT_COMMUNICATE = "all that must communicate"  # ALL less the problems passable without an exchange
 DEFAULT_VARIANT = "pkb"
 BY_ORIGINAL = "correct by the original's rules"
 
@@ -29,6 +30,21 @@ def suite_categories() -> dict[int, str]:
     from pkb_mcp import problems
 
     return {pid: p.category for pid, p in problems.suite().items()}
+
+
+def passable_without_exchange(variants: Iterable[str], world_size: int) -> dict[str, dict[int, str]]:
+    """variant -> problem id -> why a solution that communicates nothing passes it at `world_size`
+    (its file's PASSES_WITHOUT_EXCHANGE); variants without such problems are left out."""
+    from pkb_mcp import problems
+
+    out: dict[str, dict[int, str]] = {}
+    for variant in variants:
+        found = {
+            pid: why for pid, p in problems.suite(variant).items() if (why := p.without_exchange(world_size))
+        }
+        if found:
+            out[variant] = found
+    return out
 
 
 def variant_of(result: FileResult) -> str:
@@ -103,11 +119,13 @@ def published_table(
     *,
     attempts: int | None = None,
     benched: bool = True,
+    without_exchange: Mapping[str, Mapping[int, str]] | None = None,
 ) -> PublishedTable:
     """The table over the suite `categories` (problem id -> category): one row per category, in the
     order of their first problem, then the overall row, for each variant the results ran in (pkb
     first). `attempts`: k (default: the highest attempt index + 1); `benched`: False where no file was
-    benchmarked (--no-bench), so fast_1 is unknown."""
+    benchmarked (--no-bench), so fast_1 is unknown. `without_exchange` (variant -> problem id ->
+    reason: `passable_without_exchange`): a variant with such problems gets a row over the others."""
     k = attempts if attempts is not None else 1 + max((r.attempt for r in results), default=0)
     by_problem = standings(r for r in results if r.problem_id in categories)
     found = {variant_of(r) for r in results}
@@ -120,12 +138,27 @@ def published_table(
         for category, ids in groups.items():
             rows.append(_row(variant, category, ids, k, benched, by_problem))
         rows.append(_row(variant, ALL, sorted(categories), k, benched, by_problem))
+        passable = (without_exchange or {}).get(variant, {})
+        if passable:
+            rest = sorted(pid for pid in categories if pid not in passable)
+            rows.append(_row(variant, ALL_THAT_COMMUNICATE, rest, k, benched, by_problem))
     repeated = [
         f"problem {pid}: {s.files} files in attempt {a + 1}" + (f" ({v})" if len(variants) > 1 else "")
         for (v, a, pid), s in sorted(by_problem.items())
         if s.files > 1
     ]
-    return PublishedTable(attempts=k, variants=variants, rows=rows, repeated=repeated)
+    kept = {
+        v: {pid: why for pid, why in sorted(m.items()) if pid in categories}
+        for v, m in (without_exchange or {}).items()
+        if v in variants
+    }
+    return PublishedTable(
+        attempts=k,
+        variants=variants,
+        rows=rows,
+        repeated=repeated,
+        without_exchange={v: m for v, m in kept.items() if m},
+    )
 
 
 def _count(n: float | None, of: int) -> str:
@@ -164,7 +197,7 @@ def to_markdown(table: PublishedTable) -> list[str]:
     ]
     for row in table.rows:
         cells = [row.variant] if several else []
-        name = f"**{row.category}**" if row.category == ALL else row.category
+        name = f"**{row.category}**" if row.category in (ALL, ALL_THAT_COMMUNICATE) else row.category
         cells += [name, str(row.problems), str(row.with_files), str(row.unjudged)]
         cells += [_count(row.correct, row.problems), _count(row.fast_1, row.problems)]
         if k > 1:
@@ -173,6 +206,14 @@ def to_markdown(table: PublishedTable) -> list[str]:
             cells.append(_count(row.original_correct, row.problems))
             cells += [_count(row.best_original_correct, row.problems)] if k > 1 else []
         lines.append("| " + " | ".join(cells) + " |")
+    for variant, passable in table.without_exchange.items():
+        lines += [
+            "",
+            f"Problems whose {variant} workload a solution that communicates nothing passes (counted in "
+            f"**{ALL}**, left out of **{ALL_THAT_COMMUNICATE}**), each with its file's reason:",
+            "",
+        ]
+        lines += [f"- {pid}: {why}" for pid, why in passable.items()]
     if table.repeated:
         lines += ["", "Problems with several files in one attempt (each counts once, by its best file):", ""]
         lines += [f"- {r}" for r in table.repeated]

@@ -32,6 +32,7 @@ SOURCE = "VeOmni / Megatron-LM MoE all-to-all token dispatcher with a SiLU exper
 SUMMARY = "MoE forward in EP groups of E < W ranks, 1024 tokens of 1024, MLP width 128 (the original's)."
 DTYPE = "bfloat16"
 WORLD_SIZES = "any world size >= 2 (E experts, W / E EP groups; E = 1 at W = 2 and any prime W)"
+PASSES_WITHOUT_EXCHANGE = {2: "at W = 2 the EP groups have one rank each, and nothing is exchanged"}
 SIZES = {"pkb": {"tokens": 1024, "hidden": 1024, "inter": 128, "top_k": 2}}
 TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "rel_norm": math.inf}
 

@@ -26,6 +26,10 @@ SOURCE = "DeePMD-kit layer-wise Kalman filter optimizer (LKF) step"
 SUMMARY = "One LKF step on 8 float64 blocks of 1024, P the identity (the original's)."
 DTYPE = "float64"
 WORLD_SIZES = "any world size >= 2 with 8 (W + 4) + 2 <= 1024 outputs"
+PASSES_WITHOUT_EXCHANGE = (
+    "A e K is about 1e-3 of a weight and P moves by about 1e-5: a solution that skips the all-reduce "
+    "stays within the bounds"
+)
 SIZES = {"pkb": {"blocks": 8, "block": 1024}}
 TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "rel_norm": math.inf}
 MUTATES_INPUTS = True  # the workload replaces the items of its weights and P lists

@@ -28,6 +28,9 @@ SUMMARY = (
 )
 DTYPE = "int64"
 WORLD_SIZES = "any world size >= 2"
+PASSES_WITHOUT_EXCHANGE = (
+    "every rank holds the whole graph, and the inputs repeat every trial: each rank samples every node itself"
+)
 # base_nodes, base_seeds: the original's M and N, from which it makes its node and seed counts
 SIZES = {"pkb": {"base_nodes": 1024, "base_seeds": 1024, "degree": 16, "fanouts": [10, 5]}}
 TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "rel_norm": math.inf}

@@ -26,6 +26,9 @@ SOURCE = "DINOv2 Sinkhorn-Knopp teacher centering (iBOT patch loss)"
 SUMMARY = "3 Sinkhorn-Knopp iterations on float32 scores [1024, 16384] x 0.01, rows split (the original's)."
 DTYPE = "float32"
 WORLD_SIZES = "any world size >= 2"
+PASSES_WITHOUT_EXCHANGE = (
+    "every output is about 6e-5, far inside atol = 1e-2: a zero tensor of the right shape passes"
+)
 SIZES = {"pkb": {"rows": 1024, "prototypes": 16384, "scale": 0.01, "temp": 0.07, "iterations": 3}}
 TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "rel_norm": math.inf}
 
