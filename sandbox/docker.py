@@ -134,6 +134,15 @@ def _owner_alive(owner: str) -> bool:
     return True
 
 
+def orphans(client: docker.DockerClient) -> list[Any]:
+    """Containers with our label whose owning pkb process is gone (its watcher may be removing them)."""
+    return [
+        c
+        for c in client.containers.list(all=True, filters={"label": LABEL})
+        if not _owner_alive(c.labels.get(OWNER_LABEL, ""))
+    ]
+
+
 def sweep(client: docker.DockerClient) -> int:
     """Remove containers with our label whose owning pkb process is gone (left by a dead server).
     Containers of live pkb processes sharing the engine are left alone."""

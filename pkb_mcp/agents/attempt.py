@@ -42,6 +42,7 @@ SOLUTION = "solution.py"
 SOLUTION_CAP = 1 << 20
 POLL_S = 0.2
 SERVER_START_S = 120.0
+ORPHANS_WAIT_S = 20.0  # how long a killed server's watcher may take to remove its sandboxes
 # the provider's variables a client in a container gets from the user's environment (the rest of it
 # stays out: the server's token, other credentials)
 PROVIDER_PREFIXES = (
@@ -436,13 +437,19 @@ def _preflight(spec: AttemptSpec, t: Transcript, state: Path, final: bool) -> Pr
 
 
 def _sandboxes_left() -> list[str]:
-    """pkb sandboxes whose server is gone (a server killed before its cleanup): removed, and named."""
+    """pkb sandboxes whose server is gone and that its watcher (sandbox/reaper.py) has not removed
+    within ORPHANS_WAIT_S: a server killed before its cleanup, SIGKILL included, has its containers
+    removed by its watcher a moment later; what is still there after that is removed, and named."""
     try:
-        from sandbox.docker import connect, sweep
+        from sandbox.docker import connect, orphans, sweep
     except ImportError:
         return []
     try:
-        removed = sweep(connect())
+        client = connect()
+        deadline = time.monotonic() + ORPHANS_WAIT_S
+        while orphans(client) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        removed = sweep(client)
     except Exception:  # no Docker engine: nothing of the kind to sweep
         return []
     return [f"{removed} pkb sandbox container(s) of the attempt's server, removed"] if removed else []

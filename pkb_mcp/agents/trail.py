@@ -86,12 +86,15 @@ def record_cli_result(index: int | None, passed: bool | None, speedup: float | N
     path = Path(folder) / f"{index:03d}.json"
     with contextlib.suppress(OSError, ValueError):
         note = json.loads(path.read_text())
-        note.update(passed=passed, speedup=speedup)
+        note.update(passed=passed, speedup=speedup, ended=time.time())
         path.write_text(json.dumps(note))
 
 
-def _step(at: float, tool_times: list[float]) -> int:
-    return sum(1 for t in tool_times if t <= at)
+def _step(ended: float, tool_times: list[float]) -> int:
+    """The agent's tool calls by the end of this one, itself included: counted to the call's end, as
+    a client may print a call's line only after its server has started the job (Claude Code did, on
+    a loaded machine), and the next call cannot begin before this one's result."""
+    return sum(1 for t in tool_times if t <= ended)
 
 
 def from_jobs(state: Path, out: Path, started: float, tool_times: list[float]) -> list[Snapshot]:
@@ -113,7 +116,17 @@ def from_jobs(state: Path, out: Path, started: float, tool_times: list[float]) -
         if data is None:
             continue
         found.append(
-            _snapshot(index, job.kind, data, job.created, started, tool_times, out, store.result(job.id))
+            _snapshot(
+                index,
+                job.kind,
+                data,
+                job.created,
+                job.finished or job.created,
+                started,
+                tool_times,
+                out,
+                store.result(job.id),
+            )
         )
     return found
 
@@ -127,8 +140,9 @@ def from_calls(calls: Path, out: Path, started: float, tool_times: list[float]) 
         if data is None or not isinstance(note, dict) or note.get("kind") not in ("check", "bench"):
             continue
         at = float(note["at"]) if isinstance(note.get("at"), int | float) else started
+        ended = float(note["ended"]) if isinstance(note.get("ended"), int | float) else at
         result = {"verdict": "pass" if note.get("passed") else "fail", "speedup": note.get("speedup")}
-        found.append(_snapshot(index, note["kind"], data, at, started, tool_times, out, result))
+        found.append(_snapshot(index, note["kind"], data, at, ended, started, tool_times, out, result))
     return found
 
 
@@ -137,6 +151,7 @@ def _snapshot(
     kind: str,
     data: bytes,
     at: float,
+    ended: float,
     started: float,
     tool_times: list[float],
     out: Path,
@@ -151,7 +166,7 @@ def _snapshot(
         index=index,
         kind="bench" if kind == "bench" else "check",
         at_s=round(at - started, 3),
-        step=_step(at, tool_times),
+        step=_step(ended, tool_times),
         sha256=hashlib.sha256(data).hexdigest(),
         file=f"{out.name}/{name}",
         passed=passed,
