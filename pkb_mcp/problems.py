@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,17 +21,12 @@ import torch
 from harness import convention, tensorfile
 from harness.context import DTYPES, ProblemContext
 from pkb_mcp import config
+from pkb_mcp.catalogue import VARIANTS, ProblemFormatError, problem_files, read_entry
 from pkb_mcp.errors import UserError
 
-FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.py$")
-VARIANTS = ("pkb", "original")
 REQUIRED_PRESETS = {"pkb": ("pkb", "large"), "original": ("pkb",)}  # original: the original's shapes only
 TRAFFIC_KEYS = ("nvlink_bytes", "hbm_bytes", "flops")
 BOUNDS = ("atol", "rtol", "rel_norm")
-
-
-class ProblemFormatError(ValueError):
-    """A problem file breaks the format."""
 
 
 @dataclass(frozen=True)
@@ -120,9 +114,7 @@ def _load_module(path: Path) -> ModuleType:
 
 def load_problem(path: Path, variant: str = "pkb") -> Problem:
     """Load and validate one problem file of a variant, or raise ProblemFormatError naming the file."""
-    match = FILE_PATTERN.match(path.name)
-    if not match:
-        raise ProblemFormatError(f"{path.name}: problem files are named NNN_slug.py")
+    entry = read_entry(path)  # the words `pkb problems` reads as text: a problem that loads is listed
     try:
         module = _load_module(path)
     except Exception as exc:
@@ -137,7 +129,7 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
         return value
 
     pid, name = need("ID", int), need("NAME", str)
-    if pid != int(match.group(1)) or name != match.group(2):
+    if (pid, name) != (entry.id, entry.name):
         raise ProblemFormatError(f"{path.name}: ID/NAME ({pid}, {name!r}) do not match the file name")
     for fn in ("check_world_size", "make_inputs", "solution", "traffic"):
         if not callable(getattr(module, fn, None)):
@@ -246,13 +238,8 @@ def _canonical_error(hook: object) -> str | None:
 
 @cache
 def _suite(directory: Path, variant: str) -> dict[int, Problem]:
-    if not directory.is_dir():
-        raise UserError(f"the problem suite {directory} does not exist; set PKB_PROBLEMS_DIR")
-    folder = directory / "original" if variant == "original" else directory
     problems: dict[int, Problem] = {}
-    for path in sorted(folder.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
+    for path in problem_files(directory, variant):
         problem = load_problem(path, variant)
         if problem.id in problems:
             raise ProblemFormatError(f"{path.name}: id {problem.id} is also {problems[problem.id].path.name}")
