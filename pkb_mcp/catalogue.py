@@ -123,19 +123,28 @@ def problem_files(directory: Path, variant: str) -> list[Path]:
 
 
 @cache
-def _entries(directory: Path) -> dict[int, Entry]:
-    entries: dict[int, Entry] = {}
-    for path in problem_files(directory, "pkb"):
+def entries_in(directory: Path, variant: str) -> dict[int, Entry]:
+    """A suite folder's problems of a variant by id, read as text: one file per id, and an original
+    variant's file only for a problem of the suite of that name."""
+    found: dict[int, Entry] = {}
+    for path in problem_files(directory, variant):
         entry = read_entry(path)
-        if entry.id in entries:
-            raise ProblemFormatError(f"{path.name}: id {entry.id} is also {entries[entry.id].path.name}")
-        entries[entry.id] = entry
-    return entries
+        if entry.id in found:
+            raise ProblemFormatError(f"{path.name}: id {entry.id} is also {found[entry.id].path.name}")
+        found[entry.id] = entry
+    if variant == "original":
+        ours = entries_in(directory, "pkb")
+        for pid, entry in found.items():
+            if pid not in ours or ours[pid].name != entry.name:
+                raise ProblemFormatError(f"original/{entry.path.name}: no problem {pid} of that name")
+    return found
 
 
-def entries() -> dict[int, Entry]:
-    """The `pkb` variant's problems by id, read as text."""
-    return _entries(config.problems_dir())
+def entries(variant: str = "pkb") -> dict[int, Entry]:
+    """The problems of a variant by id, read as text (the `original` variant: those that have its file)."""
+    if variant not in VARIANTS:
+        raise UserError(f"variant {variant!r} is not one of {', '.join(VARIANTS)}")
+    return entries_in(config.problems_dir(), variant)
 
 
 def summary(p: Entry) -> ProblemSummary:

@@ -20,8 +20,9 @@ import torch
 
 from harness import convention, tensorfile
 from harness.context import DTYPES, ProblemContext
-from pkb_mcp import config
-from pkb_mcp.catalogue import VARIANTS, ProblemFormatError, problem_files, read_entry
+from pkb_mcp import catalogue
+from pkb_mcp.catalogue import VARIANTS as VARIANTS  # re-exported: problems.VARIANTS, the suite's
+from pkb_mcp.catalogue import ProblemFormatError, read_entry
 from pkb_mcp.errors import UserError
 
 REQUIRED_PRESETS = {"pkb": ("pkb", "large"), "original": ("pkb",)}  # original: the original's shapes only
@@ -237,36 +238,25 @@ def _canonical_error(hook: object) -> str | None:
 
 
 @cache
-def _suite(directory: Path, variant: str) -> dict[int, Problem]:
-    problems: dict[int, Problem] = {}
-    for path in problem_files(directory, variant):
-        problem = load_problem(path, variant)
-        if problem.id in problems:
-            raise ProblemFormatError(f"{path.name}: id {problem.id} is also {problems[problem.id].path.name}")
-        problems[problem.id] = problem
-    if variant == "original":
-        ours = _suite(directory, "pkb")
-        for pid, problem in problems.items():
-            if pid not in ours or ours[pid].name != problem.name:
-                raise ProblemFormatError(f"original/{problem.path.name}: no problem {pid} of that name")
-    return problems
+def _loaded(path: Path, variant: str) -> Problem:
+    """One problem file loaded once: `pkb show 1` imports that file alone."""
+    return load_problem(path, variant)
 
 
 def suite(variant: str = "pkb") -> dict[int, Problem]:
     """The problems of a variant by id (the `original` variant: those that have its file so far)."""
-    if variant not in VARIANTS:
-        raise UserError(f"variant {variant!r} is not one of {', '.join(VARIANTS)}")
-    return _suite(config.problems_dir(), variant)
+    return {pid: _loaded(e.path, variant) for pid, e in catalogue.entries(variant).items()}
 
 
 def resolve(ref: int | str, variant: str = "pkb") -> Problem:
-    """A problem by id (1, "1", "001") or name ("allreduce"), in a variant."""
-    problems = suite(variant)
+    """A problem by id (1, "1", "001") or name ("allreduce"), in a variant; only its own file is
+    imported (the others are found by their text: catalogue.py)."""
+    entries = catalogue.entries(variant)
     key = str(ref).strip()
-    by_id = problems.get(int(key)) if key.isdigit() else None
-    found = by_id or next((p for p in problems.values() if p.name == key.lower()), None)
+    by_id = entries.get(int(key)) if key.isdigit() else None
+    found = by_id or next((e for e in entries.values() if e.name == key.lower()), None)
     if found is not None:
-        return found
+        return _loaded(found.path, variant)
     if variant != "pkb":
         ours = resolve(ref)  # raises for a problem that does not exist at all
         raise UserError(f"problem {ours.id} ({ours.name}) has no {variant} variant yet; see docs/variants.md")

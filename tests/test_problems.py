@@ -1,11 +1,9 @@
 """The suite loads, every problem keeps the format's promises, and malformed files are refused by name."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from pkb_mcp import catalogue, problems
+from pkb_mcp import catalogue, config, problems
 from pkb_mcp.errors import UserError
 
 SUITE = problems.suite()
@@ -55,7 +53,7 @@ def test_inputs_are_random_and_differ_by_rank_and_seed(pid):
     assert all(torch.equal(x, y) for x, y in zip(a, inputs(0, 1), strict=True)), "seeded: reproducible"
 
 
-GOOD = (Path(problems.config.problems_dir()) / "001_allreduce.py").read_text()
+GOOD = (config.problems_dir() / "001_allreduce.py").read_text()
 
 
 def test_the_catalogue_read_as_text_agrees_with_the_loaded_suite():
