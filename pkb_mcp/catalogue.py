@@ -11,6 +11,7 @@ and `errors`; never torch or harness/.
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -23,6 +24,10 @@ from pkb_mcp.models import ProblemSummary
 
 FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.py$")
 VARIANTS = ("pkb", "original")
+# where a problem file's body begins: its first top-level function, class or decorator. The words come
+# before it (docs/problem-format.md), and only what precedes it is parsed: the body is most of a file,
+# and parsing all of it took most of `pkb problems`' time
+BODY = re.compile(rb"^(?:def |async def |class |@)", re.MULTILINE)
 # the declarations the catalogue reads, and the type each must have
 WORDS: dict[str, type] = {
     "ID": int,
@@ -55,8 +60,8 @@ class Entry:
 
 
 def _literals(path: Path, tree: ast.Module) -> dict[str, Any]:
-    """The values of WORDS assigned at the file's top level (the last assignment of each, as an
-    import would leave it)."""
+    """The values of WORDS assigned at the top level of the file's head (the last assignment of each,
+    as an import would leave it)."""
     found: dict[str, Any] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign):
@@ -77,19 +82,29 @@ def _literals(path: Path, tree: ast.Module) -> dict[str, Any]:
     return found
 
 
+def _head(source: bytes, name: str) -> ast.Module:
+    """The file's statements before its body; the whole file where that part does not parse alone (a
+    docstring with a line that begins like a function)."""
+    body = BODY.search(source)
+    if body is not None:
+        with contextlib.suppress(SyntaxError, ValueError):
+            return ast.parse(source[: body.start()], filename=name)
+    return ast.parse(source, filename=name)
+
+
 def read_entry(path: Path) -> Entry:
     """One problem file's entry, or ProblemFormatError naming the file and what is wrong."""
     match = FILE_PATTERN.match(path.name)
     if not match:
         raise ProblemFormatError(f"{path.name}: problem files are named NNN_slug.py")
     try:
-        tree = ast.parse(path.read_bytes(), filename=path.name)
+        tree = _head(path.read_bytes(), path.name)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ProblemFormatError(f"{path.name}: cannot be read ({type(exc).__name__}: {exc})") from exc
     words = _literals(path, tree)
     for name, kind in WORDS.items():
         if name not in words:
-            raise ProblemFormatError(f"{path.name}: missing {name}")
+            raise ProblemFormatError(f"{path.name}: missing {name} (before the first function)")
         if not isinstance(words[name], kind):
             raise ProblemFormatError(f"{path.name}: {name} must be {kind}")
     if words["ID"] != int(match.group(1)) or words["NAME"] != match.group(2):

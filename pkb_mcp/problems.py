@@ -22,7 +22,7 @@ from harness import convention, tensorfile
 from harness.context import DTYPES, ProblemContext
 from pkb_mcp import catalogue
 from pkb_mcp.catalogue import VARIANTS as VARIANTS  # re-exported: problems.VARIANTS, the suite's
-from pkb_mcp.catalogue import ProblemFormatError, read_entry
+from pkb_mcp.catalogue import WORDS, ProblemFormatError, read_entry
 from pkb_mcp.errors import UserError
 
 REQUIRED_PRESETS = {"pkb": ("pkb", "large"), "original": ("pkb",)}  # original: the original's shapes only
@@ -129,15 +129,18 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
             raise ProblemFormatError(f"{path.name}: {name} must be {kind}")
         return value
 
-    pid, name = need("ID", int), need("NAME", str)
-    if (pid, name) != (entry.id, entry.name):
-        raise ProblemFormatError(f"{path.name}: ID/NAME ({pid}, {name!r}) do not match the file name")
+    # the words as imported are those the catalogue read before the file's first function
+    changed = [word for word in WORDS if getattr(module, word, None) != getattr(entry, word.lower())]
+    if changed:
+        raise ProblemFormatError(
+            f"{path.name}: {', '.join(changed)} changed after the first function (pkb problems lists "
+            "the value assigned before it)"
+        )
     for fn in ("check_world_size", "make_inputs", "solution", "traffic"):
         if not callable(getattr(module, fn, None)):
             raise ProblemFormatError(f"{path.name}: missing function {fn}()")
-    dtype = need("DTYPE", str)
-    if dtype not in DTYPES:
-        raise ProblemFormatError(f"{path.name}: DTYPE {dtype!r} is not one of {sorted(DTYPES)}")
+    if entry.dtype not in DTYPES:
+        raise ProblemFormatError(f"{path.name}: DTYPE {entry.dtype!r} is not one of {sorted(DTYPES)}")
     sizes = need("SIZES", dict)
     for preset in REQUIRED_PRESETS[variant]:
         if not isinstance(sizes.get(preset), dict):
@@ -147,19 +150,15 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
     tolerance = need("TOLERANCE", dict)
     own = _output_tolerances(path.name, tolerance)
     flags, max_outputs = _options(path.name, module)
-    if not (module.__doc__ or "").strip():
-        raise ProblemFormatError(
-            f"{path.name}: needs a docstring saying what it computes and where it is from"
-        )
     problem = Problem(
-        id=pid,
-        name=name,
-        category=need("CATEGORY", str),
-        source=need("SOURCE", str),
-        summary=need("SUMMARY", str),
-        description=inspect.cleandoc(module.__doc__ or ""),
-        dtype=dtype,
-        world_sizes=need("WORLD_SIZES", str),
+        id=entry.id,
+        name=entry.name,
+        category=entry.category,
+        source=entry.source,
+        summary=entry.summary,
+        description=entry.description,
+        dtype=entry.dtype,
+        world_sizes=entry.world_sizes,
         sizes=sizes,
         tolerance={k: float(tolerance[k]) for k in BOUNDS},
         output_tolerances={i: {k: float(b[k]) for k in BOUNDS} for i, b in sorted(own.items())},

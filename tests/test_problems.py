@@ -75,7 +75,11 @@ def test_the_catalogue_read_as_text_agrees_with_the_loaded_suite():
         ),
         (GOOD.replace('SUMMARY = "', 'SUMMARY = 3  # "'), "SUMMARY must be <class 'str'>"),
         (GOOD.replace("WORLD_SIZES = ", "_WORLD_SIZES = "), "missing WORLD_SIZES"),
-        (GOOD + "\nID = 2\n", "do not match the file name"),
+        (
+            GOOD.replace('WORLD_SIZES = "any world size >= 2"\n', "")
+            + '\nWORLD_SIZES = "any world size >= 2"\n',
+            r"missing WORLD_SIZES \(before the first function\)",
+        ),
     ],
 )
 def test_a_problem_the_catalogue_cannot_read_does_not_load(tmp_path, text, message):
@@ -85,6 +89,17 @@ def test_a_problem_the_catalogue_cannot_read_does_not_load(tmp_path, text, messa
         with pytest.raises(problems.ProblemFormatError, match=message) as info:
             read(path)
         assert str(info.value).startswith("001_allreduce.py")
+
+
+def test_a_word_changed_after_the_first_function_is_refused(tmp_path):
+    """The catalogue reads the file's head; the loader holds the imported words to it."""
+    path = tmp_path / "001_allreduce.py"
+    path.write_text(GOOD + '\nSUMMARY = "another"\n')
+    assert "another" not in catalogue.read_entry(path).summary
+    with pytest.raises(
+        problems.ProblemFormatError, match=r"001_allreduce\.py: SUMMARY changed after the first"
+    ):
+        problems.load_problem(path)
 
 
 def test_lookup_by_id_name_and_padded_id():
