@@ -1,6 +1,6 @@
-"""`pkb --help` and `pkb problems` start without torch and the other heavy libraries: they run nothing, so
-they answer in well under a second (docs/scripts/cli_startup.py measures it; docs/measurement.md,
-"Command-line start-up")."""
+"""`pkb --help` and `pkb problems` start without torch and the other heavy libraries: they run nothing,
+so they answer in under a second (docs/scripts/cli_startup.py measures it:
+docs/cpu-runs/2026-12-02/cli_startup.md)."""
 
 import os
 import subprocess
