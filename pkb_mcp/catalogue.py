@@ -3,9 +3,9 @@ summary, description, dtype, world-size rule), read from its file as text, witho
 
 A problem file imports torch, which takes seconds to import; `pkb problems` and the `list_problems`
 tool need none of what it computes, so they read the catalogue. The words are the file's own top-level
-literals (docs/problem-format.md); `problems.load_problem` imports the file and validates the rest,
-and tests/test_problems.py holds the two readings to the same values. May import `models`, `config`
-and `errors`; never torch or harness/.
+literals before its first function (docs/problem-format.md); `problems.load_problem` reads them here
+first, imports the file, refuses it where the imported words differ, and validates the rest. May
+import `models`, `config` and `errors`; never torch or harness/.
 """
 
 from __future__ import annotations
