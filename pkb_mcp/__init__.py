@@ -13,8 +13,8 @@ Its packages, from the front ends down (each imports only those below it; docs/a
 - `runs`: a run's set-up, the benchmark, judging, verdicts and statistics.
 - `compile`: nvcc builds and their diagnostics, and the node's cache of `load_inline` extensions.
 - the root modules: `models` (`RunRequest`, the one request every run verb takes, and the results),
-  `launches` (one launch of a problem's ranks through a sandbox backend), `problems`, `roofline`,
-  `sqlite_file`, `config`, `errors`, `log`.
+  `launches` (one launch of a problem's ranks through a sandbox backend), `problems`, `catalogue`
+  (the problems listed from their files' text), `roofline`, `sqlite_file`, `config`, `errors`, `log`.
 
 It may import `harness` (shared formats: tensor files, input context, timing records, extension keys)
 and `sandbox`, never candidate code.

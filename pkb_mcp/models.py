@@ -34,6 +34,10 @@ def _lean(schema: dict[str, Any]) -> None:
 
 
 Kind = Literal["compile", "check", "bench", "profile"]  # the verbs that run as jobs (service.VERBS)
+# RunRequest.launches in words, for the bench tool's argument and `pkb bench --launches`
+LAUNCHES_HELP = (
+    "separate launches per side, alternating: more resolve smaller differences (docs/measurement.md)"
+)
 
 
 class RunRequest(BaseModel):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -21,18 +20,14 @@ import torch
 
 from harness import convention, tensorfile
 from harness.context import DTYPES, ProblemContext
-from pkb_mcp import config
+from pkb_mcp import catalogue
+from pkb_mcp.catalogue import VARIANTS as VARIANTS  # re-exported: problems.VARIANTS, the suite's
+from pkb_mcp.catalogue import WORDS, ProblemFormatError, read_entry
 from pkb_mcp.errors import UserError
 
-FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.py$")
-VARIANTS = ("pkb", "original")
 REQUIRED_PRESETS = {"pkb": ("pkb", "large"), "original": ("pkb",)}  # original: the original's shapes only
 TRAFFIC_KEYS = ("nvlink_bytes", "hbm_bytes", "flops")
 BOUNDS = ("atol", "rtol", "rel_norm")
-
-
-class ProblemFormatError(ValueError):
-    """A problem file breaks the format."""
 
 
 @dataclass(frozen=True)
@@ -128,9 +123,7 @@ def _load_module(path: Path) -> ModuleType:
 
 def load_problem(path: Path, variant: str = "pkb") -> Problem:
     """Load and validate one problem file of a variant, or raise ProblemFormatError naming the file."""
-    match = FILE_PATTERN.match(path.name)
-    if not match:
-        raise ProblemFormatError(f"{path.name}: problem files are named NNN_slug.py")
+    entry = read_entry(path)  # the words `pkb problems` reads as text: a problem that loads is listed
     try:
         module = _load_module(path)
     except Exception as exc:
@@ -144,15 +137,18 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
             raise ProblemFormatError(f"{path.name}: {name} must be {kind}")
         return value
 
-    pid, name = need("ID", int), need("NAME", str)
-    if pid != int(match.group(1)) or name != match.group(2):
-        raise ProblemFormatError(f"{path.name}: ID/NAME ({pid}, {name!r}) do not match the file name")
+    # the words as imported are those the catalogue read before the file's first function
+    changed = [word for word in WORDS if getattr(module, word, None) != getattr(entry, word.lower())]
+    if changed:
+        raise ProblemFormatError(
+            f"{path.name}: {', '.join(changed)} changed after the first function (pkb problems lists "
+            "the value assigned before it)"
+        )
     for fn in ("check_world_size", "make_inputs", "solution", "traffic"):
         if not callable(getattr(module, fn, None)):
             raise ProblemFormatError(f"{path.name}: missing function {fn}()")
-    dtype = need("DTYPE", str)
-    if dtype not in DTYPES:
-        raise ProblemFormatError(f"{path.name}: DTYPE {dtype!r} is not one of {sorted(DTYPES)}")
+    if entry.dtype not in DTYPES:
+        raise ProblemFormatError(f"{path.name}: DTYPE {entry.dtype!r} is not one of {sorted(DTYPES)}")
     sizes = need("SIZES", dict)
     for preset in REQUIRED_PRESETS[variant]:
         if not isinstance(sizes.get(preset), dict):
@@ -162,19 +158,15 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
     tolerance = need("TOLERANCE", dict)
     own = _output_tolerances(path.name, tolerance)
     flags, max_outputs = _options(path.name, module)
-    if not (module.__doc__ or "").strip():
-        raise ProblemFormatError(
-            f"{path.name}: needs a docstring saying what it computes and where it is from"
-        )
     problem = Problem(
-        id=pid,
-        name=name,
-        category=need("CATEGORY", str),
-        source=need("SOURCE", str),
-        summary=need("SUMMARY", str),
-        description=inspect.cleandoc(module.__doc__ or ""),
-        dtype=dtype,
-        world_sizes=need("WORLD_SIZES", str),
+        id=entry.id,
+        name=entry.name,
+        category=entry.category,
+        source=entry.source,
+        summary=entry.summary,
+        description=entry.description,
+        dtype=entry.dtype,
+        world_sizes=entry.world_sizes,
         sizes=sizes,
         tolerance={k: float(tolerance[k]) for k in BOUNDS},
         output_tolerances={i: {k: float(b[k]) for k in BOUNDS} for i, b in sorted(own.items())},
@@ -244,8 +236,12 @@ def _passes_without_exchange(file: str, module: Any) -> str | dict[int, str] | N
     value = getattr(module, "PASSES_WITHOUT_EXCHANGE", None)
     if value is None or (isinstance(value, str) and value.strip()):
         return value
-    if isinstance(value, dict) and value and all(
-        type(w) is int and w >= 2 and isinstance(why, str) and why.strip() for w, why in value.items()
+    if (
+        isinstance(value, dict)
+        and value
+        and all(
+            type(w) is int and w >= 2 and isinstance(why, str) and why.strip() for w, why in value.items()
+        )
     ):
         return dict(value)
     raise ProblemFormatError(
@@ -267,41 +263,25 @@ def _canonical_error(hook: object) -> str | None:
 
 
 @cache
-def _suite(directory: Path, variant: str) -> dict[int, Problem]:
-    if not directory.is_dir():
-        raise UserError(f"the problem suite {directory} does not exist; set PKB_PROBLEMS_DIR")
-    folder = directory / "original" if variant == "original" else directory
-    problems: dict[int, Problem] = {}
-    for path in sorted(folder.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        problem = load_problem(path, variant)
-        if problem.id in problems:
-            raise ProblemFormatError(f"{path.name}: id {problem.id} is also {problems[problem.id].path.name}")
-        problems[problem.id] = problem
-    if variant == "original":
-        ours = _suite(directory, "pkb")
-        for pid, problem in problems.items():
-            if pid not in ours or ours[pid].name != problem.name:
-                raise ProblemFormatError(f"original/{problem.path.name}: no problem {pid} of that name")
-    return problems
+def _loaded(path: Path, variant: str) -> Problem:
+    """One problem file loaded once: `pkb show 1` imports that file alone."""
+    return load_problem(path, variant)
 
 
 def suite(variant: str = "pkb") -> dict[int, Problem]:
     """The problems of a variant by id (the `original` variant: those that have its file so far)."""
-    if variant not in VARIANTS:
-        raise UserError(f"variant {variant!r} is not one of {', '.join(VARIANTS)}")
-    return _suite(config.problems_dir(), variant)
+    return {pid: _loaded(e.path, variant) for pid, e in catalogue.entries(variant).items()}
 
 
 def resolve(ref: int | str, variant: str = "pkb") -> Problem:
-    """A problem by id (1, "1", "001") or name ("allreduce"), in a variant."""
-    problems = suite(variant)
+    """A problem by id (1, "1", "001") or name ("allreduce"), in a variant; only its own file is
+    imported (the others are found by their text: catalogue.py)."""
+    entries = catalogue.entries(variant)
     key = str(ref).strip()
-    by_id = problems.get(int(key)) if key.isdigit() else None
-    found = by_id or next((p for p in problems.values() if p.name == key.lower()), None)
+    by_id = entries.get(int(key)) if key.isdigit() else None
+    found = by_id or next((e for e in entries.values() if e.name == key.lower()), None)
     if found is not None:
-        return found
+        return _loaded(found.path, variant)
     if variant != "pkb":
         ours = resolve(ref)  # raises for a problem that does not exist at all
         raise UserError(f"problem {ours.id} ({ours.name}) has no {variant} variant yet; see docs/variants.md")

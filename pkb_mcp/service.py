@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from harness import tensorfile
 from pkb_mcp import compile as nvcc
 from pkb_mcp import config, problems, roofline
+from pkb_mcp.catalogue import list_problems  # the suite read as text: listing it imports no problem
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import ToolLaunches
@@ -89,19 +90,6 @@ def _summary(p: problems.Problem) -> ProblemSummary:
         world_sizes=p.world_sizes,
         summary=p.summary,
     )
-
-
-def list_problems(category: str | None = None, text: str | None = None) -> list[ProblemSummary]:
-    """Problems in id order, filtered by category (exact, case-insensitive) and free text."""
-    found = []
-    for p in problems.suite().values():
-        if category and p.category.lower() != category.lower():
-            continue
-        haystack = " ".join([p.name, p.summary, p.source, p.category, p.description]).lower()
-        if text and text.lower() not in haystack:
-            continue
-        found.append(_summary(p))
-    return found
 
 
 def problem_page(

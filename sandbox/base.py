@@ -59,8 +59,11 @@ class SandboxRun:
 
 
 # Variables every launch gets: NVLink multicast stays off (it can take a shared host's GPUs out of
-# service), output is unbuffered so logs survive a kill.
+# service), output is unbuffered so logs survive a kill, and gloo binds to the loopback interface: a
+# launch's ranks share one host, and a sandbox without a network cannot resolve its own hostname, for
+# which gloo printed a warning in every rank's log (and so in a failing candidate's result).
 LAUNCH_ENV = {
+    "GLOO_SOCKET_IFNAME": "lo",
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",

@@ -348,6 +348,6 @@ def test_a_problem_raises_the_output_cap_with_max_outputs(suite):
     r = check_file(906, reference)
     assert r.verdict == "pass", r.message
     reference.write_text(reference.read_text().replace("MAX_OUTPUTS = 80", "_UNUSED = 80"))
-    problems._suite.cache_clear()  # the suite is loaded once per process
+    problems._loaded.cache_clear()  # each problem file is loaded once per process
     with pytest.raises(UserError, match="lists 70 tensors, over the cap of 64"):
         check_file(906, reference)

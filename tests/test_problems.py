@@ -1,11 +1,9 @@
 """The suite loads, every problem keeps the format's promises, and malformed files are refused by name."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from pkb_mcp import problems
+from pkb_mcp import catalogue, config, problems
 from pkb_mcp.errors import UserError
 
 SUITE = problems.suite()
@@ -55,15 +53,61 @@ def test_inputs_are_random_and_differ_by_rank_and_seed(pid):
     assert all(torch.equal(x, y) for x, y in zip(a, inputs(0, 1), strict=True)), "seeded: reproducible"
 
 
+GOOD = (config.problems_dir() / "001_allreduce.py").read_text()
+
+
+def test_the_catalogue_read_as_text_agrees_with_the_loaded_suite():
+    """`pkb problems` lists what the suite loads, word for word, without importing a problem."""
+    entries = catalogue.entries()
+    assert sorted(entries) == IDS
+    for pid, p in SUITE.items():
+        entry = entries[pid]
+        fields = ("name", "category", "source", "summary", "description", "dtype", "world_sizes", "path")
+        assert [getattr(entry, f) for f in fields] == [getattr(p, f) for f in fields], p.name
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            GOOD.replace('SOURCE = "torch.distributed"', 'SOURCE = "torch." + "distributed"'),
+            "SOURCE must be a literal",
+        ),
+        (GOOD.replace('SUMMARY = "', 'SUMMARY = 3  # "'), "SUMMARY must be <class 'str'>"),
+        (GOOD.replace("WORLD_SIZES = ", "_WORLD_SIZES = "), "missing WORLD_SIZES"),
+        (
+            GOOD.replace('WORLD_SIZES = "any world size >= 2"\n', "")
+            + '\nWORLD_SIZES = "any world size >= 2"\n',
+            r"missing WORLD_SIZES \(before the first function\)",
+        ),
+    ],
+)
+def test_a_problem_the_catalogue_cannot_read_does_not_load(tmp_path, text, message):
+    path = tmp_path / "001_allreduce.py"
+    path.write_text(text)
+    for read in (catalogue.read_entry, problems.load_problem):
+        with pytest.raises(problems.ProblemFormatError, match=message) as info:
+            read(path)
+        assert str(info.value).startswith("001_allreduce.py")
+
+
+def test_a_word_changed_after_the_first_function_is_refused(tmp_path):
+    """The catalogue reads the file's head; the loader holds the imported words to it."""
+    path = tmp_path / "001_allreduce.py"
+    path.write_text(GOOD + '\nSUMMARY = "another"\n')
+    assert "another" not in catalogue.read_entry(path).summary
+    with pytest.raises(
+        problems.ProblemFormatError, match=r"001_allreduce\.py: SUMMARY changed after the first"
+    ):
+        problems.load_problem(path)
+
+
 def test_lookup_by_id_name_and_padded_id():
     assert problems.resolve(1).name == "allreduce"
     assert problems.resolve("001").id == 1
     assert problems.resolve("allgather_gemm").id == 12
     with pytest.raises(UserError, match="problem 999 does not exist; see pkb problems"):
         problems.resolve(999)
-
-
-GOOD = (Path(problems.config.problems_dir()) / "001_allreduce.py").read_text()
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,9 @@ def test_reference_and_wrong_candidate_in_docker(isolated_dirs, monkeypatch):
     bad = check(ROOT / "examples" / "wrong_allreduce_half.py", unseen=True)
     assert bad.verdict == "fail" and bad.ranks[0].first_mismatch.index[0] == 512  # the first unreduced row
     assert bad.generalizes is None and bad.unseen is None
+    # the candidate prints nothing, so its ranks' logs hold nothing: no library's warning reaches the
+    # agent (gloo's "Unable to resolve hostname", in a container without a network, did for every rank)
+    assert [r.log_tail for r in bad.ranks] == [None, None]
     assert_clean(isolated_dirs)
 
 

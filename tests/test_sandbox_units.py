@@ -51,6 +51,7 @@ def test_every_launch_keeps_multicast_off_and_a_warm_sandbox_knows_no_secret(tmp
     assert base.LAUNCH_ENV["NCCL_NVLS_ENABLE"] == "0"
     assert base.LAUNCH_ENV["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert base.LAUNCH_ENV["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert base.LAUNCH_ENV["GLOO_SOCKET_IFNAME"] == "lo"  # no hostname to resolve, no warning per rank
     setup = base.warm_setup(tmp_path, 4, "cpu", 2, ((0, 1), (2, 3), (4,), (5,)))
     assert setup["launch_dir"] == str(tmp_path) and setup["world_size"] == 4
     assert setup["rank_cpus"] == [[0, 1], [2, 3], [4], [5]]

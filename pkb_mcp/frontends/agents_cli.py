@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pkb_mcp.problems import VARIANTS
+from pkb_mcp.catalogue import VARIANTS
 
 EXIT_PASS = 0
 

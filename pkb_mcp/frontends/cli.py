@@ -17,18 +17,21 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from pkb_mcp import config, log, render, service
-from pkb_mcp.agents import trail
+from pkb_mcp import catalogue, config, log, render
+from pkb_mcp.catalogue import VARIANTS, ProblemFormatError
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import agents_cli
-from pkb_mcp.models import RunRequest
-from pkb_mcp.problems import VARIANTS, ProblemFormatError
-from pkb_mcp.profiling import text as profile_text
-from pkb_mcp.runs import benchmark
+from pkb_mcp.models import LAUNCHES_HELP, RunRequest
+
+if TYPE_CHECKING:
+    from pkb_mcp import service
+
+# The service, and torch below it, is imported by the commands that run something, not here: `pkb
+# --help` and `pkb problems` answer without it (bench/scripts/cli_startup.py measures them).
 
 EXIT_PASS, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -62,12 +65,14 @@ def _emit(args: argparse.Namespace, value: Any, text: str) -> None:
 
 
 def cmd_problems(args: argparse.Namespace) -> int:
-    found = service.list_problems(args.category, args.text)
+    found = catalogue.list_problems(args.category, args.text)
     _emit(args, found, render.problems(found))
     return EXIT_PASS
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from pkb_mcp import service
+
     detail = service.show_problem(args.problem, args.world_size, args.size, args.variant)
     text = render.show(detail)
     if args.source:
@@ -92,12 +97,17 @@ def _request(args: argparse.Namespace) -> RunRequest:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from pkb_mcp import service
+
     result = service.compile_file(_request(args))
     _emit(args, result, result.summary())
     return EXIT_PASS if result.ok else EXIT_FAILED
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from pkb_mcp import service
+    from pkb_mcp.agents import trail
+
     call = trail.record_cli_call("check", Path(args.file))  # in an agent run's shell (agents/trail.py)
     result = service.check(_request(args), _progress(args.json))
     trail.record_cli_result(call, result.verdict == "pass", None)
@@ -106,6 +116,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from pkb_mcp import service
+    from pkb_mcp.agents import trail
+
     call = trail.record_cli_call("bench", Path(args.file))
     result = service.bench(_request(args), _progress(args.json))
     trail.record_cli_result(
@@ -116,6 +129,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from pkb_mcp import service
+    from pkb_mcp.profiling import text as profile_text
+
     result = service.profile(_request(args), _progress(args.json))
     _emit(args, result, profile_text.profile(result))
     return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED
@@ -178,12 +194,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_roofline(args: argparse.Namespace) -> int:
+    from pkb_mcp import service
+
     result = service.roofline_of(args.problem, args.world_size, args.size, args.time_ms, args.variant)
     _emit(args, result, render.roofline(result))
     return EXIT_PASS
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from pkb_mcp import service
+
     result = service.calibrate(args.world_size, args.device)
     _emit(args, result, render.calibration(result))
     return EXIT_PASS
@@ -203,6 +223,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import anyio
 
+    from pkb_mcp import service
     from pkb_mcp.frontends.server import build_server
     from pkb_mcp.jobs.scheduler import Scheduler
     from pkb_mcp.jobs.store import JobStore
@@ -418,7 +439,7 @@ def _add_runs(sub: Any) -> None:
         dest="launches",
         type=int,
         default=1,
-        help=benchmark.LAUNCHES_HELP.replace("%", "%%"),  # argparse formats help with %
+        help=LAUNCHES_HELP.replace("%", "%%"),  # argparse formats help with %
     )
     _common(p, run=True)
     p.set_defaults(func=cmd_bench, default_timeout=300.0)

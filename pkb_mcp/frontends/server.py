@@ -39,6 +39,7 @@ from pkb_mcp.frontends.surface import CACHE_HINTS, CANCELS, READ_ONLY, RUNS_CODE
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobRecord
 from pkb_mcp.models import (
+    LAUNCHES_HELP,
     BenchResult,
     CheckResult,
     ProblemDetail,
@@ -546,7 +547,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             Arg(
                 ge=1,
                 le=benchmark.MAX_LAUNCHES,
-                description=benchmark.LAUNCHES_HELP,
+                description=LAUNCHES_HELP,
             ),
         ] = 1,
         convention: Convention = "auto",

@@ -26,11 +26,6 @@ from pkb_mcp.runs.verdicts import (
 
 MAX_LAUNCHES = 8
 # what `launches` buys, as measured (docs/gpu-results.md, runs F and I): the MCP tool and the CLI say it
-LAUNCHES_HELP = (
-    "separate launches per side, alternating: more resolve smaller differences (docs/measurement.md)"
-)
-
-
 # How each side of a benchmark is sampled (harness/timing.py). On GPUs the L2 is also flushed before
 # every timed call (its size is read from the device), so a handful of distinct input sets is enough
 # (each one is judged on the host).
