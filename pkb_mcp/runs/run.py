@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness.contracts import LaterTrials, LaunchSettings, TimingConfig
+from harness.contracts import STARTING, LaterTrials, LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.compile import extensions, failures
 from pkb_mcp.errors import UserError
@@ -375,6 +375,14 @@ class Run:
         return why, [RankResult(rank=r, state="error", message=each) for r in range(self.world_size)]
 
 
+TIMED_OUT = "still running at the deadline (deadlock or too slow); killed"
+# the launcher saw the rank end at the deadline before it had joined its process group (harness/launch.py)
+NOT_STARTED = (
+    "the deadline passed while this rank was still starting (its interpreter, torch and process "
+    "group), before the solution was imported: the time limit is too short for this machine; raise it"
+)
+
+
 def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | None = None) -> RankResult:
     """A rank's result from how it ended; a failed build's message leads with the compiler's first
     errors, at the solution's lines where `sources` finds them (pkb_mcp/compile/failures.py)."""
@@ -388,7 +396,7 @@ def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | N
     messages = {
         "error": raised,
         "crashed": f"crashed ({rank_outcome.signal or error or 'no status'})",
-        "timeout": "still running at the deadline (deadlock or too slow); killed",
+        "timeout": NOT_STARTED if rank_outcome.stage == STARTING else TIMED_OUT,
         "aborted": "killed after another rank failed (it was likely waiting in a collective)",
         "exited": "exited with status 0 before finishing the launch",
     }
@@ -402,8 +410,26 @@ def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | N
     )
 
 
-def reference_failed(p: problems.Problem, outcome: LaunchOutcome) -> UserError:
-    bad = next(r for r in outcome.ranks if r.state != "ok")
+def reference_failed(
+    p: problems.Problem, outcome: LaunchOutcome, timeout_s: float | None = None
+) -> UserError:
+    """Why the reference's launch gave nothing to judge against, in one sentence: a deadline is a
+    timeout (the limit, and whether its ranks had even started), anything else the environment's."""
+    bad = next((r for r in outcome.ranks if r.state != "ok"), None)
+    if bad is None:
+        return UserError(
+            f"the reference of problem {p.id} left no record to judge against; the environment failed"
+        )
+    if outcome.timed_out or bad.state == "timeout":
+        limit = f" within its {timeout_s:g} s limit" if timeout_s else " before its deadline"
+        starting = any(r.stage == STARTING for r in outcome.ranks)
+        why = (
+            " (its ranks were still starting: the interpreter, torch, the process group)" if starting else ""
+        )
+        return UserError(
+            f"timeout: the reference of problem {p.id} did not finish{limit}{why}, so nothing was judged; "
+            "the time limit is too short for this machine: raise it"
+        )
     detail = bad.error or bad.state
     return UserError(
         f"the reference of problem {p.id} failed on rank {bad.rank} ({detail}); the environment "
