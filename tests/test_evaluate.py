@@ -23,6 +23,7 @@ from pkb_mcp.evaluation import report as eval_report
 from pkb_mcp.evaluation.batch import _from_check, classify, collect_files, evaluate, pair_files
 from pkb_mcp.evaluation.records import EvalReport, EvalSettings, FileResult
 from pkb_mcp.models import CheckResult, RankResult, SandboxInfo
+from pkb_mcp.runs import run
 
 from .conftest import ROOT
 
@@ -459,3 +460,51 @@ def test_a_batch_on_gpus_keeps_warm_sandboxes_while_it_runs(tmp_path, monkeypatc
         assert backend.closed == 1 and backend.pool is None
     else:
         assert during == [None] and backend.first == [] and backend.closed == 0
+
+
+class _EndedJobs:
+    """A scheduler stand-in whose jobs have all ended: `results` maps a job to its result (None: failed)."""
+
+    cluster = None
+
+    def __init__(self, results: dict[str, CheckResult | None]) -> None:
+        from types import SimpleNamespace
+
+        self.results = results
+        self.record = lambda job: SimpleNamespace(
+            terminal=True, state="done" if results[job] else "failed", error="the engine went away"
+        )
+
+    def get(self, job):
+        return self.record(job)
+
+    def result(self, job):
+        return self.results[job].model_dump(mode="json")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("ended", "kept"),
+    [
+        (_check("timeout", run.NOT_STARTED, ["timeout", "timeout"]), False),
+        (None, False),  # the job failed: the environment's, not the file's
+        (_check("timeout", run.TIMED_OUT, ["timeout", "timeout"]), True),
+        (_check("fail", "rank 0: wrong", ["wrong", "pass"]), True),
+    ],
+)
+def test_an_environment_failure_or_a_deadline_before_the_start_is_not_kept_as_the_verdict(
+    tmp_path, ended, kept
+):
+    """Issue 51: the store replayed a launch's failure to start in time (and env) on every later run
+    until --rerun; now such a result is this run's only, and a re-run tries the file again."""
+    from pkb_mcp.evaluation.batch import _Batch, _Entry
+    from pkb_mcp.evaluation.store import EvalStore
+
+    store = EvalStore(tmp_path / "eval.sqlite")
+    batch = _Batch(EvalSettings(bench=False), _EndedJobs({"j1": ended}), store, False, lambda *a: None)
+    base = FileResult(file="001_allreduce_torch.py", sha256="0", problem_id=1, outcome="skipped")
+    entry = _Entry(Path("001_allreduce_torch.py"), "key", base, stage="checking", job="j1")
+    store.put("key", entry.path.name, "checking", check_job="j1")
+    assert batch.advance(entry) and entry.result is not None
+    assert entry.result.outcome == ("env" if ended is None else classify(ended))
+    assert (store.get("key") is not None) == kept
+    assert batch.not_kept == ([] if kept else ["001_allreduce_torch.py"])

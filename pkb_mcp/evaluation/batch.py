@@ -44,7 +44,7 @@ from pkb_mcp.evaluation.records import (
 )
 from pkb_mcp.evaluation.store import EvalStore
 from pkb_mcp.models import BenchResult, CheckResult, RunRequest
-from pkb_mcp.runs import conventions, pairing, references, verdicts
+from pkb_mcp.runs import conventions, pairing, references, run, verdicts
 
 POLL_S = 0.25
 
@@ -137,6 +137,13 @@ def classify(result: CheckResult | BenchResult) -> Outcome:
     return "error"
 
 
+def started_too_late(result: CheckResult | BenchResult) -> bool:
+    """Whether a deadline came before the candidate's ranks had started (run.NOT_STARTED): a
+    deadline too short for the machine, which says nothing of the file, so a re-run tries it again."""
+    late = [r for r in result.ranks if r.state == "timeout"]
+    return result.verdict == "timeout" and bool(late) and all(r.message == run.NOT_STARTED for r in late)
+
+
 def _by_original_rules(base: FileResult, outcome: Outcome, named: list[str]) -> dict[str, Any]:
     """In the original variant: whether the file is correct by the original benchmark's rules (it
     passed, or only pkb's protections failed it) and which protections failed it."""
@@ -214,6 +221,7 @@ class _Batch:
         self.rerun = rerun
         self.progress = progress
         self._follow = threading.Lock()  # the scheduler's hook (follow_up) and the loop's advance
+        self.not_kept: list[str] = []  # files whose result this run is not kept as their verdict
 
     def request(self, path: Path, pid: int, kind: str) -> RunRequest:
         check = kind == "check"
@@ -274,7 +282,7 @@ class _Batch:
                 if record is not None and not record.terminal:
                     self.scheduler.cancel(job, "re-run asked for")
             row = None
-        if row is not None and row["state"] == "done" and row["result"]:
+        if row is not None and row["state"] == "done" and row["result"] and row["result"]["outcome"] != "env":
             entry.result = FileResult.model_validate({**row["result"], "reused": True})
             return entry
         if row is not None and self._adoptable(row["bench_job"]) and row["result"]:
@@ -327,12 +335,13 @@ class _Batch:
             done = (entry.checked or entry.base).model_copy(
                 update={"outcome": "env", "correct": False, "message": why}
             )
-            self.finish(entry, done)
+            self.finish(entry, done, keep=False)
             return True
         if entry.stage == "checking":
-            checked = _from_check(entry.base, CheckResult.model_validate(raw), entry.job)
+            check = CheckResult.model_validate(raw)
+            checked = _from_check(entry.base, check, entry.job)
             if checked.outcome != "pass" or not self.s.bench:
-                self.finish(entry, checked)
+                self.finish(entry, checked, keep=not started_too_late(check))
                 return True
             entry.checked = checked
             with self._follow:
@@ -348,8 +357,11 @@ class _Batch:
             )
             return True
         assert entry.checked is not None
+        bench = BenchResult.model_validate(raw)
         self.finish(
-            entry, _from_bench(entry.checked, BenchResult.model_validate(raw), entry.job, self.s.device)
+            entry,
+            _from_bench(entry.checked, bench, entry.job, self.s.device),
+            keep=not started_too_late(bench),
         )
         return True
 
@@ -358,8 +370,14 @@ class _Batch:
             "bench", self.request(entry.path, checked.problem_id or 0, "bench"), first=True
         )
 
-    def finish(self, entry: _Entry, result: FileResult) -> None:
+    def finish(self, entry: _Entry, result: FileResult, keep: bool = True) -> None:
+        """The entry's result, kept in the store as the file's verdict unless `keep` is False (the
+        environment failed, or a deadline came before the ranks started): a re-run tries it again."""
         entry.result, entry.stage, entry.job = result, "done", None
+        if not keep:
+            self.store.forget(entry.key)
+            self.not_kept.append(entry.path.name)
+            return
         self.store.put(
             entry.key,
             str(entry.path),
@@ -529,13 +547,20 @@ def evaluate(
     with warmth, references.STOCK.expecting(_checks_of_each_problem(files, variant)):
         try:
             scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
-            results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
+            batch = _Batch(settings, scheduler, results_store, rerun, progress)
+            results = batch.run(files, attempt_of)
         finally:
             if scheduler is not None:
                 scheduler.stop()
                 _wait_stopped(scheduler)
             results_store.release()
-    return _report(settings, store_path, t0, results, len(paths) if attempts else 1, out_dir)
+    notes = []
+    if batch.not_kept:
+        notes.append(
+            f"not kept in the store, so a re-run tries them again: {', '.join(batch.not_kept)} (the "
+            "environment failed, or a deadline came before the ranks had started)"
+        )
+    return _report(settings, store_path, t0, results, len(paths) if attempts else 1, out_dir, notes)
 
 
 def _checks_of_each_problem(files: dict[Path, pairing.Pairing], variant: str) -> dict[str, int]:
@@ -560,6 +585,7 @@ def _report(
     results: list[FileResult],
     attempts: int,
     out_dir: Path | None,
+    notes: list[str] | None = None,
 ) -> EvalReport:
     """The batch's report, with its summary and published table; its formats written into `out_dir`."""
     report = EvalReport(
@@ -572,8 +598,9 @@ def _report(
         table=eval_table.published_table(
             results, eval_table.suite_categories(), attempts=attempts, benched=settings.bench
         ),
+        notes=notes or [],
     )
     if out_dir is not None:
-        report.reports, notes = eval_report.write_reports(report, out_dir)
-        report.notes += notes
+        report.reports, written = eval_report.write_reports(report, out_dir)
+        report.notes += written
     return report
