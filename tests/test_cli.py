@@ -91,6 +91,21 @@ def run(*args):
             "is in attempt 1 and attempt 2",
         ),
         (["bogus"], "invalid choice"),
+        # issue 51: an id of no problem is refused even where the file's name names one
+        (["check", "999", "problems/001_allreduce.py", "--device", "cpu"], "problem 999 does not exist"),
+        # a file that cannot run: refused before any launch, not a header and a table of empty rows
+        (
+            ["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2"],
+            "the solution does not parse: syntax_error.py:2: invalid syntax",
+        ),
+        (
+            ["bench", "1", str(CANDIDATES / "no_solution.py"), "--device", "cpu", "--world-size", "2"],
+            "no_solution.py defines no solution()",
+        ),
+        (
+            ["check", "12", str(CANDIDATES / "wrong_scale.py"), "--device", "cpu", "--world-size", "2"],
+            "solution takes 1 parameter (x) here; expected solution(a_local, b_local)",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(capsys, args, message):
@@ -127,11 +142,28 @@ def test_problems_show_roofline_print_tables_and_json(capsys):
     assert roof["floor_ms"] > 0 and roof["pct_of_floor"] == pytest.approx(100 * roof["floor_ms"] / 0.05)
 
 
-@pytest.mark.integration
-def test_syntax_error_is_a_candidate_failure_with_file_and_line(capsys):
-    code = main(["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2"])
-    assert code == 1
-    assert "syntax_error.py:2: invalid syntax" in capsys.readouterr().out
+def test_a_refusal_under_json_is_json(capsys):
+    """Issue 51: with --json a refusal was plain text on stderr; it is {"error": sentence} on stdout."""
+    cases = [
+        ["show", "99", "--json"],
+        ["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2", "--json"],
+    ]
+    for args in cases:
+        assert main(args) == 2
+        captured = capsys.readouterr()
+        error = json.loads(captured.out)["error"]
+        assert error.startswith(("problem 99 does not exist", "the solution does not parse")), error
+        assert captured.err == ""
+
+
+def test_an_eval_of_files_that_name_no_problem_runs_nothing_and_exits_2(capsys, tmp_path):
+    """Issue 51: `pkb eval` of a file with no id in its name exited 0, having run nothing."""
+    helper = tmp_path / "helper.py"
+    helper.write_text("def solution(x):\n    return x\n")
+    assert main(["eval", str(helper), "--device", "cpu", "--store", str(tmp_path / "e.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pkb: no file of the batch can run, so nothing was run: helper.py: no problem id")
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.integration

@@ -508,3 +508,35 @@ def test_an_environment_failure_or_a_deadline_before_the_start_is_not_kept_as_th
     assert entry.result.outcome == ("env" if ended is None else classify(ended))
     assert (store.get("key") is not None) == kept
     assert batch.not_kept == ([] if kept else ["001_allreduce_torch.py"])
+
+
+def test_a_file_that_cannot_run_is_its_own_failure_told_before_any_job(tmp_path):
+    """A file that does not parse, defines no solution() or takes no call of its problem is refused
+    by pkb check before any launch; in a batch it is that file's `error`, and no job is queued."""
+    from pkb_mcp.evaluation.batch import _Batch
+    from pkb_mcp.evaluation.store import EvalStore
+
+    submitted: list[object] = []
+
+    class Scheduler:
+        cluster = None
+
+        def submit(self, *job, **options):
+            submitted.append(job)
+            return "job"
+
+    files = {
+        "001_syntax.py": ("def solution(x:\n", "the solution does not parse: 001_syntax.py:1: "),
+        "001_nosol.py": ("import torch\n", "001_nosol.py defines no solution()"),
+        "012_arity.py": ("def solution(x):\n    return x\n", "solution takes 1 parameter (x) here"),
+    }
+    settings = EvalSettings(world_size=2, device="cpu")
+    batch = _Batch(settings, Scheduler(), EvalStore(tmp_path / "e.sqlite"), False, lambda *a: None)
+    for name, (text, words) in files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        entry = batch.start(path, pair_files([path])[path])
+        assert entry.stage == "done" and entry.result is not None
+        assert (entry.result.outcome, entry.result.correct) == ("error", False)
+        assert entry.result.message.startswith(words), entry.result.message
+    assert submitted == []

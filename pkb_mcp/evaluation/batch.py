@@ -275,6 +275,15 @@ class _Batch:
             entry.result = base.model_copy(update={"message": str(exc)})
             return entry
         entry.base = base = base.model_copy(update={"problem": problem.name})
+        # a file that cannot run at all (it does not parse, defines no solution(), takes no call of
+        # its problem): the candidate's failure, told before any launch, as pkb check refuses it
+        try:
+            why = run.unrunnable(problem, path, self.s.world_size, self.s.size, self.s.convention)
+        except UserError as exc:
+            why = str(exc)
+        if why is not None:
+            entry.result = base.model_copy(update={"outcome": "error", "message": why})
+            return entry
         row = self.store.get(key)
         if row is not None and self.rerun:
             for job in (row["check_job"], row["bench_job"]):
@@ -393,10 +402,14 @@ class _Batch:
         """Every file's result, each with its attempt (`attempt_of`; default 0): the attempt is the
         path's place on this command line, not a setting of the run, so a reused result takes it too."""
         total = len(files)
-        entries: list[_Entry] = []
-        for path, paired in files.items():
-            entries.append(self.start(path, paired))
-            self.progress(self._done(entries), total, path.name, self._what(entries[-1]))
+        entries = [self.start(path, paired) for path, paired in files.items()]
+        skipped = [e for e in entries if e.result is not None and e.result.outcome == "skipped"]
+        if len(skipped) == len(entries):  # nothing would run: bad input, not a batch that passed
+            why = "; ".join(f"{e.path.name}: {e.result.message}" for e in skipped[:3] if e.result)
+            more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+            raise UserError(f"no file of the batch can run, so nothing was run: {why}{more}")
+        for i, e in enumerate(entries):
+            self.progress(self._done(entries[: i + 1]), total, e.path.name, self._what(e))
         said = ""
         while any(e.stage != "done" for e in entries):
             changed = False

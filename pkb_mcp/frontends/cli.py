@@ -2,7 +2,7 @@
 
 Readable tables by default, `--json` for scripts. Exit codes: 0 pass, 1 the candidate failed
 (wrong, crashed, timed out, does not build), 2 bad input or environment. A user error is one
-sentence on stderr, never a traceback.
+sentence on stderr (with --json: `{"error": sentence}` on stdout), never a traceback.
 """
 
 from __future__ import annotations
@@ -505,7 +505,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (UserError, ProblemFormatError) as exc:
-        print(f"pkb: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):  # a script reads stdout: the error there, as the tools' shape
+            print(json.dumps({"error": str(exc)}))
+        else:
+            print(f"pkb: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("pkb: interrupted", file=sys.stderr)

@@ -305,7 +305,8 @@ class Tools:
         file = self.solution_file(source, path, (".py",))
         with tool_errors(str(problem), size):
             paired, _ = pairing.for_request(problem, file)  # the problem the run will use (its note then)
-            _, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus, variant)
+            p, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus, variant)
+            run.refuse_unrunnable(p, file, world_size, size, more.get("convention", "auto"))
         return RunRequest(
             problem=problem,
             path=str(file),
@@ -679,7 +680,7 @@ def _add_agent_context(mcp: MCPServer) -> None:
         try:
             return service.show_problem(problem_id, world_size=2).reference_source
         except UserError as exc:
-            raise ResourceError(shortened(str(exc), problem_id)) from exc
+            raise ResourceError(shortened(in_tool_words(str(exc)), problem_id)) from exc
 
     @mcp.prompt()
     def attempt_problem(problem: str, world_size: str = "4", size: str = "pkb") -> str:
