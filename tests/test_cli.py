@@ -229,3 +229,35 @@ def test_json_output_parses_and_matches_the_tables(capsys):
     assert "allreduce" not in capsys.readouterr().out
     assert main(["roofline", "allreduce", "--world-size", "2"]) == 0
     assert "floor" in capsys.readouterr().out
+
+
+def test_show_prints_the_other_ranks_inputs_where_they_differ(capsys):
+    """Issue 51: `pkb show 27` and `show 85` printed equal per-rank shapes (rank 0's, under "inputs
+    per rank") where their text says the splits are uneven; and "1 rounds"."""
+    assert main(["show", "85", "--world-size", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "inputs of rank 0 at world size 4, size pkb:" in text
+    assert "  local_shard: rank 1 [0], rank 2 [130], rank 3 [131]" in text
+    assert main(["show", "27", "--world-size", "4"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("input_split_sizes"))
+    splits = json.loads(row.split(None, 1)[1])
+    assert sum(splits) == 1024 and len(set(splits)) > 1, row  # uneven, as the description says
+    assert "  input_split_sizes: rank 1 [" in text and "  output_split_sizes: rank 1 [" in text
+    assert "0 FLOP, 1 round\n" in text and "1 rounds" not in text
+    assert main(["show", "1", "--world-size", "4"]) == 0
+    assert "other ranks" not in capsys.readouterr().out  # every rank's inputs alike: no lines
+
+
+def test_the_readme_names_every_example():
+    """Issue 51: the README left out 001_allreduce_copy_engine.py and 049_moe_ep_experts_to_tokens.py."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "examples").glob("*.py")) if f"`{p.name}`" not in readme]
+    assert missing == []
+
+
+def test_each_extra_s_comment_is_its_own():
+    """Issue 51: the [ray] extra carried the [plots] extra's comment."""
+    lines = {line.split(" = ")[0]: line for line in (ROOT / "pyproject.toml").read_text().splitlines()}
+    assert "pkb profile" in lines["plots"] and "matplotlib" in lines["plots"]
+    assert "Ray" in lines["ray"] and "pkb profile" not in lines["ray"]

@@ -561,3 +561,12 @@ def test_a_file_that_cannot_run_is_its_own_failure_told_before_any_job(tmp_path)
         assert (entry.result.outcome, entry.result.correct) == ("error", False)
         assert entry.result.message.startswith(words), entry.result.message
     assert submitted == []
+
+
+def test_the_report_counts_one_file_and_one_trial_in_the_singular():
+    """Issue 51: "1 files" (and "1 trials") in the report's first line."""
+    one = _report().model_copy(update={"results": BATCH[:1], "summary": eval_report.summarize(BATCH[:1])})
+    one.settings.trials = 1
+    first = eval_report.to_markdown(one).splitlines()[2]
+    assert first.startswith("1 file; ") and ", 1 trial, " in first, first
+    assert eval_report.to_markdown(_report()).splitlines()[2].startswith(f"{len(BATCH)} files; ")

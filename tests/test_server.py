@@ -395,3 +395,13 @@ async def test_a_task_is_cancelled_and_survives_a_restart_as_its_job_does(state)
         with pytest.raises(MCPError, match="does not exist"):
             await get_task(c.session, "nosuchtask")
     scheduler.stop()
+
+
+async def test_the_world_size_schema_asks_for_2_ranks_or_more_and_the_list_says_it_pages(client):
+    """Issue 51: every problem needs 2 ranks, yet world_size's minimum was 1; list_problems said
+    "all on one page" and pages at `limit`."""
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    for name in ("get_reference", "run_correctness", "benchmark", "profile", "roofline"):
+        assert tools[name].input_schema["properties"]["world_size"]["minimum"] == 2, name
+    assert "one page" not in (tools["list_problems"].description or "")
+    assert "page" in (tools["list_problems"].description or "")

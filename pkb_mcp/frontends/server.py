@@ -160,7 +160,7 @@ def Arg(**kwargs: Any) -> Any:
 
 
 ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. 12 or 'allgather_gemm'")]
-WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on cuda)")]
+WorldSize = Annotated[int, Arg(ge=2, le=64, description="ranks (one GPU each on cuda)")]
 SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
 Variant = Annotated[
     Literal["pkb", "original"],
@@ -455,7 +455,7 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         ),
         detail: Annotated[bool, Arg(description="add source, dtype, world-size rule")] = False,
     ) -> Annotated[CallToolResult, ProblemPage]:
-        """The problems (all on one page): id, name, category, one-line summary."""
+        """The problems, a page at a time: id, name, category, one-line summary."""
         with tool_errors(category or "", text or ""):
             page = service.problem_page(category, text, offset, limit, detail)
         return CallToolResult(
