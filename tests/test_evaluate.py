@@ -260,10 +260,11 @@ def test_the_readme_s_eval_of_the_example_directory_does_what_it_says(tmp_path, 
     words[words.index("--out") + 1] = str(out)
     env = {k: v for k, v in os.environ.items() if k != "PKB_UNSEEN_SIZES"}  # the README's run has them
     env |= {"PKB_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "pkb_mcp", *words[1:], "--json"]
+    command = [sys.executable, "-m", "pkb_mcp", *words[1:]]  # `pkb` is this interpreter's
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 1, done.stderr[-3000:]  # three files fail: the candidates' failures
-    report = EvalReport.model_validate_json(done.stdout)
+    assert "| correct | 3 (50.0%) |" in done.stdout and "| fast_0 | 0.500 |" in done.stdout
+    report = EvalReport.model_validate_json((out / "report.json").read_text())
     outcomes = {Path(r.file).name: r.outcome for r in report.results}
     assert outcomes == EXPECTED, [(r.file, r.message) for r in report.results]
     for r in report.results:
@@ -292,7 +293,7 @@ def test_the_readme_s_eval_of_the_example_directory_does_what_it_says(tmp_path, 
         assert started[started.index(r.bench_job) - 1] == r.check_job, (r.file, started)
 
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    second = EvalReport.model_validate_json(again.stdout)
+    second = EvalReport.model_validate_json((out / "report.json").read_text())
     assert again.returncode == 1 and second.resumed == 6 and all(r.reused for r in second.results)
     assert [r.model_dump(exclude={"reused"}) for r in second.results] == [
         r.model_dump(exclude={"reused"}) for r in report.results
