@@ -154,6 +154,12 @@ def test_a_refusal_under_json_is_json(capsys):
         error = json.loads(captured.out)["error"]
         assert error.startswith(("problem 99 does not exist", "the solution does not parse")), error
         assert captured.err == ""
+    with pytest.raises(SystemExit) as refused:  # argparse's own refusal of an option
+        main(["show", "1", "--json", "--no-such-option"])
+    assert refused.value.code == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"error": "unrecognized arguments: --no-such-option; see pkb --help"}
+    assert captured.err == ""
 
 
 def test_an_eval_of_files_that_name_no_problem_runs_nothing_and_exits_2(capsys, tmp_path):

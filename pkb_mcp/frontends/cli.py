@@ -34,7 +34,12 @@ EXIT_PASS, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
+    json_errors = False  # --json is on the command line: a refusal of its options is JSON too (main)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self.json_errors:
+            print(json.dumps({"error": f"{message}; see pkb --help"}))
+            self.exit(EXIT_USAGE)
         self.exit(EXIT_USAGE, f"pkb: {message}; see pkb --help\n")
 
 
@@ -498,7 +503,9 @@ def _add_node(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in given
+    args = parser.parse_args(given)
     log.configure(args.log_level)
     if getattr(args, "timeout", "absent") is None:
         args.timeout = args.default_timeout
