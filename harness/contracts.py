@@ -197,6 +197,9 @@ class TimingRecord(TypedDict, total=False):
     launch_samples: list[int]  # pooled on the host: each launch's sample count
 
 
+STARTING = "starting"  # a RankRecord's stage where the deadline passed before the rank had started
+
+
 class RankRecord(TypedDict, total=False):
     """How one rank ended. The worker writes its part (state, with stage, error and traceback on a
     failure; elapsed_s, cpus, stages) to rank{rank}.status.json; the launcher, which saw the process

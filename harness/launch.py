@@ -44,6 +44,7 @@ from harness import counters, forking
 from harness.contracts import (
     GO_LINE,
     GO_NAME,
+    STARTING,
     ContractError,
     CounterPlan,
     LaunchConfig,
@@ -282,11 +283,17 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
 
     ended: dict[int, float] = {}
     leaving: set[int] = set()  # ranks whose record is written while the kernel ends their process
+    # ranks seen past their start (rank{rank}.ready: the process group joined, a warm sandbox's
+    # before its launch came); only ever added to, so no candidate can take a rank's start back
+    started: set[int] = set()
+    signalled: set[int] = set()  # ranks this launcher sent its signals at the deadline or a failure
     first_failure: float | None = None
     timed_out = False
     while len(ended) < world_size:
         now = time.monotonic()
         for rank, proc in enumerate(procs):
+            if rank not in started and (launch_dir / f"rank{rank}.ready").exists():
+                started.add(rank)
             if rank in ended:
                 continue
             if proc.poll() is not None:
@@ -305,6 +312,7 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
             # each stuck rank writes its Python stacks to its log (faulthandler), then dies
             for rank, proc in enumerate(procs):
                 if rank not in ended:
+                    signalled.add(rank)
                     proc.send_signal(signal.SIGUSR1)
             time.sleep(STACK_DUMP_WAIT_S)
             for rank, proc in enumerate(procs):
@@ -325,6 +333,8 @@ def launch(cfg: LaunchConfig, procs: list[Worker] | None = None, fork: bool = Fa
             _read_status(launch_dir, rank),
             timed_out,
             aborted=first_failure is not None,
+            signalled=rank in signalled,
+            started=rank in started,
         )
         for rank, proc in enumerate(procs)
     ]
@@ -350,10 +360,20 @@ def _leaving_ok(launch_dir: Path, rank: int, pid: int) -> bool:
 
 
 def rank_record(
-    rank: int, rc: int | None, ended_s: float, status: RankRecord, timed_out: bool, aborted: bool
+    rank: int,
+    rc: int | None,
+    ended_s: float,
+    status: RankRecord,
+    timed_out: bool,
+    aborted: bool,
+    signalled: bool = False,
+    started: bool = True,
 ) -> RankRecord:
     """A rank's entry of launch.json: its own status (`status`, {} when it wrote none) completed with
-    how its process ended (`rc`, killed at the deadline or after a peer failed)."""
+    how its process ended (`rc`, killed at the deadline or after a peer failed). `signalled`: the
+    launcher sent it SIGUSR1 and SIGKILL, so a death by either is the launcher's deadline or abort,
+    not a crash (a rank still starting has no SIGUSR1 handler yet, and SIGUSR1 ends it); `started`:
+    it was seen past its start (its process group joined) before it ended."""
     entry: RankRecord = {
         "rank": rank,
         "exit_code": rc,
@@ -369,6 +389,11 @@ def rank_record(
         entry["error"] = str(status.get("error"))
         entry["stage"] = str(status.get("stage"))
         entry["traceback"] = str(status.get("traceback") or "")
+    elif signalled and rc in (-signal.SIGUSR1, -signal.SIGKILL):
+        entry["state"] = "timeout" if timed_out else "aborted"
+        entry["signal"] = signal.Signals(-rc).name
+        if timed_out and not started:
+            entry["stage"] = STARTING  # the deadline came before its launch could begin
     elif rc is not None and rc < 0 and rc != -signal.SIGKILL:
         entry["state"], entry["signal"] = "crashed", signal.Signals(-rc).name
     elif rc == -signal.SIGKILL:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 from harness import structure as output_structure
 from harness import tensorfile
 from harness.contracts import (
+    STARTING,
     ConventionRecord,
     LaunchConfig,
     LaunchRecord,
@@ -422,9 +423,13 @@ def _collect(
     if "ranks" in record:
         entries, timed_out = record["ranks"], record.get("timed_out", False) or killed
     else:
-        # the launcher itself never reported: everything it ran is lost
+        # the launcher itself never reported: everything it ran is lost. Killed at the deadline, it
+        # had not reached its own (which it reports): the sandbox never started the ranks in time
         state = "timeout" if killed else "crashed"
-        entries, timed_out = [{"rank": r, "state": state} for r in range(world_size)], killed
+        entries = [{"rank": r, "state": state} for r in range(world_size)]
+        if killed:
+            entries = [{**e, "stage": STARTING} for e in entries]
+        timed_out = killed
     ranks: list[RankOutcome] = []
     for e in entries[:world_size]:
         rank = e.get("rank", -1)

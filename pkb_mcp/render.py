@@ -6,6 +6,8 @@ a client that shows only `content` are the same facts.
 
 from __future__ import annotations
 
+from pkb_mcp import problems as suite
+from pkb_mcp.errors import UserError
 from pkb_mcp.models import (
     BenchResult,
     Calibration,
@@ -25,6 +27,11 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(out)
+
+
+def counted(n: float, noun: str) -> str:
+    """`n noun`, the noun plural unless n is 1 ("1 round", "2 rounds", "0 files")."""
+    return f"{n:g} {noun}" if n == 1 else f"{n:g} {noun}s"
 
 
 def fmt_bytes(n: float) -> str:
@@ -123,7 +130,12 @@ def roofline(r: RooflineResult) -> str:
         ["NVLink", fmt_bytes(t.nvlink_bytes), f"{c.nvlink_gbps:g} GB/s", f"{r.nvlink_ms * 1e3:.2f}"],
         ["HBM", fmt_bytes(t.hbm_bytes), f"{c.hbm_gbps:g} GB/s", f"{r.hbm_ms * 1e3:.2f}"],
         ["compute", f"{t.flops:.4g} FLOP", "peak", f"{r.compute_ms * 1e3:.2f}"],
-        ["latency", f"{t.rounds:g} rounds", f"{c.round_latency_us:g} us/round", f"{r.latency_ms * 1e3:.2f}"],
+        [
+            "latency",
+            counted(t.rounds, "round"),
+            f"{c.round_latency_us:g} us/round",
+            f"{r.latency_ms * 1e3:.2f}",
+        ],
     ]
     lines = [
         f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size} (per GPU)",
@@ -203,6 +215,27 @@ def bench(r: BenchResult) -> str:
     return "\n".join(lines + warning_lines(r.warnings) + note_lines(r.notes))
 
 
+def other_ranks(d: ProblemDetail) -> list[str]:
+    """The other ranks' inputs where they differ from rank 0's (the table's): one line per argument,
+    so a problem whose ranks hold uneven shards or splits shows them (issue 51)."""
+    try:
+        p = suite.resolve(d.id, d.variant)
+    except UserError:
+        return []
+    ranks = [p.input_shapes(d.world_size, d.size_preset, rank) for rank in range(d.world_size)]
+    lines = []
+    for i, first in enumerate(ranks[0]):
+        if all(specs[i] == first for specs in ranks[1:]):
+            continue
+        said = [
+            f"rank {r} {specs[i]['shape'] if 'shape' in specs[i] else specs[i].get('value')}"
+            for r, specs in enumerate(ranks)
+            if r > 0
+        ]
+        lines.append(f"  {first['name']}: " + ", ".join(said))
+    return ["other ranks, where theirs differ:", *lines] if lines else []
+
+
 def show(d: ProblemDetail) -> str:
     inputs = [
         [i.name, str(i.shape) if i.shape is not None else "", i.dtype or "", i.value or ""] for i in d.inputs
@@ -220,10 +253,11 @@ def show(d: ProblemDetail) -> str:
             + str({k: v for k, v in d.tolerance.items() if k != "outputs"})
             + "".join(f"; output {i}: {b}" for i, b in (d.tolerance.get("outputs") or {}).items()),
             "sizes: " + "; ".join(f"{k} {v}" for k, v in d.sizes.items()),
-            f"inputs per rank at world size {d.world_size}, size {d.size_preset}:",
+            f"inputs of rank 0 at world size {d.world_size}, size {d.size_preset}:",
             table(inputs, ["arg", "shape", "dtype", "value"]),
+            *other_ranks(d),
             f"traffic per GPU: NVLink {fmt_bytes(t.nvlink_bytes)} each way, HBM {fmt_bytes(t.hbm_bytes)}, "
-            f"{t.flops:.4g} FLOP, {t.rounds:g} rounds",
+            f"{t.flops:.4g} FLOP, {counted(t.rounds, 'round')}",
             *original_lines(d),
         ]
     )

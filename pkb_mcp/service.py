@@ -292,7 +292,7 @@ def _judged_check(
     )
     seeds, ref_outcome, cand_outcome = references.judged_launches(run, trials, trial, cancel)
     if not ref_outcome.ok or cand_outcome is None:
-        raise reference_failed(p, ref_outcome)
+        raise reference_failed(p, ref_outcome, run.timeout_s)
     run.notes += conventions.notes(cand_outcome)
     progress(2, steps, "judging outputs")
     mac_key = tensorfile.result_key(seeds)

@@ -66,8 +66,9 @@ def split_matrix(ctx):
     log-normal weights, each peer at least one row; the same on every rank (even on `meta`)."""
     w, t = ctx.world_size, ctx.size["tokens"]
     keep, rest = t // w, t - t // w
-    if ctx.is_meta:
-        weights = torch.ones(w, w, dtype=torch.float64)
+    if ctx.is_meta:  # one fixed draw of the same law: what `pkb show` prints, uneven as a trial's
+        example = torch.Generator().manual_seed(27)
+        weights = torch.randn(w, w, generator=example, dtype=torch.float64).mul(0.5).exp()
     else:
         weights = ctx.randn(w, w, dtype=torch.float64, shared=True).mul(0.5).exp().cpu()
     rows = []

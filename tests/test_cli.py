@@ -91,6 +91,21 @@ def run(*args):
             "is in attempt 1 and attempt 2",
         ),
         (["bogus"], "invalid choice"),
+        # issue 51: an id of no problem is refused even where the file's name names one
+        (["check", "999", "problems/001_allreduce.py", "--device", "cpu"], "problem 999 does not exist"),
+        # a file that cannot run: refused before any launch, not a header and a table of empty rows
+        (
+            ["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2"],
+            "the solution does not parse: syntax_error.py:2: invalid syntax",
+        ),
+        (
+            ["bench", "1", str(CANDIDATES / "no_solution.py"), "--device", "cpu", "--world-size", "2"],
+            "no_solution.py defines no solution()",
+        ),
+        (
+            ["check", "12", str(CANDIDATES / "wrong_scale.py"), "--device", "cpu", "--world-size", "2"],
+            "solution takes 1 parameter (x) here; expected solution(a_local, b_local)",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_sentence(capsys, args, message):
@@ -127,11 +142,34 @@ def test_problems_show_roofline_print_tables_and_json(capsys):
     assert roof["floor_ms"] > 0 and roof["pct_of_floor"] == pytest.approx(100 * roof["floor_ms"] / 0.05)
 
 
-@pytest.mark.integration
-def test_syntax_error_is_a_candidate_failure_with_file_and_line(capsys):
-    code = main(["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2"])
-    assert code == 1
-    assert "syntax_error.py:2: invalid syntax" in capsys.readouterr().out
+def test_a_refusal_under_json_is_json(capsys):
+    """Issue 51: with --json a refusal was plain text on stderr; it is {"error": sentence} on stdout."""
+    cases = [
+        ["show", "99", "--json"],
+        ["check", "1", str(CANDIDATES / "syntax_error.py"), "--device", "cpu", "--world-size", "2", "--json"],
+    ]
+    for args in cases:
+        assert main(args) == 2
+        captured = capsys.readouterr()
+        error = json.loads(captured.out)["error"]
+        assert error.startswith(("problem 99 does not exist", "the solution does not parse")), error
+        assert captured.err == ""
+    with pytest.raises(SystemExit) as refused:  # argparse's own refusal of an option
+        main(["show", "1", "--json", "--no-such-option"])
+    assert refused.value.code == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"error": "unrecognized arguments: --no-such-option; see pkb --help"}
+    assert captured.err == ""
+
+
+def test_an_eval_of_files_that_name_no_problem_runs_nothing_and_exits_2(capsys, tmp_path):
+    """Issue 51: `pkb eval` of a file with no id in its name exited 0, having run nothing."""
+    helper = tmp_path / "helper.py"
+    helper.write_text("def solution(x):\n    return x\n")
+    assert main(["eval", str(helper), "--device", "cpu", "--store", str(tmp_path / "e.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pkb: no file of the batch can run, so nothing was run: helper.py: no problem id")
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.integration
@@ -197,3 +235,35 @@ def test_json_output_parses_and_matches_the_tables(capsys):
     assert "allreduce" not in capsys.readouterr().out
     assert main(["roofline", "allreduce", "--world-size", "2"]) == 0
     assert "floor" in capsys.readouterr().out
+
+
+def test_show_prints_the_other_ranks_inputs_where_they_differ(capsys):
+    """Issue 51: `pkb show 27` and `show 85` printed equal per-rank shapes (rank 0's, under "inputs
+    per rank") where their text says the splits are uneven; and "1 rounds"."""
+    assert main(["show", "85", "--world-size", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "inputs of rank 0 at world size 4, size pkb:" in text
+    assert "  local_shard: rank 1 [0], rank 2 [130], rank 3 [131]" in text
+    assert main(["show", "27", "--world-size", "4"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("input_split_sizes"))
+    splits = json.loads(row.split(None, 1)[1])
+    assert sum(splits) == 1024 and len(set(splits)) > 1, row  # uneven, as the description says
+    assert "  input_split_sizes: rank 1 [" in text and "  output_split_sizes: rank 1 [" in text
+    assert "0 FLOP, 1 round\n" in text and "1 rounds" not in text
+    assert main(["show", "1", "--world-size", "4"]) == 0
+    assert "other ranks" not in capsys.readouterr().out  # every rank's inputs alike: no lines
+
+
+def test_the_readme_names_every_example():
+    """Issue 51: the README left out 001_allreduce_copy_engine.py and 049_moe_ep_experts_to_tokens.py."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "examples").glob("*.py")) if f"`{p.name}`" not in readme]
+    assert missing == []
+
+
+def test_each_extra_s_comment_is_its_own():
+    """Issue 51: the [ray] extra carried the [plots] extra's comment."""
+    lines = {line.split(" = ")[0]: line for line in (ROOT / "pyproject.toml").read_text().splitlines()}
+    assert "pkb profile" in lines["plots"] and "matplotlib" in lines["plots"]
+    assert "Ray" in lines["ray"] and "pkb profile" not in lines["ray"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -23,6 +24,7 @@ from pkb_mcp.evaluation import report as eval_report
 from pkb_mcp.evaluation.batch import _from_check, classify, collect_files, evaluate, pair_files
 from pkb_mcp.evaluation.records import EvalReport, EvalSettings, FileResult
 from pkb_mcp.models import CheckResult, RankResult, SandboxInfo
+from pkb_mcp.runs import run
 
 from .conftest import ROOT
 
@@ -237,12 +239,32 @@ def test_build_slots_follow_the_node_or_the_setting(monkeypatch):
         config.build_slots()
 
 
+def readme_eval_line() -> list[str]:
+    """The README's `pkb eval examples/original ...` line, as its words (so the test and the README
+    cannot drift apart)."""
+    readme = (ROOT / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if line.startswith("pkb eval examples/original ")]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-def test_eval_of_the_example_directory_gives_the_right_verdicts_and_resumes(tmp_path, isolated_dirs):
-    store, out = tmp_path / "eval.sqlite", tmp_path / "report"
-    kwargs = {"world_size": 2, "device": "cpu", "trials": 1, "timeout_s": 25, "store": store, "out_dir": out}
-    report = evaluate([EXAMPLES], **kwargs)
+def test_the_readme_s_eval_of_the_example_directory_does_what_it_says(tmp_path, isolated_dirs):
+    """Issue 51: the README's line, exactly (only its --out moved into the test's folder), as a user
+    runs it: 001, 018 and 021 pass in the original's convention, 007 is wrong, 008 times out, 013
+    does not build; correct 50%, fast_0 0.50; run again, all six come from the store."""
+    words = readme_eval_line()
+    assert words[:2] == ["pkb", "eval"] and "--out" in words
+    out = tmp_path / "report"
+    words[words.index("--out") + 1] = str(out)
+    env = {k: v for k, v in os.environ.items() if k != "PKB_UNSEEN_SIZES"}  # the README's run has them
+    env |= {"PKB_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "pkb_mcp", *words[1:]]  # `pkb` is this interpreter's
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 1, done.stderr[-3000:]  # three files fail: the candidates' failures
+    assert "| correct | 3 (50.0%) |" in done.stdout and "| fast_0 | 0.500 |" in done.stdout
+    report = EvalReport.model_validate_json((out / "report.json").read_text())
     outcomes = {Path(r.file).name: r.outcome for r in report.results}
     assert outcomes == EXPECTED, [(r.file, r.message) for r in report.results]
     for r in report.results:
@@ -262,7 +284,7 @@ def test_eval_of_the_example_directory_gives_the_right_verdicts_and_resumes(tmp_
     # a file that passed was benchmarked next, ahead of the checks still queued (the check's `then`)
     from pkb_mcp.jobs.store import JobStore
 
-    jobs = JobStore(store)
+    jobs = JobStore(Path(report.store))
     records = [jobs.get(j) for r in report.results for j in (r.check_job, r.bench_job) if j]
     started = [rec.id for rec in sorted(records, key=lambda rec: rec.started or 0.0)]
     benched = [r for r in report.results if r.bench_job]
@@ -270,12 +292,13 @@ def test_eval_of_the_example_directory_gives_the_right_verdicts_and_resumes(tmp_
     for r in benched:
         assert started[started.index(r.bench_job) - 1] == r.check_job, (r.file, started)
 
-    again = evaluate([EXAMPLES], **kwargs)
-    assert again.resumed == 6 and all(r.reused for r in again.results)
-    assert [r.model_dump(exclude={"reused"}) for r in again.results] == [
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    second = EvalReport.model_validate_json((out / "report.json").read_text())
+    assert again.returncode == 1 and second.resumed == 6 and all(r.reused for r in second.results)
+    assert [r.model_dump(exclude={"reused"}) for r in second.results] == [
         r.model_dump(exclude={"reused"}) for r in report.results
     ]
-    assert again.wall_s < 30, "nothing ran again"
+    assert second.wall_s < 30, "nothing ran again"
     assert list(isolated_dirs.iterdir()) == []
 
 
@@ -459,3 +482,92 @@ def test_a_batch_on_gpus_keeps_warm_sandboxes_while_it_runs(tmp_path, monkeypatc
         assert backend.closed == 1 and backend.pool is None
     else:
         assert during == [None] and backend.first == [] and backend.closed == 0
+
+
+class _EndedJobs:
+    """A scheduler stand-in whose jobs have all ended: `results` maps a job to its result (None: failed)."""
+
+    cluster = None
+
+    def __init__(self, results: dict[str, CheckResult | None]) -> None:
+        from types import SimpleNamespace
+
+        self.results = results
+        self.record = lambda job: SimpleNamespace(
+            terminal=True, state="done" if results[job] else "failed", error="the engine went away"
+        )
+
+    def get(self, job):
+        return self.record(job)
+
+    def result(self, job):
+        return self.results[job].model_dump(mode="json")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("ended", "kept"),
+    [
+        (_check("timeout", run.NOT_STARTED, ["timeout", "timeout"]), False),
+        (None, False),  # the job failed: the environment's, not the file's
+        (_check("timeout", run.TIMED_OUT, ["timeout", "timeout"]), True),
+        (_check("fail", "rank 0: wrong", ["wrong", "pass"]), True),
+    ],
+)
+def test_an_environment_failure_or_a_deadline_before_the_start_is_not_kept_as_the_verdict(
+    tmp_path, ended, kept
+):
+    """Issue 51: the store replayed a launch's failure to start in time (and env) on every later run
+    until --rerun; now such a result is this run's only, and a re-run tries the file again."""
+    from pkb_mcp.evaluation.batch import _Batch, _Entry
+    from pkb_mcp.evaluation.store import EvalStore
+
+    store = EvalStore(tmp_path / "eval.sqlite")
+    batch = _Batch(EvalSettings(bench=False), _EndedJobs({"j1": ended}), store, False, lambda *a: None)
+    base = FileResult(file="001_allreduce_torch.py", sha256="0", problem_id=1, outcome="skipped")
+    entry = _Entry(Path("001_allreduce_torch.py"), "key", base, stage="checking", job="j1")
+    store.put("key", entry.path.name, "checking", check_job="j1")
+    assert batch.advance(entry) and entry.result is not None
+    assert entry.result.outcome == ("env" if ended is None else classify(ended))
+    assert (store.get("key") is not None) == kept
+    assert batch.not_kept == ([] if kept else ["001_allreduce_torch.py"])
+
+
+def test_a_file_that_cannot_run_is_its_own_failure_told_before_any_job(tmp_path):
+    """A file that does not parse, defines no solution() or takes no call of its problem is refused
+    by pkb check before any launch; in a batch it is that file's `error`, and no job is queued."""
+    from pkb_mcp.evaluation.batch import _Batch
+    from pkb_mcp.evaluation.store import EvalStore
+
+    submitted: list[object] = []
+
+    class Scheduler:
+        cluster = None
+
+        def submit(self, *job, **options):
+            submitted.append(job)
+            return "job"
+
+    files = {
+        "001_syntax.py": ("def solution(x:\n", "the solution does not parse: 001_syntax.py:1: "),
+        "001_nosol.py": ("import torch\n", "001_nosol.py defines no solution()"),
+        "012_arity.py": ("def solution(x):\n    return x\n", "solution takes 1 parameter (x) here"),
+    }
+    settings = EvalSettings(world_size=2, device="cpu")
+    batch = _Batch(settings, Scheduler(), EvalStore(tmp_path / "e.sqlite"), False, lambda *a: None)
+    for name, (text, words) in files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        entry = batch.start(path, pair_files([path])[path])
+        assert entry.stage == "done" and entry.result is not None
+        assert (entry.result.outcome, entry.result.correct) == ("error", False)
+        assert entry.result.message.startswith(words), entry.result.message
+    assert submitted == []
+
+
+def test_the_report_counts_one_file_and_one_trial_in_the_singular():
+    """Issue 51: "1 files" (and "1 trials") in the report's first line."""
+    one = _report().model_copy(update={"results": BATCH[:1], "summary": eval_report.summarize(BATCH[:1])})
+    one.settings.trials = 1
+    first = eval_report.to_markdown(one).splitlines()[2]
+    assert first.startswith("1 file; ") and ", 1 trial, " in first, first
+    assert eval_report.to_markdown(_report()).splitlines()[2].startswith(f"{len(BATCH)} files; ")

@@ -17,6 +17,7 @@ from harness import tensorfile
 from pkb_mcp import launches
 from pkb_mcp.errors import Cancelled
 from pkb_mcp.launches import RANK_LOG_CAP, ToolLaunches, read_result, run_launch
+from pkb_mcp.runs.run import NOT_STARTED, rank_result
 from sandbox.backend import Backend
 from sandbox.base import SandboxLaunch, SandboxRun
 
@@ -146,6 +147,9 @@ def test_a_launcher_that_never_reported_loses_every_rank():
     assert not crashed.ok and not crashed.timed_out
     killed = run_launch(cpu_launch(), ScriptedBackend(killed_at_deadline=True))
     assert [r.state for r in killed.ranks] == ["timeout", "timeout"] and killed.timed_out
+    # killed with no record: its launcher never reached its own deadline, so the ranks never started
+    assert {r.stage for r in killed.ranks} == {"starting"}
+    assert rank_result(killed.ranks[0]).message == NOT_STARTED
     malformed = run_launch(cpu_launch(), ScriptedBackend({"launch.json": '{"ranks": [{"rank": 0'}))
     assert [r.state for r in malformed.ranks] == ["crashed", "crashed"]
     no_ranks = run_launch(cpu_launch(), ScriptedBackend({"launch.json": '{"timed_out": false}'}))

@@ -108,9 +108,9 @@ class _Scheduler:
 
 def test_eval_runs_a_file_against_the_problem_its_name_names_and_says_so(tmp_path):
     published = tmp_path / PUBLISHED
-    published.write_text("def solution(x):\n    return x\n")
+    published.write_text("def solution(*args):\n    return args[0]\n")
     unknown = tmp_path / "26_expert_shuffle_cuda.py"
-    unknown.write_text("def solution(x):\n    return x\n")
+    unknown.write_text("def solution(*args):\n    return args[0]\n")
     scheduler = _Scheduler()
     batch = _Batch(
         EvalSettings(world_size=2, device="cpu"),
@@ -131,7 +131,7 @@ def test_eval_runs_a_file_against_the_problem_its_name_names_and_says_so(tmp_pat
 
 def test_a_check_given_an_id_runs_against_the_problem_the_file_names(tmp_path):
     published = tmp_path / PUBLISHED
-    published.write_text("def solution(x):\n    return x\n")
+    published.write_text("def solution(*args):\n    return args[0]\n")
     run = Run(RunRequest(problem=35, path=str(published), world_size=2, device="cpu", sandbox="process"))
     assert run.problem.id == 34
     assert any("problem 35 was asked for" in n and "run against 34, by its name" in n for n in run.notes)
@@ -145,3 +145,6 @@ def test_a_problem_given_by_name_or_a_file_named_otherwise_is_taken_as_given():
     assert pairing.for_request(35, "solution.py") == (35, None)
     assert pairing.for_request(35, "26_expert_shuffle_cuda.py") == (35, None)
     assert pairing.for_request("35", "999_nothing_torch.py") == ("35", None)
+    # issue 51: an id of no problem is not replaced by the problem the name names; it is refused
+    assert pairing.for_request(999, "001_allreduce.py") == (999, None)
+    assert pairing.for_request("999", PUBLISHED) == ("999", None)

@@ -120,6 +120,7 @@ def test_a_syntax_error_is_a_candidate_failure_with_file_and_line(tmp_path):
         (RankOutcome(1, "crashed", error="exit status 3"), "crashed (exit status 3)"),
         (RankOutcome(1, "crashed"), "crashed (no status)"),
         (RankOutcome(0, "timeout"), "still running at the deadline (deadlock or too slow); killed"),
+        (RankOutcome(0, "timeout", stage="starting"), run.NOT_STARTED),
         (
             RankOutcome(0, "aborted"),
             "killed after another rank failed (it was likely waiting in a collective)",
@@ -165,3 +166,20 @@ def test_a_failed_reference_names_the_first_failing_rank_and_blames_the_environm
     assert text.startswith("the reference of problem 1 failed on rank 1 (RuntimeError: NCCL error)")
     assert "check the device and world size" in text
     assert text.endswith("L" * 400) and "..." not in text
+
+
+@pytest.mark.parametrize(("stage", "why"), [("", ""), ("starting", " (its ranks were still starting")])
+def test_a_reference_that_met_its_deadline_is_a_timeout_not_the_environment(stage, why):
+    """Issue 51: a reference launch killed at its deadline read "failed on rank 0 (timeout)... the
+    environment cannot run this problem" with an empty log; it is a timeout, with its limit."""
+    outcome = LaunchOutcome(
+        ranks=[RankOutcome(0, "timeout", stage=stage), RankOutcome(1, "timeout", stage=stage)],
+        wall_s=30.0,
+        timed_out=True,
+    )
+    message = str(run.reference_failed(problems.resolve(1), outcome, 30.0))
+    assert message.startswith(
+        f"timeout: the reference of problem 1 did not finish within its 30 s limit{why}"
+    )
+    assert message.endswith("the time limit is too short for this machine: raise it")
+    assert "environment" not in message and len(message.splitlines()) == 1

@@ -251,3 +251,41 @@ def test_a_forged_status_keeps_only_its_well_typed_fields() -> None:
     assert contracts.read_rank_status(["ok"]) == {}
     rank = launch.rank_record(0, 0, 1.0, contracts.read_rank_status(forged), False, False)
     assert (rank["state"], rank["cpus"], rank["stages"]) == ("ok", None, None)
+
+
+def test_a_rank_the_launcher_signalled_at_its_deadline_timed_out_even_before_its_handler() -> None:
+    """Issue 51: SIGUSR1 ends a rank still starting (its faulthandler is not registered yet); at the
+    deadline that was reported as `crashed (SIGUSR1)`. A death by the launcher's own signals is its
+    deadline (or its abort after a peer failed), and a rank never seen started says so."""
+    usr1, kill = -signal.SIGUSR1, -signal.SIGKILL
+    starting = launch.rank_record(0, usr1, 30.0, {}, True, False, signalled=True, started=False)
+    assert (starting["state"], starting["signal"], starting.get("stage")) == (
+        "timeout",
+        "SIGUSR1",
+        "starting",
+    )
+    assert starting["stage"] == contracts.STARTING
+    running = launch.rank_record(1, kill, 30.0, {}, True, False, signalled=True, started=True)
+    assert running["state"] == "timeout" and "stage" not in running
+    after_peer = launch.rank_record(1, usr1, 5.0, {}, False, True, signalled=True, started=True)
+    assert after_peer["state"] == "aborted"
+    # a SIGUSR1 that did not come from the launcher is still a crash
+    assert launch.rank_record(2, usr1, 1.0, {}, False, False)["state"] == "crashed"
+    assert all(_is_rank_record(json.loads(json.dumps(r))) for r in (starting, running, after_peer))
+
+
+def test_the_launcher_reports_a_deadline_before_the_ranks_started_as_such(tmp_path, monkeypatch) -> None:
+    """A launch whose ranks never joined their process group by the deadline: every rank is a
+    timeout whose stage is `starting` (here the ranks are stand-in processes that only sleep)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(launch, "STACK_DUMP_WAIT_S", 0.05)
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    (tmp_path / "rank1.ready").write_text("{}")  # rank 1 got past its start; rank 0 did not
+    monkeypatch.setattr(launch, "_send", lambda proc, message, close: None)
+    cfg = {"launch_dir": str(tmp_path), "world_size": 2, "timeout_s": 0.3}
+    record = launch.launch(cfg, procs)  # type: ignore[arg-type]
+    assert record["timed_out"]
+    states = [(r["state"], r.get("stage")) for r in record["ranks"]]
+    assert states == [("timeout", contracts.STARTING), ("timeout", None)], record

@@ -394,3 +394,23 @@ def test_a_stopping_server_waits_for_its_running_jobs_and_queues_them_again(node
         record is not None and record.state == "queued" and record.finished is None and record.error is None
     )
     assert [r.id for r in s.store.unfinished()] == [job], "the next start runs it again"
+
+
+def test_a_job_that_may_build_inside_itself_has_the_builds_limit_in_its_deadline(tmp_path):
+    """Issue 51: on CPU a check builds its extensions inside its job, whose backstop (2.5 x the
+    launch limit + 60 s: 135 s at --timeout 30) cut a cold C++ build (140 s on 2 cores) short."""
+    from pkb_mcp.jobs import scheduler
+    from pkb_mcp.models import RunRequest
+    from pkb_mcp.runs.run import BUILD_TIMEOUT_S
+
+    plain = tmp_path / "001_plain.py"
+    plain.write_text("def solution(x):\n    return x.clone()\n")
+    builds = tmp_path / "013_builds.py"
+    builds.write_text(
+        "from torch.utils.cpp_extension import load_inline\n"
+        "_ext = load_inline('x_ext_never_built', cpp_sources='int f() { return 1 }', functions=['f'])\n"
+        "def solution(a, b):\n    return a\n"
+    )
+    base = scheduler.DEADLINE_FACTOR * 30 + scheduler.DEADLINE_SLACK_S
+    assert scheduler._deadline_s(RunRequest(path=str(plain), timeout_s=30)) == base
+    assert scheduler._deadline_s(RunRequest(path=str(builds), timeout_s=30)) == base + BUILD_TIMEOUT_S

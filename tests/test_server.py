@@ -105,6 +105,28 @@ async def test_list_and_reference_in_both_forms(client):
         ("job_result", {"job_id": "feedface"}, "job feedface does not exist"),
         ("roofline", {"problem": "999"}, "problem 999 does not exist; see list_problems"),
         ("roofline", {"problem": "1", "time_ms": -1}, "greater than 0"),
+        # a source that cannot run is refused before its job, in the CLI's words (issue 51)
+        (
+            "run_correctness",
+            {"problem": "1", "source": "def solution(x:\n", "device": "cpu", "world_size": 2},
+            "the solution does not parse: ",
+        ),
+        (
+            "benchmark",
+            {"problem": "1", "source": "import torch\n", "device": "cpu", "world_size": 2},
+            "defines no solution(): a candidate is a module whose solution(...) takes the reference's "
+            "inputs (get_reference prints the signature)",
+        ),
+        (
+            "run_correctness",
+            {
+                "problem": "1",
+                "source": "def solution(a, b):\n    return a\n",
+                "device": "cpu",
+                "world_size": 2,
+            },
+            "solution takes 2 parameters (a, b) here; expected solution(x) (ours, 1 argument)",
+        ),
     ],
 )
 async def test_bad_arguments_are_readable_tool_errors(client, tool, args, words):
@@ -261,6 +283,13 @@ async def test_results_survive_a_server_restart(state):
     scheduler2.stop()
 
 
+async def test_an_unknown_problem_s_resource_names_the_tool_not_the_cli(client):
+    """Issue 51: problem://999/reference answered "see pkb problems", a CLI command."""
+    with pytest.raises(MCPError) as refused:
+        await client.read_resource("problem://999/reference")
+    assert "problem 999 does not exist; see list_problems" in str(refused.value)
+
+
 async def test_reference_resource_and_attempt_prompt(client):
     ref = await client.read_resource("problem://12/reference")
     assert "def solution(a_local, b_local)" in ref.contents[0].text
@@ -279,6 +308,7 @@ async def test_refused_requests_queue_no_job(state):
             {"problem": "99", "source": REFERENCE_1},
             {"problem": "1"},
             {"problem": "1", "source": " "},
+            {"problem": "1", "source": "def solution(x:\n", "device": "cpu", "world_size": 2},
         ):
             assert (await c.call_tool("run_correctness", args)).is_error
         assert (await c.call_tool("compile_kernel", {"path": "/nonexistent.cu"})).is_error
@@ -365,3 +395,13 @@ async def test_a_task_is_cancelled_and_survives_a_restart_as_its_job_does(state)
         with pytest.raises(MCPError, match="does not exist"):
             await get_task(c.session, "nosuchtask")
     scheduler.stop()
+
+
+async def test_the_world_size_schema_asks_for_2_ranks_or_more_and_the_list_says_it_pages(client):
+    """Issue 51: every problem needs 2 ranks, yet world_size's minimum was 1; list_problems said
+    "all on one page" and pages at `limit`."""
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    for name in ("get_reference", "run_correctness", "benchmark", "profile", "roofline"):
+        assert tools[name].input_schema["properties"]["world_size"]["minimum"] == 2, name
+    assert "one page" not in (tools["list_problems"].description or "")
+    assert "page" in (tools["list_problems"].description or "")

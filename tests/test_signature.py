@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pkb_mcp import problems, service
+from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import cli
 from pkb_mcp.models import RunRequest
 from pkb_mcp.runs import pairing, run, signature
@@ -158,13 +159,14 @@ def no_launch(monkeypatch):
 def test_the_refusal_comes_before_any_launch_through_the_cli(tmp_path, capsys, no_launch):
     (tmp_path / "one.py").write_text(ONE_PARAMETER)
     argv = ["check", str(GEMV), str(tmp_path / "one.py"), "--device", "cpu", "--world-size", "2"]
-    assert cli.main([*argv, "--sandbox", "process", "--json"]) == cli.EXIT_FAILED
-    result = json.loads(capsys.readouterr().out)
-    assert result["verdict"] == "fail" and result["message"] == GEMV_REFUSAL
-    assert {r["message"] for r in result["ranks"]} == {GEMV_REFUSAL}
+    # bad input (issue 51): exit 2, one sentence, JSON under --json; no run header, no table of ranks
+    assert cli.main([*argv, "--sandbox", "process", "--json"]) == cli.EXIT_USAGE
+    assert json.loads(capsys.readouterr().out) == {"error": GEMV_REFUSAL}
     request = RunRequest(problem=GEMV, path=str(tmp_path / "one.py"), world_size=2, device="cpu")
-    for verb in (service.bench, service.profile):
-        assert verb(request.model_copy(update={"sandbox": "process"})).message == GEMV_REFUSAL
+    for verb in (service.check, service.bench, service.profile):
+        with pytest.raises(UserError) as refused:
+            verb(request.model_copy(update={"sandbox": "process"}))
+        assert str(refused.value) == GEMV_REFUSAL
 
 
 @pytest.mark.anyio
@@ -183,8 +185,7 @@ async def test_the_refusal_is_the_same_sentence_through_mcp(tmp_path, no_launch,
             called = await client.call_tool("run_correctness", args)
     finally:
         scheduler.stop()
-    result = called.structured_content["result"]
-    assert result["verdict"] == "fail" and result["message"] == GEMV_REFUSAL
+    assert called.is_error and called.structured_content == {"error": GEMV_REFUSAL}
 
 
 def test_the_problem_s_call_counts_come_from_its_inputs(tmp_path: Path):

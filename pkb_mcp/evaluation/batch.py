@@ -44,7 +44,7 @@ from pkb_mcp.evaluation.records import (
 )
 from pkb_mcp.evaluation.store import EvalStore
 from pkb_mcp.models import BenchResult, CheckResult, RunRequest
-from pkb_mcp.runs import conventions, pairing, references, verdicts
+from pkb_mcp.runs import conventions, pairing, references, run, verdicts
 
 POLL_S = 0.25
 
@@ -137,6 +137,13 @@ def classify(result: CheckResult | BenchResult) -> Outcome:
     return "error"
 
 
+def started_too_late(result: CheckResult | BenchResult) -> bool:
+    """Whether a deadline came before the candidate's ranks had started (run.NOT_STARTED): a
+    deadline too short for the machine, which says nothing of the file, so a re-run tries it again."""
+    late = [r for r in result.ranks if r.state == "timeout"]
+    return result.verdict == "timeout" and bool(late) and all(r.message == run.NOT_STARTED for r in late)
+
+
 def _by_original_rules(base: FileResult, outcome: Outcome, named: list[str]) -> dict[str, Any]:
     """In the original variant: whether the file is correct by the original benchmark's rules (it
     passed, or only pkb's protections failed it) and which protections failed it."""
@@ -214,6 +221,7 @@ class _Batch:
         self.rerun = rerun
         self.progress = progress
         self._follow = threading.Lock()  # the scheduler's hook (follow_up) and the loop's advance
+        self.not_kept: list[str] = []  # files whose result this run is not kept as their verdict
 
     def request(self, path: Path, pid: int, kind: str) -> RunRequest:
         check = kind == "check"
@@ -267,6 +275,15 @@ class _Batch:
             entry.result = base.model_copy(update={"message": str(exc)})
             return entry
         entry.base = base = base.model_copy(update={"problem": problem.name})
+        # a file that cannot run at all (it does not parse, defines no solution(), takes no call of
+        # its problem): the candidate's failure, told before any launch, as pkb check refuses it
+        try:
+            why = run.unrunnable(problem, path, self.s.world_size, self.s.size, self.s.convention)
+        except UserError as exc:
+            why = str(exc)
+        if why is not None:
+            entry.result = base.model_copy(update={"outcome": "error", "message": why})
+            return entry
         row = self.store.get(key)
         if row is not None and self.rerun:
             for job in (row["check_job"], row["bench_job"]):
@@ -274,7 +291,7 @@ class _Batch:
                 if record is not None and not record.terminal:
                     self.scheduler.cancel(job, "re-run asked for")
             row = None
-        if row is not None and row["state"] == "done" and row["result"]:
+        if row is not None and row["state"] == "done" and row["result"] and row["result"]["outcome"] != "env":
             entry.result = FileResult.model_validate({**row["result"], "reused": True})
             return entry
         if row is not None and self._adoptable(row["bench_job"]) and row["result"]:
@@ -327,12 +344,13 @@ class _Batch:
             done = (entry.checked or entry.base).model_copy(
                 update={"outcome": "env", "correct": False, "message": why}
             )
-            self.finish(entry, done)
+            self.finish(entry, done, keep=False)
             return True
         if entry.stage == "checking":
-            checked = _from_check(entry.base, CheckResult.model_validate(raw), entry.job)
+            check = CheckResult.model_validate(raw)
+            checked = _from_check(entry.base, check, entry.job)
             if checked.outcome != "pass" or not self.s.bench:
-                self.finish(entry, checked)
+                self.finish(entry, checked, keep=not started_too_late(check))
                 return True
             entry.checked = checked
             with self._follow:
@@ -348,8 +366,11 @@ class _Batch:
             )
             return True
         assert entry.checked is not None
+        bench = BenchResult.model_validate(raw)
         self.finish(
-            entry, _from_bench(entry.checked, BenchResult.model_validate(raw), entry.job, self.s.device)
+            entry,
+            _from_bench(entry.checked, bench, entry.job, self.s.device),
+            keep=not started_too_late(bench),
         )
         return True
 
@@ -358,8 +379,14 @@ class _Batch:
             "bench", self.request(entry.path, checked.problem_id or 0, "bench"), first=True
         )
 
-    def finish(self, entry: _Entry, result: FileResult) -> None:
+    def finish(self, entry: _Entry, result: FileResult, keep: bool = True) -> None:
+        """The entry's result, kept in the store as the file's verdict unless `keep` is False (the
+        environment failed, or a deadline came before the ranks started): a re-run tries it again."""
         entry.result, entry.stage, entry.job = result, "done", None
+        if not keep:
+            self.store.forget(entry.key)
+            self.not_kept.append(entry.path.name)
+            return
         self.store.put(
             entry.key,
             str(entry.path),
@@ -375,10 +402,14 @@ class _Batch:
         """Every file's result, each with its attempt (`attempt_of`; default 0): the attempt is the
         path's place on this command line, not a setting of the run, so a reused result takes it too."""
         total = len(files)
-        entries: list[_Entry] = []
-        for path, paired in files.items():
-            entries.append(self.start(path, paired))
-            self.progress(self._done(entries), total, path.name, self._what(entries[-1]))
+        entries = [self.start(path, paired) for path, paired in files.items()]
+        skipped = [e for e in entries if e.result is not None and e.result.outcome == "skipped"]
+        if len(skipped) == len(entries):  # nothing would run: bad input, not a batch that passed
+            why = "; ".join(f"{e.path.name}: {e.result.message}" for e in skipped[:3] if e.result)
+            more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+            raise UserError(f"no file of the batch can run, so nothing was run: {why}{more}")
+        for i, e in enumerate(entries):
+            self.progress(self._done(entries[: i + 1]), total, e.path.name, self._what(e))
         said = ""
         while any(e.stage != "done" for e in entries):
             changed = False
@@ -531,13 +562,20 @@ def evaluate(
     with warmth, references.STOCK.expecting(_checks_of_each_problem(files, variant)):
         try:
             scheduler = Scheduler(JobStore(store_path), gpus, cluster=cluster)
-            results = _Batch(settings, scheduler, results_store, rerun, progress).run(files, attempt_of)
+            batch = _Batch(settings, scheduler, results_store, rerun, progress)
+            results = batch.run(files, attempt_of)
         finally:
             if scheduler is not None:
                 scheduler.stop()
                 _wait_stopped(scheduler)
             results_store.release()
-    return _report(settings, store_path, t0, results, len(paths) if attempts else 1, out_dir)
+    notes = []
+    if batch.not_kept:
+        notes.append(
+            f"not kept in the store, so a re-run tries them again: {', '.join(batch.not_kept)} (the "
+            "environment failed, or a deadline came before the ranks had started)"
+        )
+    return _report(settings, store_path, t0, results, len(paths) if attempts else 1, out_dir, notes)
 
 
 def _checks_of_each_problem(files: dict[Path, pairing.Pairing], variant: str) -> dict[str, int]:
@@ -562,6 +600,7 @@ def _report(
     results: list[FileResult],
     attempts: int,
     out_dir: Path | None,
+    notes: list[str] | None = None,
 ) -> EvalReport:
     """The batch's report, with its summary and published table; its formats written into `out_dir`."""
     report = EvalReport(
@@ -580,8 +619,9 @@ def _report(
                 {eval_table.variant_of(r) for r in results}, settings.world_size
             ),
         ),
+        notes=notes or [],
     )
     if out_dir is not None:
-        report.reports, notes = eval_report.write_reports(report, out_dir)
-        report.notes += notes
+        report.reports, written = eval_report.write_reports(report, out_dir)
+        report.notes += written
     return report

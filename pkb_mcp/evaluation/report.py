@@ -13,6 +13,7 @@ import io
 import math
 from pathlib import Path
 
+from pkb_mcp import render
 from pkb_mcp.evaluation import table
 from pkb_mcp.evaluation.records import NOT_ATTEMPTED, EvalReport, EvalSummary, FileResult, is_fast
 
@@ -108,9 +109,9 @@ def to_markdown(report: EvalReport) -> str:
     lines = [
         "# pkb eval",
         "",
-        f"{s.files} files; world size {st.world_size}, device {st.device}, size {st.size}, "
-        f"{st.trials} trials, sandbox {st.sandbox}, convention {st.convention}; {report.wall_s:.1f} s"
-        + (f"; {report.resumed} from an earlier run" if report.resumed else ""),
+        f"{render.counted(s.files, 'file')}; world size {st.world_size}, device {st.device}, size {st.size}, "
+        f"{render.counted(st.trials, 'trial')}, sandbox {st.sandbox}, convention {st.convention}; "
+        f"{report.wall_s:.1f} s" + (f"; {report.resumed} from an earlier run" if report.resumed else ""),
         "",
         ("| attempt " if several else "")
         + "| file | problem | convention | outcome | speedup (quartile range) | % of floor | message |",

@@ -2,7 +2,7 @@
 
 Readable tables by default, `--json` for scripts. Exit codes: 0 pass, 1 the candidate failed
 (wrong, crashed, timed out, does not build), 2 bad input or environment. A user error is one
-sentence on stderr, never a traceback.
+sentence on stderr (with --json: `{"error": sentence}` on stdout), never a traceback.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ EXIT_PASS, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
+    json_errors = False  # --json is on the command line: a refusal of its options is JSON too (main)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self.json_errors:
+            print(json.dumps({"error": f"{message}; see pkb --help"}))
+            self.exit(EXIT_USAGE)
         self.exit(EXIT_USAGE, f"pkb: {message}; see pkb --help\n")
 
 
@@ -538,14 +543,19 @@ def _add_node(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in given
+    args = parser.parse_args(given)
     log.configure(args.log_level)
     if getattr(args, "timeout", "absent") is None:
         args.timeout = args.default_timeout
     try:
         return int(args.func(args))
     except (UserError, ProblemFormatError) as exc:
-        print(f"pkb: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):  # a script reads stdout: the error there, as the tools' shape
+            print(json.dumps({"error": str(exc)}))
+        else:
+            print(f"pkb: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("pkb: interrupted", file=sys.stderr)

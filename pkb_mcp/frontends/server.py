@@ -139,7 +139,7 @@ def Arg(**kwargs: Any) -> Any:
 
 # published as a string (frontends/schemas.py): an integer id is still accepted
 ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. '12' or 'allgather_gemm'")]
-WorldSize = Annotated[int, Arg(ge=1, le=64, description="ranks (one GPU each on cuda)")]
+WorldSize = Annotated[int, Arg(ge=2, le=64, description="ranks (one GPU each on cuda)")]
 SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
 Variant = Annotated[
     Literal["pkb", "original"],
@@ -290,7 +290,8 @@ class Tools:
         file = self.solution_file(source, path, (".py",))
         with tool_errors(str(problem), size):
             paired, _ = pairing.for_request(problem, file)  # the problem the run will use (its note then)
-            _, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus, variant)
+            p, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus, variant)
+            run.refuse_unrunnable(p, file, world_size, size, more.get("convention", "auto"))
         return RunRequest(
             problem=problem,
             path=str(file),
@@ -439,7 +440,7 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         ),
         detail: Annotated[bool, Arg(description="add source, dtype, world-size rule")] = False,
     ) -> Annotated[CallToolResult, ProblemPage]:
-        """List the multi-GPU kernel problems to solve: id, name, category, one-line summary."""
+        """List the multi-GPU kernel problems to solve, a page at a time: id, name, category, summary."""
         with tool_errors(category or "", text or ""):
             page = service.problem_page(category, text, offset, limit, detail)
         return CallToolResult(
@@ -670,7 +671,7 @@ def _add_agent_context(mcp: MCPServer) -> None:
         try:
             return service.show_problem(problem_id, world_size=2).reference_source
         except UserError as exc:
-            raise ResourceError(shortened(str(exc), problem_id)) from exc
+            raise ResourceError(shortened(in_tool_words(str(exc)), problem_id)) from exc
 
     @mcp.prompt()
     def attempt_problem(problem: str, world_size: str = "4", size: str = "pkb") -> str:

@@ -35,6 +35,7 @@ from pkb_mcp.jobs.store import JobRecord, JobStore
 from pkb_mcp.log import get
 from pkb_mcp.models import Kind, RunRequest
 from pkb_mcp.runs import lease
+from pkb_mcp.runs.run import BUILD_TIMEOUT_S
 from pkb_mcp.service import VERBS
 
 if TYPE_CHECKING:
@@ -46,6 +47,18 @@ log = get(__name__)
 # A backstop above the service's own per-launch deadlines (a bench runs two launches).
 DEADLINE_FACTOR = 2.5
 DEADLINE_SLACK_S = 60.0
+
+
+def _deadline_s(request: RunRequest) -> float:
+    """A job's overall deadline, from its start: its launches' limits, and the limit of the extension
+    builds it may still run inside itself (on CPU, or a GPU job whose build ahead did not finish):
+    a cold C++ build on 2 CPU cores takes minutes, longer than a check's launches are given."""
+    deadline = DEADLINE_FACTOR * request.timeout_s + DEADLINE_SLACK_S
+    try:
+        text = Path(request.path).read_text(encoding="utf-8", errors="replace") if request.path else ""
+    except OSError:
+        text = ""
+    return deadline + (BUILD_TIMEOUT_S if text and service.needs_build(text) else 0.0)
 
 
 def job_request(record: JobRecord) -> RunRequest:
@@ -313,7 +326,7 @@ class Scheduler:
             request = job_request(record)
             if taken:
                 request = request.model_copy(update={"gpus": taken[: request.world_size]})
-            deadline_s = DEADLINE_FACTOR * request.timeout_s + DEADLINE_SLACK_S
+            deadline_s = _deadline_s(request)
             watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
             watchdog.daemon = True
             watchdog.start()

@@ -477,7 +477,7 @@ def profile(
     progress(0, steps, f"profiling the reference: {calls} calls on {world_size} ranks ({run.device})")
     ref_outcome = launch(p.path)
     if not ref_outcome.ok:
-        raise reference_failed(p, ref_outcome)
+        raise reference_failed(p, ref_outcome, run.timeout_s)
     progress(1, steps, "profiling the candidate")
     cand_outcome = launch(run.solution)
     failed = [rank_result(f, run.sources) for f in cand_outcome.ranks if f.state != "ok"]

@@ -175,7 +175,7 @@ def _time_sides(
                 run.launch("benchmark", p.path, seeds, launch_timing(launch, True)), run.backend, cancel
             )
             if not ref_outcome.ok or ref_outcome.timing is None:
-                raise reference_failed(p, ref_outcome)
+                raise reference_failed(p, ref_outcome, run.timeout_s)
             ref_records.append(ref_outcome.timing)
             so_far = stats.summarize(stats.pool_launches(ref_records))[0].median_ms
             progress(

@@ -99,8 +99,8 @@ def for_request(ref: int | str, path: str | Path) -> tuple[int | str, str | None
     is not `ref`: a problem given by its id yields to the problem the file's name names (as in
     `pkb eval`); one given by its name is taken as given."""
     given = str(ref).strip()
-    if not given.isdigit():
-        return ref, None
+    if not given.isdigit() or int(given) not in problems.suite():
+        return ref, None  # a name is taken as given; an id of no problem is refused as asked for
     try:
         paired = pair(path)
     except UserError:

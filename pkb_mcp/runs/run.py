@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness.contracts import LaterTrials, LaunchSettings, TimingConfig
+from harness.contracts import STARTING, LaterTrials, LaunchSettings, TimingConfig
 from pkb_mcp import problems
 from pkb_mcp.compile import extensions, failures
 from pkb_mcp.errors import UserError
@@ -156,6 +156,29 @@ def read_solution(path: Path) -> str | None:
     return None
 
 
+def unrunnable(
+    problem: problems.Problem, path: Path, world_size: int, size: str, convention: str = "auto"
+) -> str | None:
+    """Why a solution file cannot run at all, read as text (it is never imported): it does not parse,
+    defines no solution(), or no call the problem makes can bind its solution() (runs/signature.py);
+    None when its text allows a run. A path that is no usable .py file raises UserError."""
+    if (why := read_solution(path)) is not None:
+        return why
+    try:
+        tree = ast.parse(path.read_bytes(), filename=path.name)
+    except (SyntaxError, ValueError):
+        return None
+    return signature.mismatch(problem, tree, world_size, size, conventions.requested(convention))
+
+
+def refuse_unrunnable(
+    problem: problems.Problem, path: Path, world_size: int, size: str, convention: str = "auto"
+) -> None:
+    """A file that cannot run is bad input, refused before any launch in one sentence (issue 51)."""
+    if (why := unrunnable(problem, path, world_size, size, convention)) is not None:
+        raise UserError(why)
+
+
 def _may_define_solution(tree: ast.Module) -> bool:
     """Whether the module's top level could bind `solution` (a def, an assignment, an import, or
     something too dynamic to tell: a star import, globals())."""
@@ -220,16 +243,15 @@ class Run:
         self.size = request.size
         self.timeout_s = request.timeout_s
         self.solution = Path(request.path).resolve()
-        self.unrunnable = read_solution(self.solution) or self._unbindable()
+        refuse_unrunnable(self.problem, self.solution, world_size, self.size, self.convention)
         # what the source still calls, read without running it; multicast refuses it outright
         self.static_report: StaticReport | None = None
         self.refusal: str | None = None
-        if self.unrunnable is None:
-            try:
-                self.static_report = static_report.analyze(self.solution.read_bytes(), self.solution.name)
-                self.refusal = static_report.refusal(self.static_report)
-            except (SyntaxError, ValueError, RecursionError):
-                self.static_report = None
+        try:
+            self.static_report = static_report.analyze(self.solution.read_bytes(), self.solution.name)
+            self.refusal = static_report.refusal(self.static_report)
+        except (SyntaxError, ValueError, RecursionError):
+            self.static_report = None
         try:
             self.backend: Backend = select_backend(request.sandbox)
         except SandboxUnavailable as exc:
@@ -248,14 +270,6 @@ class Run:
                 f"the {self.problem.variant} variant: the original benchmark's workload, its inputs and "
                 "tolerance (docs/variants.md)"
             )
-
-    def _unbindable(self) -> str | None:
-        """Why no call the problem makes can bind the solution's parameters (read as text), or None."""
-        try:
-            tree = ast.parse(self.solution.read_bytes(), filename=self.solution.name)
-        except (SyntaxError, ValueError):
-            return None
-        return signature.mismatch(self.problem, tree, self.world_size, self.size, self.convention)
 
     def prepare_extensions(self, progress: Progress, cancel: threading.Event | None) -> None:
         """Build the solution's load_inline extensions into the node's cache before its launches run
@@ -364,15 +378,21 @@ class Run:
         }
 
     def cannot_run(self) -> tuple[str, list[RankResult]] | None:
-        """Why the solution cannot run at all (it does not parse, or its source is refused) and
-        every rank's result for it; None when it can."""
-        if self.unrunnable:
-            why, each = self.unrunnable, self.unrunnable
-        elif self.refusal:
-            why, each = self.refusal, "not run: " + self.refusal
-        else:
+        """Why the solution's source is refused (it calls what pkb does not allow), with every rank's
+        result for it; None when it may run. (A file that cannot run at all was refused before:
+        refuse_unrunnable.)"""
+        if not self.refusal:
             return None
-        return why, [RankResult(rank=r, state="error", message=each) for r in range(self.world_size)]
+        each = "not run: " + self.refusal
+        return self.refusal, [RankResult(rank=r, state="error", message=each) for r in range(self.world_size)]
+
+
+TIMED_OUT = "still running at the deadline (deadlock or too slow); killed"
+# the launcher saw the rank end at the deadline before it had joined its process group (harness/launch.py)
+NOT_STARTED = (
+    "the deadline passed while this rank was still starting (its interpreter, torch and process "
+    "group), before the solution was imported: the time limit is too short for this machine; raise it"
+)
 
 
 def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | None = None) -> RankResult:
@@ -388,7 +408,7 @@ def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | N
     messages = {
         "error": raised,
         "crashed": f"crashed ({rank_outcome.signal or error or 'no status'})",
-        "timeout": "still running at the deadline (deadlock or too slow); killed",
+        "timeout": NOT_STARTED if rank_outcome.stage == STARTING else TIMED_OUT,
         "aborted": "killed after another rank failed (it was likely waiting in a collective)",
         "exited": "exited with status 0 before finishing the launch",
     }
@@ -402,8 +422,26 @@ def rank_result(rank_outcome: RankOutcome, sources: failures.SolutionSources | N
     )
 
 
-def reference_failed(p: problems.Problem, outcome: LaunchOutcome) -> UserError:
-    bad = next(r for r in outcome.ranks if r.state != "ok")
+def reference_failed(
+    p: problems.Problem, outcome: LaunchOutcome, timeout_s: float | None = None
+) -> UserError:
+    """Why the reference's launch gave nothing to judge against, in one sentence: a deadline is a
+    timeout (the limit, and whether its ranks had even started), anything else the environment's."""
+    bad = next((r for r in outcome.ranks if r.state != "ok"), None)
+    if bad is None:
+        return UserError(
+            f"the reference of problem {p.id} left no record to judge against; the environment failed"
+        )
+    if outcome.timed_out or bad.state == "timeout":
+        limit = f" within its {timeout_s:g} s limit" if timeout_s else " before its deadline"
+        starting = any(r.stage == STARTING for r in outcome.ranks)
+        why = (
+            " (its ranks were still starting: the interpreter, torch, the process group)" if starting else ""
+        )
+        return UserError(
+            f"timeout: the reference of problem {p.id} did not finish{limit}{why}, so nothing was judged; "
+            "the time limit is too short for this machine: raise it"
+        )
     detail = bad.error or bad.state
     return UserError(
         f"the reference of problem {p.id} failed on rank {bad.rank} ({detail}); the environment "
