@@ -6,7 +6,6 @@ a client that shows only `content` are the same facts.
 
 from __future__ import annotations
 
-from pkb_mcp import problems as suite
 from pkb_mcp.errors import UserError
 from pkb_mcp.models import (
     BenchResult,
@@ -217,7 +216,10 @@ def bench(r: BenchResult) -> str:
 
 def other_ranks(d: ProblemDetail) -> list[str]:
     """The other ranks' inputs where they differ from rank 0's (the table's): one line per argument,
-    so a problem whose ranks hold uneven shards or splits shows them (issue 51)."""
+    so a problem whose ranks hold uneven shards or splits shows them. The suite is imported here, not
+    at the top: `pkb --help` and `pkb problems` import this module and no torch."""
+    from pkb_mcp import problems as suite
+
     try:
         p = suite.resolve(d.id, d.variant)
     except UserError:
