@@ -11,6 +11,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 
 import pytest
@@ -174,3 +175,41 @@ def test_the_inspector_run_as_the_doctor_says_reports_no_portability_finding(sta
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "warning" not in proc.stderr.lower() and "error" not in proc.stderr.lower(), proc.stderr[-2000:]
     assert len(json.loads(proc.stdout)["tools"]) == 10
+
+
+@pytest.mark.integration
+def test_codex_s_app_server_connects_to_pkb_as_the_doctor_set_it_up(state, tmp_path):
+    """Codex's own check of an MCP server: its app-server's `mcpServerStatus/list` (JSON-RPC over
+    stdio) starts pkb from the doctor's config.toml and lists its server info and tools."""
+    exe = _client("PKB_CODEX")
+    (tmp_path / "config.toml").write_text(_setup(doctor.examine(sweep=False), "Codex").text + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CODEX_", "OPENAI_"))}
+    env["CODEX_HOME"] = str(tmp_path)
+    hello = {"clientInfo": {"name": "pkb-test", "version": "0"}}
+    calls = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "mcpServerStatus/list", "params": {}},
+    ]
+    server = subprocess.Popen(
+        [exe, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=env, text=True,
+    )  # fmt: skip
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        for call in calls:
+            server.stdin.write(json.dumps(call) + "\n")
+        server.stdin.flush()
+        deadline = time.monotonic() + 180
+        listed = None
+        while listed is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, "the app-server ended before it answered"
+            message = json.loads(line)
+            listed = message if message.get("id") == 2 else None
+    finally:
+        server.kill()
+        server.wait()
+    assert listed is not None and "result" in listed, listed
+    pkb = next(s for s in listed["result"]["data"] if s["name"] == "pkb")
+    assert pkb["serverInfo"]["name"] == "pkb" and "run_correctness" in pkb["tools"], pkb.get("serverInfo")
