@@ -5,12 +5,14 @@ each passes, or fails for exactly the difference its problem states."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from harness import convention
 from pkb_mcp import problems, service
+from pkb_mcp.errors import UserError
 from pkb_mcp.models import RunRequest
 from pkb_mcp.problems import ProblemFormatError
 
@@ -181,12 +183,6 @@ def test_the_count_of_original_files_that_pass_unchanged():
 @pytest.mark.parametrize(
     ("name", "words"),
     [
-        # our call passes two arguments; the original's file needs variance_epsilon: refused before any
-        # launch, naming the signature it must have (runs/signature.py)
-        (
-            "018_tp_rms_norm_torch.py",
-            "variance_epsilon: float) here; expected solution(h_local, weight_local)",
-        ),
         # called our way, the original's in-place subtraction shows as the changed input it is
         ("073_vocab_parallel_cross_entropy_loss_torch.py", "input 0 was changed by the solution"),
         # called our way, the original's gather of K shards does not fit inputs sharded along M
@@ -200,6 +196,17 @@ def test_called_our_way_an_original_file_fails_for_the_reason_stated(name, words
         RunRequest(problem=pid_of(path), path=path, world_size=2, device="cpu", trials=1, convention="ours")
     )
     assert r.verdict == "fail" and words in r.message, r.message
+
+
+def test_called_our_way_an_original_file_of_another_arity_is_refused_before_any_launch():
+    """Our call passes two arguments; the original's 018 needs variance_epsilon: one sentence naming
+    the signature it must have (runs/signature.py), before anything runs."""
+    path = CANDIDATES / "original" / "018_tp_rms_norm_torch.py"
+    words = "variance_epsilon: float) here; expected solution(h_local, weight_local)"
+    with pytest.raises(UserError, match=re.escape(words)):
+        service.check(
+            RunRequest(problem=18, path=path, world_size=2, device="cpu", trials=1, convention="ours")
+        )
 
 
 @pytest.mark.integration
