@@ -43,10 +43,10 @@ def all_gather_into_tensor(
     world = dist.get_world_size(group)
     if stacked or not output_tensor.is_contiguous() or output_tensor.numel() != world * input_tensor.numel():
         return _gloo_all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
-    work = _gloo_all_gather_into_tensor(
+    # flat, both: gloo gathers W equal chunks of the input's elements, in rank order, as NCCL does
+    return _gloo_all_gather_into_tensor(
         output_tensor.view(-1), input_tensor.reshape(-1), group=group, async_op=async_op
     )
-    return work
 
 
 def all_gather(
