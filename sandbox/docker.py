@@ -147,9 +147,7 @@ def sweep(client: docker.DockerClient) -> int:
     """Remove containers with our label whose owning pkb process is gone (left by a dead server).
     Containers of live pkb processes sharing the engine are left alone."""
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        if _owner_alive(container.labels.get(OWNER_LABEL, "")):
-            continue
+    for container in orphans(client):
         with contextlib.suppress(docker.errors.APIError):
             container.remove(force=True)
             removed += 1
