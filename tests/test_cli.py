@@ -4,6 +4,7 @@ Fast tier: `main` in-process for every input refused before a launch, and the co
 candidate (problems, show, roofline). Integration tier: checks that launch ranks."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -267,3 +268,18 @@ def test_each_extra_s_comment_is_its_own():
     lines = {line.split(" = ")[0]: line for line in (ROOT / "pyproject.toml").read_text().splitlines()}
     assert "pkb profile" in lines["plots"] and "matplotlib" in lines["plots"]
     assert "Ray" in lines["ray"] and "pkb profile" not in lines["ray"]
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly():
+    """`pkb show 1 | head`: the pipe's reader gone before pkb writes is a quiet exit 141, no traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before pkb writes a byte
+    proc = subprocess.run(
+        [sys.executable, "-m", "pkb_mcp", "show", "1"],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        timeout=300,
+    )
+    os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, b"")

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from pkb_mcp.frontends.server import build_server
+from pkb_mcp.frontends.server import build_server, in_tool_words
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobStore
 
@@ -405,3 +405,16 @@ async def test_the_world_size_schema_asks_for_2_ranks_or_more_and_the_list_says_
         assert tools[name].input_schema["properties"]["world_size"]["minimum"] == 2, name
     assert "one page" not in (tools["list_problems"].description or "")
     assert "page" in (tools["list_problems"].description or "")
+
+
+@pytest.mark.parametrize(
+    ("cli", "tool"),
+    [
+        ("raise it: pass --timeout 300", "raise it: pass timeout_s=300"),
+        ("pass --world-size 2 or more", "pass world_size=2 or more"),
+        ("problem 9 does not exist; see pkb problems", "problem 9 does not exist; see list_problems"),
+    ],
+)
+def test_a_hint_names_the_tool_argument_a_client_can_pass(cli, tool):
+    """The CLI's --timeout is the tools' timeout_s: a hint naming `timeout=` names no argument."""
+    assert in_tool_words(cli) == tool

@@ -560,6 +560,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pkb: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`pkb show 1 | head`): what is left goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exit's flush cannot raise
+        return 141  # as a shell reports a process a SIGPIPE ended
 
 
 if __name__ == "__main__":

@@ -224,8 +224,14 @@ def shortened(message: str, *given: str) -> str:
 _CLI_HINTS = (
     (re.compile(r"\bsee pkb problems\b"), "see list_problems"),
     (re.compile(r"\bpkb show ID\b"), "get_reference"),
-    (re.compile(r"\bpass --([a-z][a-z-]*) (\S+)"), lambda m: f"pass {m[1].replace('-', '_')}={m[2]}"),
+    (re.compile(r"\bpass --([a-z][a-z-]*) (\S+)"), lambda m: f"pass {_argument(m[1])}={m[2]}"),
 )
+_ARGUMENTS = {"timeout": "timeout_s"}  # a CLI flag whose tool argument is not its name in snake case
+
+
+def _argument(flag: str) -> str:
+    """The tool argument a CLI flag (without its dashes) sets."""
+    return _ARGUMENTS.get(flag, flag.replace("-", "_"))
 
 
 def in_tool_words(text: str) -> str:
