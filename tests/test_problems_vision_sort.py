@@ -358,3 +358,10 @@ def test_direct_passes_and_no_exchange_fails(tmp_path, pid, source, verdict):
     assert r.verdict == verdict, r.message
     if verdict == "fail":
         assert all(rank.state == "wrong" for rank in r.ranks), r.message
+
+
+@pytest.mark.parametrize(("world_size", "moved"), [(2, 256), (3, 341), (4, 256), (8, 128)])
+def test_85_original_floor_is_the_least_of_its_trials(world_size, moved):
+    """One trial in four the odd ranks are empty: at W = 2 rank 0 then sends only the upper half of its
+    shard (the floor's least), at W >= 3 the busiest rank still sends a whole shard."""
+    assert problem(85, "original").traffic(world_size, "pkb")["nvlink_bytes"] == moved * 2

@@ -16,8 +16,10 @@ What a solution could skip: the logits' standard deviation is 32, so every log-p
 below -20 and every log-ratio sits at the clamp: every ratio is e^-20 (2e-9), the loss and the
 per-token losses are within 1e-8 of 0, the least, largest and mean ratio too, and k3 is 19 on every
 rank; only the mean negative log-probability (about 133) differs by rank, by about 1% (132.3 and
-133.9 on two ranks in one draw), so a rank's own mean is mostly within the tolerance of the global
-one.
+133.9 on two ranks in one draw), so at the original's size a rank's own mean is mostly within the
+tolerance of the global one. At the CPU size below it is not: the two ranks' means differ by 1-5%
+(113 and 119 in one draw, 112.0 and 113.9 in another), and a solution that skips the all-reduces
+fails there in its first trials.
 
 On CPU (the tests' machine: 2 cores) one bf16 LM head of 1024 x 1024 x 32000 takes about 8 s per rank,
 so on a CPU device make_inputs draws cpu_tokens tokens per rank (32) and a vocabulary of cpu_vocab

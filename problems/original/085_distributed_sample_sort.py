@@ -97,13 +97,16 @@ def solution(local_shard, group=None):
 
 
 def traffic(ctx):
-    """Per GPU, the least: its shard, all of it another rank's slice (the shards lie in the reverse of
-    rank order; the middle rank of an odd W keeps part), moved once after the counts and splitters are
-    known (2 rounds). HBM: read the shard, write the slice."""
+    """Per GPU, the least over the trials: in a trial with every shard full, its shard, all of it another
+    rank's slice (the shards lie in the reverse of rank order; the middle rank of an odd W keeps part);
+    in one whose odd ranks are empty, at W = 2, rank 0 keeps the lower half of its shard and sends the
+    upper half (at W >= 3 the busiest rank still sends a whole shard). Moved once after the counts and
+    splitters are known (2 rounds). HBM: read the shard, write the slice (half a shard at W = 2 then)."""
     n = shard_size(ctx.world_size, ctx.size)
+    moved = n // 2 if ctx.world_size == 2 else n
     return {
-        "nvlink_bytes": n * ctx.dtype.itemsize,
-        "hbm_bytes": 2 * n * ctx.dtype.itemsize,
+        "nvlink_bytes": moved * ctx.dtype.itemsize,
+        "hbm_bytes": (n + moved if ctx.world_size == 2 else 2 * n) * ctx.dtype.itemsize,
         "flops": 0,
         "rounds": 2,
     }
