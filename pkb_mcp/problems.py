@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -22,7 +22,7 @@ from harness import convention, tensorfile
 from harness.context import DTYPES, ProblemContext
 from pkb_mcp import catalogue
 from pkb_mcp.catalogue import VARIANTS as VARIANTS  # re-exported: problems.VARIANTS, the suite's
-from pkb_mcp.catalogue import WORDS, ProblemFormatError, read_entry
+from pkb_mcp.catalogue import WORDS, Entry, ProblemFormatError, read_entry
 from pkb_mcp.errors import UserError
 
 REQUIRED_PRESETS = {"pkb": ("pkb", "large"), "original": ("pkb",)}  # original: the original's shapes only
@@ -31,20 +31,13 @@ BOUNDS = ("atol", "rtol", "rel_norm")
 
 
 @dataclass(frozen=True)
-class Problem:
-    id: int
-    name: str
-    category: str
-    source: str
-    summary: str
-    description: str
-    dtype: str
-    world_sizes: str
+class Problem(Entry):
+    """A problem imported: its catalogue entry's words (catalogue.py) and what its file computes."""
+
     sizes: dict[str, dict[str, Any]]
     tolerance: dict[str, float]  # every output's bounds ...
     output_tolerances: dict[int, dict[str, float]]  # ... except these outputs' own
     mutates_inputs: bool
-    path: Path
     module: ModuleType
     variant: str = "pkb"
     lean_inputs: bool = False  # LEAN_INPUTS: inputs never copied (docs/problem-format.md)
@@ -159,14 +152,7 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
     own = _output_tolerances(path.name, tolerance)
     flags, max_outputs = _options(path.name, module)
     problem = Problem(
-        id=entry.id,
-        name=entry.name,
-        category=entry.category,
-        source=entry.source,
-        summary=entry.summary,
-        description=entry.description,
-        dtype=entry.dtype,
-        world_sizes=entry.world_sizes,
+        **{word.name: getattr(entry, word.name) for word in fields(Entry)} | {"path": path.resolve()},
         sizes=sizes,
         tolerance={k: float(tolerance[k]) for k in BOUNDS},
         output_tolerances={i: {k: float(b[k]) for k in BOUNDS} for i, b in sorted(own.items())},
@@ -174,7 +160,6 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
         lean_inputs=flags["LEAN_INPUTS"],
         max_outputs=max_outputs,
         passes_without_exchange=_passes_without_exchange(path.name, module),
-        path=path.resolve(),
         module=module,
         variant=variant,
     )

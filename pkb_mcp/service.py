@@ -19,8 +19,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from harness import tensorfile
+from pkb_mcp import catalogue, config, problems, roofline
 from pkb_mcp import compile as nvcc
-from pkb_mcp import config, problems, roofline
 from pkb_mcp.catalogue import list_problems  # the suite read as text: listing it imports no problem
 from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import UserError
@@ -33,7 +33,6 @@ from pkb_mcp.models import (
     ProblemDetail,
     ProblemPage,
     ProblemRow,
-    ProblemSummary,
     RankResult,
     RooflineResult,
     RunRequest,
@@ -80,18 +79,6 @@ PAGE_LIMIT = 100  # problems a page of list_problems holds at most (the whole su
 # ---------------------------------------------------------------- problems
 
 
-def _summary(p: problems.Problem) -> ProblemSummary:
-    return ProblemSummary(
-        id=p.id,
-        name=p.name,
-        category=p.category,
-        source=p.source,
-        dtype=p.dtype,
-        world_sizes=p.world_sizes,
-        summary=p.summary,
-    )
-
-
 def problem_page(
     category: str | None = None,
     text: str | None = None,
@@ -121,7 +108,7 @@ def show_problem(
     check_world_size(p, world_size, size)
     t = p.traffic(world_size, size)
     return ProblemDetail(
-        **_summary(p).model_dump(),
+        **catalogue.summary(p).model_dump(),
         description=p.description,
         signature=p.signature,
         world_size=world_size,
