@@ -65,26 +65,28 @@ SANDBOX = "auto"
 LAUNCHES = 1
 
 
-def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
-    row: dict = {
+def _row(part: str, pid: int, solution: Path, ws: int, size: str, **more) -> dict:
+    """What a row says of the run it records, before its results."""
+    return {
         "part": part,
         "problem": pid,
         "solution": str(solution.relative_to(ROOT)),
         "world_size": ws,
         "size": size,
+        **more,
     }
+
+
+def _request(pid: int, solution: Path, ws: int, size: str, **more) -> RunRequest:
+    return RunRequest(
+        problem=pid, path=solution, world_size=ws, size=size, device=DEVICE, sandbox=SANDBOX, **more
+    )
+
+
+def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
+    row = _row(part, pid, solution, ws, size)
     try:
-        r = service.bench(
-            RunRequest(
-                problem=pid,
-                path=solution,
-                world_size=ws,
-                size=size,
-                device=DEVICE,
-                sandbox=SANDBOX,
-                launches=LAUNCHES,
-            )
-        )
+        r = service.bench(_request(pid, solution, ws, size, launches=LAUNCHES))
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
     row.update(verdict=r.verdict, message=r.message, wall_s=r.wall_s, warnings=r.warnings)
@@ -110,26 +112,9 @@ def bench_row(part: str, pid: int, solution: Path, ws: int, size: str) -> dict:
 
 
 def check_row(part: str, pid: int, solution: Path, ws: int, size: str, trials: int) -> dict:
-    row: dict = {
-        "part": part + "-check",
-        "problem": pid,
-        "solution": str(solution.relative_to(ROOT)),
-        "world_size": ws,
-        "size": size,
-        "trials": trials,
-    }
+    row = _row(part + "-check", pid, solution, ws, size, trials=trials)
     try:
-        r = service.check(
-            RunRequest(
-                problem=pid,
-                path=solution,
-                world_size=ws,
-                size=size,
-                device=DEVICE,
-                trials=trials,
-                sandbox=SANDBOX,
-            )
-        )
+        r = service.check(_request(pid, solution, ws, size, trials=trials))
     except UserError as exc:
         return {**row, "verdict": "error", "message": str(exc)}
     return {
