@@ -1,10 +1,14 @@
 """The suite loads, every problem keeps the format's promises, and malformed files are refused by name."""
 
+import inspect
+
 import pytest
 import torch
 
 from pkb_mcp import catalogue, config, problems
 from pkb_mcp.errors import UserError
+
+from .problems_common import CALLS, Kind, problem
 
 SUITE = problems.suite()
 IDS = sorted(SUITE)
@@ -205,3 +209,23 @@ def test_max_outputs_raises_the_result_file_cap(tmp_path):
     path.write_text(GOOD + "\nMAX_OUTPUTS = 80  # tests: a workload of 80 outputs\n")
     assert problems.load_problem(path).max_outputs == 80
     assert SUITE[1].max_outputs == 64
+
+
+@pytest.mark.parametrize("variant", ["pkb", "original"])
+@pytest.mark.parametrize("pid", sorted(CALLS))
+def test_a_problem_takes_the_original_s_signature_and_call(pid, variant):
+    """Both variants: `solution` has the original's parameters and defaults, and make_inputs returns
+    the whole call its builder passes (its shapes' sizes, built on the meta device), constants
+    included; a `pkb` variant states how it differs."""
+    call, p = CALLS[pid], problem(pid, variant)
+    signature = inspect.signature(p.module.solution).parameters
+    assert [(name, q.default) for name, q in signature.items()] == call.params
+    if variant == "pkb":
+        assert "Differences from the original:" in p.description
+    got = tuple(p.module.make_inputs(p.context(call.world_size, "pkb")))  # on the meta device
+    assert len(got) == len(call.values)
+    for i, (value, want) in enumerate(zip(got, call.values, strict=True)):
+        if isinstance(want, Kind):
+            assert want.holds(value), f"argument {i}: {type(value).__name__}, not {want.name}"
+        else:
+            assert value == want and type(value) is type(want), f"argument {i}: {value!r}, not {want!r}"

@@ -1,6 +1,6 @@
 """PhysicsNeMo's distributed rfft2 and irfft2 (59, 60) and gsplat's distributed projection (61).
 
-Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
+Fast tier: the original's signature and call are tests/test_problems.py's; its shapes hold on the meta
 device at both sizes, its world-size rule says what it should, its traffic model is no larger than
 the schedules a solution could choose instead, and what the CPU runs cannot show directly holds:
 60's inputs are a real field's spectrum and its reference's shortcut is the original's completion,
@@ -13,89 +13,22 @@ solutions that skip an exchange fail as wrong."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
 import torch
 
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import cpu_inputs, problem
 
 IDS = [59, 60, 61]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
-# the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
-# (../shared/pkb-contracts.md) at W = 8; "T" stands for a tensor argument
-CONTRACTS = {
-    59: (
-        ["x", "s", "dim", "norm", "group"],
-        {"norm": "ortho", "group": None},
-        ["T", (1024, 1024), (1, 2), "ortho", None],
-    ),
-    60: (
-        ["x", "s", "dim", "norm", "group"],
-        {"norm": "ortho", "group": None},
-        ["T", (720, 1440), (-2, -1), "ortho", None],
-    ),
-    61: (
-        [
-            "means",
-            "quats",
-            "scales",
-            "opacities",
-            "colors",
-            "viewmats",
-            "Ks",
-            "image_width",
-            "image_height",
-            "eps2d",
-            "near_plane",
-            "far_plane",
-            "camera_model",
-        ],
-        {"eps2d": 0.3, "near_plane": 0.01, "far_plane": 1e10, "camera_model": "pinhole"},
-        ["T"] * 7 + [512, 512, 0.3, 0.01, 1e10, "pinhole"],
-    ),
-}
-
-
-def problem(pid: int, variant: str = "pkb") -> problems.Problem:
-    return problems.resolve(pid, variant)
-
-
-def cpu_inputs(pid: int, world_size: int, rank: int, seed: int = 1, variant: str = "pkb") -> tuple:
-    p = problem(pid, variant)
-    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
-    ctx.seed = seed
-    return tuple(p.module.make_inputs(ctx))
-
 
 # ---------------------------------------------------------------- fast: format, shapes, rules
-
-
-@pytest.mark.parametrize("pid", IDS)
-@pytest.mark.parametrize("variant", ["pkb", "original"])
-def test_loads_with_the_originals_signature_and_call(pid, variant):
-    p = problem(pid, variant)
-    names, defaults, call = CONTRACTS[pid]
-    params = inspect.signature(p.module.solution).parameters
-    assert list(params) == names
-    for name, value in defaults.items():
-        assert params[name].default == value, name
-    if variant == "pkb":
-        assert "Differences from the original:" in p.description
-    inputs = cpu_inputs(pid, 8, rank=0, variant=variant)
-    assert len(inputs) == len(call)
-    for got, want in zip(inputs, call, strict=True):
-        if want == "T":
-            assert isinstance(got, torch.Tensor)
-        elif pid == 59 and isinstance(want, tuple) and want[0] == 1024 and variant == "pkb":
-            assert got == (1024, 128 * 8)  # the per-rank input kept: L = 128 W
-        else:
-            assert got == want and type(got) is type(want)
 
 
 @pytest.mark.parametrize("pid", IDS)

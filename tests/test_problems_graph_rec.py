@@ -1,6 +1,6 @@
 """GNN sampling and sparse exchanges (64, 67, 68) and TorchRec's KJT all-to-all (70), both variants.
 
-Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
+Fast tier: the original's signature and call are tests/test_problems.py's; its shapes hold on the meta
 device at both sizes (and the `original` file's follow the original's builder), its world-size rule
 says what it should, its traffic model is no larger than the schedules a solution could choose, and
 the inputs make the exchange necessary (64: each rank holds only its own nodes' edges).
@@ -16,80 +16,17 @@ import inspect
 import pytest
 import torch
 
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import cpu_inputs, problem
 
 IDS = [64, 67, 68, 70]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
-# the original benchmark's signature (names, defaults) and its call tuple (../shared/pkb-contracts.md):
-# "T" a tensor argument, "L" a list of ints, "I" an int (its value depends on the device), else the value
-CONTRACTS = {
-    64: (
-        [
-            "seed_nodes",
-            "fanouts",
-            "local_adj_row_ptr",
-            "local_adj_col",
-            "node_to_rank",
-            "group",
-            "replace",
-        ],
-        {"group": None, "replace": False},
-        ["T", [10, 5], "T", "T", "T", None, False],
-    ),
-    67: (["idx", "value", "num_nodes", "group"], {"group": None}, ["T", "T", 100000, None]),
-    68: (
-        ["local_embedding_shard", "input_node_ids", "proj_matrix", "num_total_nodes", "group"],
-        {"group": None},
-        ["T", "T", "T", "I", None],
-    ),
-    70: (
-        ["lengths", "values", "key_splits", "batch_size", "pg", "weights", "stride_per_key", "stagger"],
-        {"pg": None, "weights": None, "stride_per_key": None, "stagger": 1},
-        ["T", "T", "L", 512, None],
-    ),
-}
-
-
-def problem(pid: int, variant: str = "pkb") -> problems.Problem:
-    return problems.suite(variant)[pid]
-
-
-def cpu_inputs(pid: int, world_size: int, rank: int, seed: int = 1, variant: str = "pkb") -> tuple:
-    p = problem(pid, variant)
-    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
-    ctx.seed = seed
-    return tuple(p.module.make_inputs(ctx))
-
 
 # ---------------------------------------------------------------- fast: format, shapes, rules
-
-
-@pytest.mark.parametrize("variant", ["pkb", "original"])
-@pytest.mark.parametrize("pid", IDS)
-def test_loads_with_the_originals_signature_and_call(pid, variant):
-    p = problem(pid, variant)
-    names, defaults, call = CONTRACTS[pid]
-    params = inspect.signature(p.module.solution).parameters
-    assert list(params) == names
-    for name, value in defaults.items():
-        assert params[name].default == value, name
-    if variant == "pkb":
-        assert "Differences from the original:" in p.description
-    inputs = cpu_inputs(pid, 4, rank=0, variant=variant)
-    assert len(inputs) == len(call)
-    for got, want in zip(inputs, call, strict=True):
-        if want == "T":
-            assert isinstance(got, torch.Tensor)
-        elif want == "L":
-            assert isinstance(got, list) and all(isinstance(c, int) for c in got)
-        elif want == "I":
-            assert type(got) is int
-        else:
-            assert got == want and type(got) is type(want)
 
 
 @pytest.mark.parametrize("pid", IDS)

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from harness import convention
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import cpu_inputs, problem
 
 BY_PROBLEM = CANDIDATES / "by_problem"
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,31 +29,16 @@ FILES = {
 }
 
 
-def problem(pid: int) -> problems.Problem:
-    return problems.load_problem(ROOT / "problems" / FILES[pid])
-
-
-def inputs_on_cpu(pid: int, world_size: int, rank: int, seed: int, **size) -> tuple:
-    p = problem(pid)
-    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
-    ctx.size = {**ctx.size, **size}
-    ctx.seed = seed
-    return tuple(p.module.make_inputs(ctx))
-
-
 # ------------------------------------------------------------------ calling convention and rules
 
 
-@pytest.mark.parametrize("pid", [75, 77])
-def test_takes_the_originals_signature_and_call(pid):
-    p = problem(pid)
-    original = convention.parse_signature(p.module.ORIGINAL["signature"])
-    assert tuple(inspect.signature(p.module.solution).parameters) == original.names
-    assert "Differences from the original:" in p.description
-    call = p.module.make_inputs(p.context(2, "pkb"))
-    assert len(call) == len(original.names) and call[-1] is None  # group None
-    if pid == 77:
-        assert call[3] == 4 and call[4] == 2 * 2700, "cp_shuffle_num, clip_token_nums = W * n"
+def test_77_s_call_scales_its_tokens_with_the_world_size():
+    """cp_shuffle_num is 4 and clip_token_nums W n, as the original's builder passes them."""
+    p = problem(77)
+    for w in (2, 4):
+        ctx = p.context(w, "pkb")
+        call = p.module.make_inputs(ctx)
+        assert call[3] == 4 and call[4] == w * p.module.tokens_per_range(ctx) == w * 2700
 
 
 def test_kda_called_in_the_originals_convention_gets_the_mesh_groups():
@@ -135,7 +121,9 @@ def _heads_first(t):
 
 def test_kda_chunked_reference_matches_the_recurrence():
     """200 tokens (3 chunks and a padded one) in 4 heads, the problem's input distribution."""
-    q, k, v, g, beta, a_log, dt_bias = inputs_on_cpu(74, 4, 0, seed=3, seq_local=200, heads=4, key_dim=32)
+    q, k, v, g, beta, a_log, dt_bias = cpu_inputs(
+        74, 4, 0, seed=3, size={"seq_local": 200, "heads": 4, "key_dim": 32}
+    )
     got = problem(74).module.kda_heads(q, k, v, g, beta, a_log, dt_bias)
     h, kd = 4, 32
     decay = torch.exp(
@@ -151,8 +139,8 @@ def test_kda_chunked_reference_matches_the_recurrence():
 
 
 def test_gated_deltanet_chunked_reference_matches_the_recurrence():
-    q, k, v, gate, beta, *_ = inputs_on_cpu(
-        75, 2, 0, seed=4, seq_local=150, heads=3, key_dim=32, value_dim=48
+    q, k, v, gate, beta, *_ = cpu_inputs(
+        75, 2, 0, seed=4, size={"seq_local": 150, "heads": 3, "key_dim": 32, "value_dim": 48}
     )
     a_log, dt_bias = torch.rand(4) * 0.2, torch.rand(4) * 0.2 - 0.1
     got = problem(75).module.gated_delta_heads(q, k, v, gate, beta, a_log, dt_bias)
@@ -173,7 +161,7 @@ def test_the_state_carries_earlier_ranks_tokens(pid):
     """The last of 4 blocks computed from a zero state (no communication) is far off the tolerance:
     the decays keep the earlier blocks in the state (the original's inputs forget them in a few steps)."""
     m = problem(pid).module
-    blocks = [inputs_on_cpu(pid, 4, r, seed=8) for r in range(4)]
+    blocks = [cpu_inputs(pid, 4, r, seed=8) for r in range(4)]
     whole = [torch.cat([b[i] for b in blocks], dim=1) for i in range(5)]
     run = m.kda_heads if pid == 74 else m.gated_delta_heads
     params = blocks[0][5:7]
@@ -187,14 +175,14 @@ def test_the_state_carries_earlier_ranks_tokens(pid):
 
 
 def test_cso_inputs_are_reduced_on_cpu_and_windows_end_at_their_range():
-    query, key_value, k_ranges, _, c, _ = inputs_on_cpu(77, 2, 1, seed=5)
+    query, key_value, k_ranges, _, c, _ = cpu_inputs(77, 2, 1, seed=5)
     n = problem(77).size("pkb")["cpu_tokens_per_range"]
     assert query.shape == (4 * n, 48, 128) and key_value.shape == (4 * n, 8, 256) and c == 2 * n
     assert k_ranges[:, 1].tolist() == [c * (i + 1) for i in range(4)]
     assert (k_ranges[:, 0] >= 0).all() and (k_ranges[:, 0] <= torch.arange(4) * c).all()
-    other = inputs_on_cpu(77, 2, 0, seed=5)[2]
+    other = cpu_inputs(77, 2, 0, seed=5)[2]
     assert torch.equal(other, k_ranges), "the same windows on every rank"
-    assert not torch.equal(inputs_on_cpu(77, 2, 1, seed=6)[2], k_ranges), "new windows in every trial"
+    assert not torch.equal(cpu_inputs(77, 2, 1, seed=6)[2], k_ranges), "new windows in every trial"
 
 
 # ------------------------------------------------------------------ integration: real ranks on CPU

@@ -7,7 +7,6 @@ perturbed one failing and files in the original's convention passing or failing 
 
 from __future__ import annotations
 
-import inspect
 import math
 from pathlib import Path
 
@@ -18,51 +17,11 @@ from pkb_mcp import problems, service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import cpu_inputs
 
 SUITE = problems.suite()
 IDS = [24, 26, 30, 33, 34, 35, 36, 37]
 ORIGINAL = CANDIDATES / "by_problem"
-
-# The original's signature (parameter names and defaults) and the non-tensor part of the argument
-# tuple its harness passes (../shared/pkb-contracts.md); `TENSOR` marks a tensor argument.
-TENSOR = object()
-NO_DEFAULT = inspect.Parameter.empty
-CONTRACTS: dict[int, tuple[list[tuple[str, object]], tuple]] = {
-    24: (
-        [("gate_logits", NO_DEFAULT), ("num_experts", NO_DEFAULT), ("top_k", 2), ("attention_mask", None)],
-        (TENSOR, 8, 2, None),
-    ),
-    26: ([("expert_mask", NO_DEFAULT), ("num_experts", NO_DEFAULT), ("group", None)], (TENSOR, 8, None)),
-    30: (
-        [
-            ("grad_fc1_1_lora_A", NO_DEFAULT),
-            ("grad_fc1_2_lora_A", NO_DEFAULT),
-            ("grad_fc2_lora_B", NO_DEFAULT),
-            ("group", None),
-        ],
-        (TENSOR, TENSOR, TENSOR, None),
-    ),
-    33: (
-        [("x", NO_DEFAULT), ("scatter_dim", NO_DEFAULT), ("gather_dim", NO_DEFAULT), ("group", None)],
-        (TENSOR, 0, 1, None),
-    ),
-    34: ([("x", NO_DEFAULT), ("group", None)], (TENSOR, None)),
-    35: ([("x", NO_DEFAULT), ("gather_dim", NO_DEFAULT), ("group", None)], (TENSOR, 0, None)),
-    36: (
-        [
-            ("x", NO_DEFAULT),
-            ("seq_dim", NO_DEFAULT),
-            ("head_dim", NO_DEFAULT),
-            ("group", None),
-            ("unpadded_dim_size", 0),
-        ],
-        (TENSOR, 1, 2, None, 0),
-    ),
-    37: (
-        [("x", NO_DEFAULT), ("seq_dim", NO_DEFAULT), ("head_dim", NO_DEFAULT), ("group", None)],
-        (TENSOR, 1, 2, None),
-    ),
-}
 
 # Per-rank tensor inputs at the pkb size: the original's defaults (../shared/problems-catalog.md),
 # the same at every world size (35's rows are the largest a rank draws).
@@ -82,21 +41,6 @@ def test_these_problems_are_in_the_suite():
     assert set(IDS) <= set(SUITE)
     for pid in IDS:
         assert "Differences from the original:" in SUITE[pid].description
-
-
-@pytest.mark.parametrize("pid", IDS)
-def test_signature_and_call_are_the_original_s(pid):
-    params, call = CONTRACTS[pid]
-    p = SUITE[pid]
-    got = [(n, q.default) for n, q in inspect.signature(p.module.solution).parameters.items()]
-    assert got == params
-    inputs = p.module.make_inputs(p.context(2, "pkb", device="cpu"))
-    assert len(inputs) == len(call)
-    for value, want in zip(inputs, call, strict=True):
-        if want is TENSOR:
-            assert isinstance(value, torch.Tensor)
-        else:
-            assert value == want and type(value) is type(want)
 
 
 @pytest.mark.parametrize("pid", IDS)
@@ -135,13 +79,6 @@ def test_shapes_on_meta_and_traffic_at_both_sizes(pid, preset, world_size):
 )
 def test_world_size_rules(pid, world_size, reason):
     assert reason in (SUITE[pid].world_size_error(world_size, "pkb") or "")
-
-
-def cpu_inputs(pid, world_size, rank, seed, preset="pkb"):
-    p = SUITE[pid]
-    ctx = p.context(world_size, preset, rank=rank, device="cpu")
-    ctx.seed = seed
-    return p.module.make_inputs(ctx)
 
 
 def rank_loss(logits: torch.Tensor, experts: int, top_k: int) -> float:

@@ -7,7 +7,6 @@ example (examples/049_moe_ep_experts_to_tokens.py) passing."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from pkb_mcp.errors import UserError
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import cpu_inputs
 
 SUITE = problems.suite()
 ORIGINAL_SUITE = problems.suite("original")
@@ -51,20 +51,6 @@ def test_these_problems_are_in_both_variants():
     for pid in IDS:
         assert "Differences from the original:" in SUITE[pid].description
         assert ORIGINAL_SUITE[pid].name == SUITE[pid].name
-
-
-@pytest.mark.parametrize("variant", ["pkb", "original"])
-@pytest.mark.parametrize("pid", IDS)
-def test_signature_and_call_are_the_original_s(pid, variant):
-    p = (SUITE if variant == "pkb" else ORIGINAL_SUITE)[pid]
-    got = [(n, q.default) for n, q in inspect.signature(p.module.solution).parameters.items()]
-    assert got == [(n, inspect.Parameter.empty) for n in PARAMS[:-1]] + [("group", None)]
-    w = 4
-    inputs = p.module.make_inputs(p.context(w, "pkb"))
-    assert [type(v).__name__ for v in inputs[:6]] == ["Tensor"] * 3 + ["Linear"] * 3
-    assert inputs[6:] == (EXPERTS[pid](w), 2, None)
-    if variant == "pkb":
-        assert "differences" in p.module.ORIGINAL
 
 
 @pytest.mark.parametrize("pid", IDS)
@@ -116,14 +102,6 @@ def test_51_original_has_one_expert_and_nothing_to_exchange_at_two_ranks():
     assert p.world_size_error(2, "pkb") is None
     assert p.module.make_inputs(p.context(2, "pkb"))[6:] == (1, 1, None)
     assert p.traffic(2, "pkb")["nvlink_bytes"] == 0 and p.traffic(4, "pkb")["nvlink_bytes"] > 0
-
-
-def cpu_inputs(pid: int, world_size: int, rank: int, seed: int, size: dict | None = None):
-    p = SUITE[pid]
-    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
-    ctx.size = size or ctx.size
-    ctx.seed = seed
-    return p.module.make_inputs(ctx)
 
 
 SMALL = {"tokens": 256, "hidden": 256, "inter": 32, "top_k": 2}

@@ -7,7 +7,6 @@ that skips the exchange failing as wrong."""
 
 from __future__ import annotations
 
-import inspect
 import math
 from pathlib import Path
 
@@ -18,69 +17,12 @@ from pkb_mcp import problems, service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import cpu_inputs
 
 SUITE = problems.suite()
 ORIGINAL_SUITE = problems.suite("original")
 IDS = [25, 27, 28, 29]
 BY_PROBLEM = CANDIDATES / "by_problem"
-
-# The original's signature (parameter names and defaults) and the non-tensor part of the argument
-# tuple its harness passes (../shared/pkb-contracts.md); `TENSOR` marks a tensor, `LIST` a list of ints,
-# `SIZE` a torch.Size.
-TENSOR = object()
-LIST = object()
-SIZE = object()
-NO_DEFAULT = inspect.Parameter.empty
-CONTRACTS: dict[int, tuple[list[tuple[str, object]], tuple]] = {
-    25: (
-        [
-            ("hidden_states", NO_DEFAULT),
-            ("weight", NO_DEFAULT),
-            ("labels", NO_DEFAULT),
-            ("old_logprobs", NO_DEFAULT),
-            ("advantages", NO_DEFAULT),
-            ("ignore_index", -100),
-        ],
-        (TENSOR, TENSOR, TENSOR, TENSOR, TENSOR, -100),
-    ),
-    27: (
-        [
-            ("local_tensor", NO_DEFAULT),
-            ("input_split_sizes", None),
-            ("output_split_sizes", None),
-            ("group", None),
-        ],
-        (TENSOR, LIST, LIST, None),
-    ),
-    28: (
-        [
-            ("hidden_states", NO_DEFAULT),
-            ("expert_mask", NO_DEFAULT),
-            ("num_experts", NO_DEFAULT),
-            ("input_splits", NO_DEFAULT),
-            ("output_splits", NO_DEFAULT),
-            ("num_global_tokens_per_local_expert", NO_DEFAULT),
-            ("group", None),
-        ],
-        (TENSOR, TENSOR, 8, LIST, LIST, TENSOR, None),
-    ),
-    29: (
-        [
-            ("expert_outputs", NO_DEFAULT),
-            ("routing_weights", NO_DEFAULT),
-            ("selected_experts", NO_DEFAULT),
-            ("num_experts", NO_DEFAULT),
-            ("input_splits", NO_DEFAULT),
-            ("output_splits", NO_DEFAULT),
-            ("num_global_tokens_per_local_expert", NO_DEFAULT),
-            ("routing_map", NO_DEFAULT),
-            ("local_input_permutation_mapping", NO_DEFAULT),
-            ("org_hidden_states_shape", NO_DEFAULT),
-            ("group", None),
-        ],
-        (TENSOR, TENSOR, TENSOR, 8, LIST, LIST, TENSOR, TENSOR, TENSOR, SIZE, None),
-    ),
-}
 
 
 def pkb_shapes(pid: int, w: int) -> list[list[int]]:
@@ -98,26 +40,6 @@ def test_these_problems_are_in_both_variants():
     assert set(IDS) <= set(SUITE) and set(IDS) <= set(ORIGINAL_SUITE)
     for pid in IDS:
         assert "Differences from the original:" in SUITE[pid].description
-
-
-@pytest.mark.parametrize("variant", ["pkb", "original"])
-@pytest.mark.parametrize("pid", IDS)
-def test_signature_and_call_are_the_original_s(pid, variant):
-    params, call = CONTRACTS[pid]
-    p = problems.suite(variant)[pid]
-    got = [(n, q.default) for n, q in inspect.signature(p.module.solution).parameters.items()]
-    assert got == params
-    inputs = p.module.make_inputs(p.context(4, "pkb", device="meta"))
-    assert len(inputs) == len(call)
-    for value, want in zip(inputs, call, strict=True):
-        if want is TENSOR:
-            assert isinstance(value, torch.Tensor)
-        elif want is LIST:
-            assert isinstance(value, list) and all(type(x) is int for x in value)
-        elif want is SIZE:
-            assert type(value) is torch.Size
-        else:
-            assert value == want and type(value) is type(want)
 
 
 @pytest.mark.parametrize("variant", ["pkb", "original"])
@@ -162,13 +84,6 @@ def test_world_size_rules(pid, variant, world_size, reason):
 def test_27_takes_any_world_size_in_the_pkb_variant():
     assert SUITE[27].world_size_error(3, "pkb") is None
     assert SUITE[27].world_size_error(6, "large") is None
-
-
-def cpu_inputs(pid, world_size, rank, seed, preset="pkb"):
-    p = SUITE[pid]
-    ctx = p.context(world_size, preset, rank=rank, device="cpu")
-    ctx.seed = seed
-    return p.module.make_inputs(ctx)
 
 
 # --------------------------------------------------------------- inputs that expose a skipped exchange

@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 
 from harness import convention
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import problem, rank_inputs
 
 BY_PROBLEM = CANDIDATES / "by_problem"
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,19 +37,6 @@ SHAPES_AT_8 = {
     56: [[16, 4, 512], [1536, 512], [512, 512]],
     57: [[16, 4, 8, 64]] * 5 + [[16, 8, 4]],
 }
-
-
-def problem(pid: int) -> problems.Problem:
-    return problems.load_problem(ROOT / "problems" / FILES[pid])
-
-
-def rank_inputs(p: problems.Problem, world_size: int, seed: int) -> list[tuple]:
-    out = []
-    for rank in range(world_size):
-        ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
-        ctx.seed = seed
-        out.append(tuple(p.module.make_inputs(ctx)))
-    return out
 
 
 # ------------------------------------------------------------------ format and calling convention
@@ -163,12 +151,12 @@ def test_traffic_models_are_minima_over_real_schedules(world_size):
 
 def test_tp_inputs_share_tokens_in_a_pair_and_shard_one_layer():
     p = problem(55)
-    inputs = rank_inputs(p, 4, seed=3)
+    inputs = rank_inputs(p.id, 4, seed=3)
     assert torch.equal(inputs[0][0], inputs[1][0]) and torch.equal(inputs[2][0], inputs[3][0])
     assert not torch.equal(inputs[0][0], inputs[2][0])
     assert torch.equal(inputs[0][1], inputs[2][1]) and not torch.equal(inputs[0][1], inputs[1][1])
     assert torch.equal(inputs[1][2], inputs[3][2]) and not torch.equal(inputs[0][2], inputs[1][2])
-    again = rank_inputs(p, 4, seed=4)
+    again = rank_inputs(p.id, 4, seed=4)
     assert not torch.equal(inputs[0][0], again[0][0]) and not torch.equal(inputs[0][1], again[0][1])
     # q rows carry the extra scale of 2: their RMS is twice the k rows'
     q_rows, k_rows = inputs[0][1][:256].float(), inputs[0][1][256:512].float()
@@ -177,7 +165,7 @@ def test_tp_inputs_share_tokens_in_a_pair_and_shard_one_layer():
 
 def test_pp_inputs_share_weights_within_a_stage_only():
     p = problem(56)
-    inputs = rank_inputs(p, 4, seed=3)
+    inputs = rank_inputs(p.id, 4, seed=3)
     for i in (1, 2):
         assert torch.equal(inputs[0][i], inputs[1][i]) and torch.equal(inputs[2][i], inputs[3][i])
         assert not torch.equal(inputs[0][i], inputs[2][i])
@@ -188,7 +176,7 @@ def test_pp_inputs_share_weights_within_a_stage_only():
 def test_backward_inputs_are_a_real_forward_and_replicas_differ(world_size):
     p = problem(57)
     n = world_size // 2
-    inputs = rank_inputs(p, world_size, seed=5)
+    inputs = rank_inputs(p.id, world_size, seed=5)
     for rep in range(2):
         mine = inputs[rep * n : (rep + 1) * n]
         q, k, v = (torch.cat([i[j] for i in mine], dim=1).double() for j in (1, 2, 3))

@@ -7,7 +7,6 @@ original's convention pass or fail for the stated reason, correct variants pass 
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 from pathlib import Path
@@ -16,10 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import CALLS, problem, rank_inputs
 
 BY_PROBLEM = CANDIDATES / "by_problem"
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,114 +33,8 @@ FILES = {
     84: "084_vocab_parallel_log_prob_topk_chunked_backward.py",
 }
 
-# The original's signature (parameter names and defaults) and the values of the non-tensor arguments
-# of its call (../shared/pkb-contracts.md): our make_inputs must return exactly that call.
-EMPTY = inspect.Parameter.empty
-CONTRACTS = {
-    54: (
-        [
-            ("q", EMPTY),
-            ("k", EMPTY),
-            ("v", EMPTY),
-            ("softmax_scale", None),
-            ("causal", False),
-            ("group", None),
-        ],
-        {3: None, 4: True, 5: None},
-    ),
-    58: (
-        [
-            ("image_features", EMPTY),
-            ("text_features", EMPTY),
-            ("logit_scale", EMPTY),
-            ("logit_bias", 0.0),
-            ("group", None),
-        ],
-        {4: None},
-    ),
-    71: ([("x", EMPTY), ("weight", EMPTY), ("group", None)], {2: None}),
-    80: (
-        [
-            ("teacher_output", EMPTY),
-            ("teacher_temp", EMPTY),
-            ("n_masked_patches_tensor", EMPTY),
-            ("n_iterations", 3),
-            ("group", None),
-        ],
-        {3: 3, 4: None},
-    ),
-    82: (
-        [
-            ("vocab_parallel_logits", EMPTY),
-            ("target", EMPTY),
-            ("tp_group", None),
-            ("top_k", None),
-            ("top_p", 1.0),
-        ],
-        {2: None},
-    ),
-    83: (
-        [
-            ("vocab_parallel_logits", EMPTY),
-            ("target", EMPTY),
-            ("tp_group", None),
-            ("top_k", None),
-            ("top_p", 1.0),
-            ("chunk_size", 1),
-        ],
-        {2: None},
-    ),
-    84: (
-        [
-            ("vocab_parallel_logits", EMPTY),
-            ("target", EMPTY),
-            ("grad_output", EMPTY),
-            ("tp_group", None),
-            ("top_k", None),
-            ("top_p", 1.0),
-            ("chunk_size", 1),
-        ],
-        {3: None},
-    ),
-}
-
-
-def problem(pid: int) -> problems.Problem:
-    return problems.load_problem(ROOT / "problems" / FILES[pid])
-
-
-def rank_inputs(
-    p: problems.Problem, world_size: int, seed: int, preset: str = "pkb", size=None
-) -> list[tuple]:
-    """Every rank's inputs of one trial, built on CPU in this process."""
-    out = []
-    for rank in range(world_size):
-        ctx = p.context(world_size, preset, rank=rank, device="cpu")
-        if size is not None:
-            ctx.size = size
-        ctx.seed = seed
-        out.append(tuple(p.module.make_inputs(ctx)))
-    return out
-
 
 # ------------------------------------------------------------------ format and calling convention
-
-
-@pytest.mark.parametrize("pid", sorted(FILES))
-def test_loads_with_the_originals_signature_and_call(pid):
-    p = problem(pid)
-    assert p.id == pid and p.path.name == FILES[pid]
-    params, constants = CONTRACTS[pid]
-    sig = inspect.signature(p.module.solution)
-    assert [(n, q.default) for n, q in sig.parameters.items()] == params
-    assert "Differences from the original:" in p.description
-    for w in (2, 4):
-        ctx = p.context(w, "pkb", device="cpu")
-        ctx.seed = 5
-        call = p.module.make_inputs(ctx)
-        assert len(call) == len(params), "make_inputs returns the original's whole call"
-        for i, value in constants.items():
-            assert call[i] == value and type(call[i]) is type(value)
 
 
 @pytest.mark.parametrize("pid", sorted(FILES))
@@ -154,7 +48,7 @@ def test_shapes_on_meta_and_traffic(pid, preset, world_size):
             f"{p.name} {preset} should allow W = {world_size}: {p.world_size_error(world_size, preset)}"
         )
     shapes = p.input_shapes(world_size, preset)
-    assert [s["name"] for s in shapes] == [n for n, _ in CONTRACTS[pid][0]]
+    assert [s["name"] for s in shapes] == [n for n, _ in CALLS[pid].params]
     ctx = p.context(world_size, preset)
     tensors = [t for t in p.module.make_inputs(ctx) if isinstance(t, torch.Tensor)]
     assert tensors and all(t.device.type == "meta" for t in tensors)
@@ -241,7 +135,7 @@ def _float64_log_prob(full: torch.Tensor, target: torch.Tensor, top_k: int, top_
 def test_log_prob_inputs_have_unambiguous_cutoffs_and_targets_in_the_kept_set(world_size):
     p = problem(82)
     for seed in (1, 2):
-        inputs = rank_inputs(p, world_size, seed)
+        inputs = rank_inputs(p.id, world_size, seed)
         full = torch.cat([i[0] for i in inputs], dim=-1)
         target = inputs[0][1]
         assert all(torch.equal(i[1], target) for i in inputs), "targets are the same on every rank"
@@ -261,19 +155,19 @@ def test_log_prob_inputs_have_unambiguous_cutoffs_and_targets_in_the_kept_set(wo
 
 
 def test_chunked_problems_draw_problem_82s_inputs():
-    base = rank_inputs(problem(82), 2, seed=9)
+    base = rank_inputs(82, 2, seed=9)
     for pid in (83, 84):
-        other = rank_inputs(problem(pid), 2, seed=9)
+        other = rank_inputs(pid, 2, seed=9)
         for a, b in zip(base, other, strict=True):
             assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    grad = rank_inputs(problem(84), 2, seed=9)
+    grad = rank_inputs(84, 2, seed=9)
     assert torch.equal(grad[0][2], grad[1][2]) and grad[0][2].float().std() > 0.5
 
 
 def test_filters_matter_at_pkb():
     """Dropping top-p, or top-k, moves some outputs far beyond the tolerance."""
     p = problem(82)
-    inputs = rank_inputs(p, 2, seed=3)
+    inputs = rank_inputs(p.id, 2, seed=3)
     full = torch.cat([i[0] for i in inputs], dim=-1).reshape(16, -1)
     target = inputs[0][1].reshape(-1)
     top_k = p.module.TOP_K
@@ -288,7 +182,7 @@ def test_filters_matter_at_pkb():
 def test_siglip_inputs_make_other_ranks_texts_matter():
     p = problem(58)
     for w in (2, 4):
-        inputs = rank_inputs(p, w, seed=4)
+        inputs = rank_inputs(p.id, w, seed=4)
         texts = torch.cat([i[1] for i in inputs]).double()
         n = inputs[0][0].shape[0]
         for r in range(w):
@@ -302,7 +196,7 @@ def test_siglip_inputs_make_other_ranks_texts_matter():
 def test_sinkhorn_inputs_need_the_all_reduce():
     """Rank-specific prototype offsets: local prototype totals differ between ranks by tens of %."""
     p = problem(80)
-    inputs = rank_inputs(p, 2, seed=6)
+    inputs = rank_inputs(p.id, 2, seed=6)
     sums = [torch.exp(i[0].double() / i[1]).sum(0) for i in inputs]
     ratio = sums[0] / sums[1]
     assert ratio.log().abs().mean() > 0.2

@@ -1,7 +1,7 @@
 """Ulysses with QKV and end to end (38, 39), GNN feature exchange and scoring (65, 66, 69), Hyena
 (72) and halo convolutions (76, 87), and the example for 72.
 
-Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
+Fast tier: the original's signature and call are tests/test_problems.py's; its shapes hold on the meta
 device at both sizes, its world-size rule says what it should, its traffic model is no larger than
 the schedules a solution could choose instead, and the semantics the CPU runs cannot reach (72's
 causal FFT convolution and zigzag order) are checked against a direct computation.
@@ -14,7 +14,6 @@ size does not reach (filter groups, channel chunks, no zigzag)."""
 from __future__ import annotations
 
 import importlib.util
-import inspect
 from pathlib import Path
 from types import ModuleType
 
@@ -22,69 +21,15 @@ import pytest
 import torch
 
 from harness.context import ProblemContext
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES, ROOT
+from .problems_common import CALLS, cpu_inputs, problem
 
 IDS = [38, 39, 65, 66, 69, 72, 76, 87]
 BY_PROBLEM = CANDIDATES / "by_problem"
 EXAMPLE_72 = ROOT / "examples" / "072_hyena_forward_cp_fused_a2a.py"
-
-# the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
-# (../shared/pkb-contracts.md); "T" stands for a tensor argument, "L" for a list of ints
-CONTRACTS = {
-    38: (
-        ["qkv_tensor", "seq_dim", "group", "unpadded_dim_size", "restore_shape"],
-        {"group": None, "unpadded_dim_size": None, "restore_shape": True},
-        ["T", 1, None, None, True],
-    ),
-    39: (
-        ["hidden_states", "w_qkv", "w_o", "group", "num_heads", "causal"],
-        {"group": None, "num_heads": 8, "causal": False},
-        ["T", "T", "T", None, 8, False],
-    ),
-    65: (
-        ["local_features", "seed_inverse_ids", "counts_sent", "counts_received", "group"],
-        {"group": None},
-        ["T", "T", "L", "L", None],
-    ),
-    66: (
-        ["grad_output", "seed_inverse_ids", "seed_size", "counts_sent", "counts_received", "group"],
-        {"group": None},
-        ["T", "T", 512, "L", "L", None],
-    ),
-    69: (["local_pos_scores", "local_neg_scores", "group"], {"group": None}, ["T", "T", None]),
-    72: (
-        [
-            "x1_seq",
-            "x2_seq",
-            "v_seq",
-            "h",
-            "conv_bias",
-            "num_groups",
-            "group_dim",
-            "group",
-            "with_zigzag_splitting",
-        ],
-        {"group": None, "with_zigzag_splitting": True},
-        ["T", "T", "T", "T", "T", 1024, 1, None, True],
-    ),
-    76: (
-        ["input", "weight", "bias", "stride", "padding", "dilation", "groups", "group"],
-        {"groups": 1, "group": None},
-        ["T", "T", "T", 1, 0, 1, 1, None],
-    ),
-    87: (
-        ["x", "weight", "bias", "stride", "padding", "group"],
-        {"stride": 1, "padding": 1, "group": None},
-        ["T", "T", "T", 1, 1, None],
-    ),
-}
-
-
-def problem(pid: int) -> problems.Problem:
-    return problems.suite()[pid]
 
 
 def load(path: Path, name: str) -> ModuleType:
@@ -95,34 +40,7 @@ def load(path: Path, name: str) -> ModuleType:
     return module
 
 
-def cpu_inputs(pid: int, world_size: int, rank: int, seed: int = 1, preset: str = "pkb") -> tuple:
-    p = problem(pid)
-    ctx = p.context(world_size, preset, rank=rank, device="cpu")
-    ctx.seed = seed
-    return tuple(p.module.make_inputs(ctx))
-
-
 # ---------------------------------------------------------------- fast: format, shapes, rules
-
-
-@pytest.mark.parametrize("pid", IDS)
-def test_loads_with_the_originals_signature_and_call(pid):
-    p = problem(pid)
-    names, defaults, call = CONTRACTS[pid]
-    params = inspect.signature(p.module.solution).parameters
-    assert list(params) == names
-    for name, value in defaults.items():
-        assert params[name].default == value, name
-    assert "Differences from the original:" in p.description
-    inputs = cpu_inputs(pid, 8 if not p.world_size_error(8, "pkb") else 4, rank=0)
-    assert len(inputs) == len(call)
-    for got, want in zip(inputs, call, strict=True):
-        if want == "T":
-            assert isinstance(got, torch.Tensor)
-        elif want == "L":
-            assert isinstance(got, list) and all(isinstance(c, int) for c in got)
-        else:
-            assert got == want and type(got) is type(want)
 
 
 @pytest.mark.parametrize("pid", IDS)
@@ -412,7 +330,7 @@ GNN_MUTANTS = {
 @pytest.mark.parametrize("mutant", sorted(GNN_MUTANTS))
 def test_65_66_fail_without_the_originals_exchange(tmp_path, mutant):
     pid, body = GNN_MUTANTS[mutant]
-    args = CONTRACTS[pid][0]
+    args = [name for name, _ in CALLS[pid].params]
     path = tmp_path / f"{pid:03d}_{mutant}.py"
     path.write_text(
         "import torch\nimport torch.distributed as dist\n\n\n"

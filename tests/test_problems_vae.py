@@ -1,6 +1,6 @@
 """MAGI-1 tile-parallel VAE decode (78), in both variants.
 
-Fast tier: the file loads with the original's signature and call, its shapes hold on the meta device
+Fast tier: the original's signature and call are tests/test_problems.py's; its shapes hold on the meta device
 at both sizes, its world-size rule says what it should, its traffic model lies below the schedules
 that gather decoded tiles, and the vectorised reference equals the original's computation done one
 tile and one blend position at a time (written here) on the same inputs, bit for bit.
@@ -10,70 +10,27 @@ skips the exchange fails (wrong, not crashed)."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import problem
 
 PID = 78
 BY_PROBLEM = CANDIDATES / "by_problem"
-# the original benchmark's signature and the non-tensor values of its call (../shared/pkb-contracts.md)
-NAMES = [
-    "z",
-    "tile_latent_min_length",
-    "tile_latent_min_height",
-    "tile_latent_min_width",
-    "spatial_tile_overlap_factor",
-    "temporal_tile_overlap_factor",
-    "spatial_upsample",
-    "temporal_upsample",
-    "sr_ratio",
-    "first_frame_as_image",
-    "group",
-]
-CALL = (3, 32, 32, 0.25, 0.0, 8, 4, 1, False, None)
-
-
-def problem(variant: str = "pkb") -> problems.Problem:
-    return problems.suite(variant)[PID]
-
-
-def cpu_inputs(world_size: int, rank: int, seed: int = 1, variant: str = "pkb") -> tuple:
-    p = problem(variant)
-    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
-    ctx.seed = seed
-    return tuple(p.module.make_inputs(ctx))
 
 
 # ---------------------------------------------------------------- fast: format, shapes, rules
 
 
-@pytest.mark.parametrize("variant", ["pkb", "original"])
-def test_loads_with_the_originals_signature_and_call(variant):
-    p = problem(variant)
-    params = inspect.signature(p.module.solution).parameters
-    assert list(params) == NAMES
-    assert (params["sr_ratio"].default, params["first_frame_as_image"].default) == (1, False)
-    assert params["group"].default is None
-    if variant == "pkb":
-        assert "Differences from the original:" in p.description
-    inputs = cpu_inputs(4, rank=0, variant=variant)
-    assert isinstance(inputs[0], torch.Tensor) and inputs[0].dtype == torch.bfloat16
-    assert inputs[1:] == CALL and [type(v) for v in inputs[1:]] == [type(v) for v in CALL]
-    assert not torch.equal(inputs[0], cpu_inputs(4, rank=1, variant=variant)[0])
-    assert not torch.equal(inputs[0], cpu_inputs(4, rank=0, seed=2, variant=variant)[0])
-
-
 @pytest.mark.parametrize(("variant", "preset"), [("pkb", "pkb"), ("pkb", "large"), ("original", "pkb")])
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_meta_shapes_and_traffic(variant, preset, world_size):
-    p = problem(variant)
+    p = problem(PID, variant)
     shapes = p.input_shapes(world_size, preset)
     want = [1, 16, 6, 90, 90] if preset == "pkb" else [1, 16, 12, 180, 180]
     assert shapes[0]["shape"] == want
@@ -83,14 +40,14 @@ def test_meta_shapes_and_traffic(variant, preset, world_size):
 
 @pytest.mark.parametrize(("world_size", "allowed"), [(1, False), (2, True), (3, True), (8, True)])
 def test_world_size_rules(world_size, allowed):
-    assert (problem().world_size_error(world_size, "pkb") is None) == allowed
+    assert (problem(PID).world_size_error(world_size, "pkb") is None) == allowed
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 def test_traffic_is_the_latents_not_the_decoded_tiles(world_size):
     """The least traffic (others' latents, 3 channels) is below gathering the decoded tiles, the
     original's schedule, and above one latent tile (at `pkb`, W = 2: the other rank's 16 tiles)."""
-    p = problem()
+    p = problem(PID)
     t = p.traffic(world_size, "pkb")
     decoded_tile = 3 * 12 * 256 * 256 * 2
     assert t["nvlink_bytes"] < decoded_tile
@@ -179,11 +136,11 @@ def test_vectorised_reference_is_the_originals_loops(variant, shape, call, world
     g = torch.Generator().manual_seed(world_size)
     zs = [torch.randn(shape, generator=g).bfloat16() for _ in range(world_size)]
     want = original_by_loops(zs, *call)
-    got = vectorised(problem(variant).module, zs, call)
+    got = vectorised(problem(PID, variant).module, zs, call)
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     assert torch.equal(got, want)
     # every rank's latent reaches the video: one z everywhere gives another one
-    assert not torch.equal(vectorised(problem(variant).module, [zs[0]] * world_size, call), want)
+    assert not torch.equal(vectorised(problem(PID, variant).module, [zs[0]] * world_size, call), want)
 
 
 # ---------------------------------------------------------------- integration: real ranks on CPU
@@ -207,7 +164,7 @@ def check(path, world_size, variant="pkb"):
 @pytest.mark.integration
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_reference_passes(world_size):
-    r = check(problem().path, world_size)
+    r = check(problem(PID).path, world_size)
     assert r.verdict == "pass", r.message
 
 

@@ -1,7 +1,7 @@
 """Sample sort (85), DINOv2 k-NN (79), SAM3 IoU suppression (81) and MAGI-1 tile-parallel VAE
 decode (78), in both variants.
 
-Fast tier: each file loads with the original's signature and call, its shapes hold on the meta
+Fast tier: the original's signature and call are tests/test_problems.py's; its shapes hold on the meta
 device at both sizes, its world-size rule says what it should, its traffic model is no larger than
 the schedules a solution could choose instead, its inputs keep clear of the traps the problem names
 (ties, thresholds), and the vectorised references equal a direct, loop-by-loop computation on the
@@ -12,79 +12,22 @@ and a solution that skips the exchange fails (wrong, not crashed)."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
 import torch
 
-from pkb_mcp import problems, service
+from pkb_mcp import service
 from pkb_mcp.models import RunRequest
 
 from .conftest import CANDIDATES
+from .problems_common import cpu_inputs, problem
 
 IDS = [85, 79, 81]
 BY_PROBLEM = CANDIDATES / "by_problem"
 
-# the original benchmark's signature (names, defaults) and the non-tensor values of its call tuple
-# (../shared/pkb-contracts.md); "T" stands for a tensor argument
-CONTRACTS = {
-    85: (["local_shard", "group"], {"group": None}, ["T", None]),
-    79: (
-        ["test_features_rank", "train_features_rank_T", "train_labels_rank", "max_k", "group"],
-        {"group": None},
-        ["T", "T", "T", 200, None],
-    ),
-    81: (
-        [
-            "low_res_masks_local",
-            "obj_scores_local",
-            "num_obj_per_gpu",
-            "last_occluded",
-            "iou_threshold",
-            "reverse",
-            "group",
-        ],
-        {"iou_threshold": 0.7, "reverse": False, "group": None},
-        ["T", "T", "L", "T", 0.7, False, None],
-    ),
-}
-
-
-def problem(pid: int, variant: str = "pkb") -> problems.Problem:
-    return problems.suite(variant)[pid]
-
-
-def cpu_inputs(pid: int, world_size: int, rank: int, seed: int = 1, variant: str = "pkb") -> tuple:
-    p = problem(pid, variant)
-    ctx = p.context(world_size, "pkb", rank=rank, device="cpu")
-    ctx.seed = seed
-    return tuple(p.module.make_inputs(ctx))
-
 
 # ---------------------------------------------------------------- fast: format, shapes, rules
-
-
-@pytest.mark.parametrize("pid", IDS)
-@pytest.mark.parametrize("variant", ["pkb", "original"])
-def test_loads_with_the_originals_signature_and_call(pid, variant):
-    p = problem(pid, variant)
-    names, defaults, call = CONTRACTS[pid]
-    params = inspect.signature(p.module.solution).parameters
-    assert list(params) == names
-    for name, value in defaults.items():
-        assert params[name].default == value, name
-    if variant == "pkb":
-        assert "Differences from the original:" in p.description
-    inputs = cpu_inputs(pid, 4, rank=0, variant=variant)
-    assert len(inputs) == len(call)
-    for got, want in zip(inputs, call, strict=True):
-        if want == "T":
-            assert isinstance(got, torch.Tensor)
-        elif want == "L":
-            assert isinstance(got, list) and all(isinstance(c, int) for c in got)
-        else:
-            assert got == want and type(got) is type(want)
 
 
 @pytest.mark.parametrize("pid", IDS)
