@@ -122,6 +122,7 @@ class BuildCommand(TypedDict):
 
     argv: list[str]
     cwd: NotRequired[str]  # default: the launch directory
+    header: NotRequired[str]  # a C++ syntax check: the key of torch's precompiled header it may use
 
 
 class ToolConfig(TypedDict):
@@ -275,6 +276,7 @@ class CommandResult(TypedDict):
     returncode: int | None  # None: killed at the deadline
     output: str
     elapsed_s: float
+    header: NotRequired[bool]  # given a header key that the view had: whether GCC took the header
 
 
 class ExtensionBuild(TypedDict):
