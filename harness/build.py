@@ -5,7 +5,7 @@ as text into the launch directory) and every extension build (harness/extensions
 passed the same allow-list). This program only runs them, side by side, and writes `build.json`, a
 BuildRecord (harness/contracts.py):
 
-  {"commands": [{"returncode", "output", "elapsed_s"}],
+  {"commands": [{"returncode", "output", "elapsed_s", "header"}],
    "extensions": [{"key", "name", "ok", "log", "elapsed_s", "steps_s", "parts"}],
    "headers": [{"key", "ok", "cached", "log", "elapsed_s"}],
    "parts": [{"key", "ok", "cached", "log", "elapsed_s"}],
@@ -43,6 +43,7 @@ from typing import Any
 
 from harness import extensions, headers, nvcc, objects, prefixes
 from harness.contracts import (
+    BuildCommand,
     BuildRecord,
     CommandResult,
     ExtensionBuild,
@@ -83,6 +84,22 @@ def run_command(argv: list[str], cwd: Path, env: dict[str, str], deadline: float
         output = out.read(MAX_OUTPUT_BYTES).decode("utf-8", errors="replace")
     out_path.unlink(missing_ok=True)
     return {"returncode": returncode, "output": output, "elapsed_s": round(time.monotonic() - start, 3)}
+
+
+def _run_planned(
+    command: BuildCommand, launch_dir: Path, env: dict[str, str], deadline: float, header_root: Path | None
+) -> CommandResult:
+    """One of the host's compiler runs; a C++ syntax check given a header key finds that precompiled
+    header in the cache's view where it is there (harness/headers.py `argv_with`), and its result says
+    whether GCC took it (`header`: -Winvalid-pch names a refusal)."""
+    argv = list(command["argv"])
+    offered = headers.argv_with(argv, header_root, command.get("header"))
+    if offered is not None:
+        argv = [offered[0], "-Winvalid-pch", *offered[1:]]
+    result = run_command(argv, Path(command.get("cwd") or launch_dir), env, deadline)
+    if offered is not None:
+        result["header"] = prefixes.INVALID not in result["output"]
+    return result
 
 
 def compiler_env(launch_dir: Path) -> dict[str, str]:
@@ -233,10 +250,7 @@ def main(cfg: ToolConfig) -> BuildRecord:
         import torch.utils.cpp_extension  # noqa: F401 - every build and header needs it: timed alone
     import_s = round(time.monotonic() - start, 3)
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        ran = [
-            pool.submit(run_command, list(c["argv"]), Path(c.get("cwd") or launch_dir), env, deadline)
-            for c in commands
-        ]
+        ran = [pool.submit(_run_planned, c, launch_dir, env, deadline, header_cache) for c in commands]
         built = [pool.submit(_build_extension, r, launch_dir) for r in requests]
         made = [pool.submit(make_header, h, launch_dir, header_cache) for h in cfg.get("headers", [])]
         parts = [pool.submit(make_part, p, launch_dir, part_cache) for p in cfg.get("parts", [])]

@@ -122,6 +122,7 @@ class BuildCommand(TypedDict):
 
     argv: list[str]
     cwd: NotRequired[str]  # default: the launch directory
+    header: NotRequired[str]  # a C++ syntax check: the key of torch's precompiled header it may use
 
 
 class ToolConfig(TypedDict):
@@ -216,6 +217,10 @@ class RankRecord(TypedDict, total=False):
     elapsed_s: float  # from the launch's start to the rank's end (launch.json: by the launcher's clock)
     cpus: list[int] | None  # the CPUs the rank could run on, as it saw them at start
     stages: dict[str, float] | None  # seconds in each stage of the launch (harness.worker.Stages)
+    # a rank started with its launch (not warm), before the launch: "process" (from its process's start:
+    # a new interpreter's start and imports, or a fork's), "group" (the rendezvous, the process group
+    # and one collective)
+    startup_s: dict[str, float] | None
 
 
 class LaunchRecord(TypedDict):
@@ -275,6 +280,7 @@ class CommandResult(TypedDict):
     returncode: int | None  # None: killed at the deadline
     output: str
     elapsed_s: float
+    header: NotRequired[bool]  # given a header key that the view had: whether GCC took the header
 
 
 class ExtensionBuild(TypedDict):
@@ -325,6 +331,11 @@ def read_launch_config(data: object) -> LaunchConfig:
 def read_tool_config(data: object) -> ToolConfig:
     """A discovery or build launch's configuration."""
     return cast(ToolConfig, _check(ToolConfig, data, "the tool launch's configuration"))
+
+
+def read_worker_setup(data: object) -> WorkerSetup:
+    """The `--ranks` set-up of a launch whose ranks are forks of its launcher (harness/launch.py)."""
+    return cast(WorkerSetup, _check(WorkerSetup, data, "the ranks' set-up"))
 
 
 def read_warm_setup(data: object) -> WarmSetup:

@@ -14,8 +14,9 @@ which the header never reads) and the toolchain, so that the host computes the k
 and installs only the header it asked for. It is made by a build launch that holds no candidate
 source (harness/build.py `make_header`: the host asks for one per set of a request's allow-listed
 flags), and found by later builds in their view of the cache, read-only (`command_with`); GCC
-takes it only where the unit's flags suit it, so the object is the same either way. Stdlib only: runs
-inside the sandbox.
+takes it only where the unit's flags suit it, so the object is the same either way. `pkb compile`'s
+syntax check of a C++ source (`-fsyntax-only` with a build's code model) takes the same header
+(`argv_with`: harness/build.py). Stdlib only: runs inside the sandbox.
 """
 
 from __future__ import annotations
@@ -105,11 +106,21 @@ def stub_text(real: Path) -> str:
 def command_with(step: Step, root: Path | None, header_key: str | None) -> str | None:
     """The step's command finding the precompiled header `header_key` (its request's flag set's) in
     `root`, or None when there is none or the step cannot use one."""
-    if root is None or header_key is None or flags(step) is None:
+    if flags(step) is None:
+        return None
+    argv = argv_with(shlex.split(step.command), root, header_key)
+    return shlex.join(argv) if argv is not None else None
+
+
+def argv_with(argv: list[str], root: Path | None, header_key: str | None) -> list[str] | None:
+    """A compiler's arguments finding the precompiled header `header_key` in `root` (its folder first
+    on the include path), or None where `root` has no such header with its stub beside it. Also for
+    the syntax check of a solution's C++ source (pkb_mcp/compile/solution.py), whose flags are a
+    build's C++ unit's with `-fsyntax-only`."""
+    if root is None or header_key is None or not argv:
         return None
     found = path(root, header_key)
     beside = found.with_suffix("")  # the stub, for what does not use the header
     if not found.is_file() or found.is_symlink() or not beside.is_file() or beside.is_symlink():
         return None
-    argv = shlex.split(step.command)
-    return shlex.join([argv[0], f"-I{found.parent.parent}", *argv[1:]])
+    return [argv[0], f"-I{found.parent.parent}", *argv[1:]]

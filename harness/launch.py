@@ -20,6 +20,12 @@ launch.
 A profile's counter launch (its configuration carries a CounterPlan) never runs warm: each rank
 starts as a new interpreter under its own Nsight Compute (harness/counters.py).
 
+Forked ranks: `--ranks SETUP --config-file PATH` (SETUP a WorkerSetup, nothing secret; the Docker
+backend's launches that start with their sandbox) imports torch and the worker once, forks each rank
+from itself (harness/forking.py, as the process backend's fork server does), and only then reads PATH:
+no rank's memory holds the launch's seeds or its end token. A launch of several ranks so pays one
+torch import, not one a rank (docs/sandbox.md, "A check's start-up").
+
 The launcher watches the workers: when one fails, the others get a short grace period to finish
 (they are usually stuck in a collective) and are then killed; at the deadline everything left is
 killed. It writes launch.json, a LaunchRecord: each rank's RankRecord, the worker's own status file
@@ -59,6 +65,7 @@ from harness.contracts import (
     read_rank_status,
     read_tool_config,
     read_warm_setup,
+    read_worker_setup,
 )
 from harness.forking import ForkedWorker
 
@@ -381,6 +388,7 @@ def rank_record(
         "elapsed_s": round(ended_s, 3),
         "cpus": status.get("cpus"),
         "stages": status.get("stages"),
+        "startup_s": status.get("startup_s"),
     }
     if status.get("state") == "ok" and rc == 0:
         entry["state"] = "ok"
@@ -520,6 +528,8 @@ def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRe
         if mismatch or "counters" in rank_cfg:  # a counter launch's ranks start under ncu: never warm
             sys.exit("harness.launch: the launch does not fit this warm sandbox")
         return rank_cfg["launch_dir"], launch(rank_cfg, procs)
+    if "--ranks" in args:
+        return _forked_ranks(read_worker_setup(_json(args["--ranks"], "the ranks' set-up")), args)
     if "--config-file" in args:
         cfg = read_config(Path(args["--config-file"]))
         if cfg["mode"] in TOOL_MODES:
@@ -527,6 +537,22 @@ def _run(args: dict[str, str], fork: bool = False) -> tuple[str | None, LaunchRe
         return cfg["launch_dir"], launch(cast(LaunchConfig, cfg), fork=fork)
     stdin_cfg = read_launch_config(_json(sys.stdin.read(), "the launch configuration"))
     return stdin_cfg["launch_dir"], launch(stdin_cfg)
+
+
+def _forked_ranks(setup: WorkerSetup, args: dict[str, str]) -> tuple[str | None, LaunchRecord | None]:
+    """`--ranks`: the ranks forked from this launcher once it has imported torch, before it reads the
+    launch (module docstring); then the launch run on them."""
+    from harness import worker  # noqa: F401 - torch and the rank's program, imported once for every rank
+
+    procs = spawn(setup, fork=True)
+    cfg = read_config(Path(args["--config-file"]))
+    fits = cfg["mode"] not in TOOL_MODES and "counters" not in cfg
+    rank_cfg = cast(LaunchConfig, cfg)
+    if not fits or rank_cfg["world_size"] != len(procs) or rank_cfg["device"] != setup["device"]:
+        for proc in procs:
+            _send(proc, None, close=True)  # an empty line: the worker leaves quietly
+        sys.exit("harness.launch: the launch does not fit the ranks forked for it")
+    return rank_cfg["launch_dir"], launch(rank_cfg, procs)
 
 
 if __name__ == "__main__":

@@ -60,18 +60,26 @@ def _trimmed_traceback(exc: BaseException) -> str:
     return text[-6000:]
 
 
-def finished_status(t_start: float, cpus: list[int], stages: Stages) -> RankRecord:
+def finished_status(
+    t_start: float, cpus: list[int], stages: Stages, startup: dict[str, float] | None = None
+) -> RankRecord:
     """This rank's part of its RankRecord when its launch ran to the end."""
     return {
         "state": "ok",
         "elapsed_s": time.monotonic() - t_start,
         "cpus": cpus,
         "stages": stages.durations(),
+        "startup_s": startup,
     }
 
 
 def failed_status(
-    exc: BaseException, stage: str, t_start: float, cpus: list[int], stages: Stages
+    exc: BaseException,
+    stage: str,
+    t_start: float,
+    cpus: list[int],
+    stages: Stages,
+    startup: dict[str, float] | None = None,
 ) -> RankRecord:
     """This rank's part of its RankRecord when `exc` ended it in `stage`."""
     return {
@@ -82,7 +90,20 @@ def failed_status(
         "elapsed_s": time.monotonic() - t_start,
         "cpus": cpus,
         "stages": stages.durations(),
+        "startup_s": startup,
     }
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (a new interpreter's start, or its fork), from the kernel's
+    record of its start; None where /proc does not say (Linux only)."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat, counted after comm
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _write_status(launch_dir: Path, rank: int, status: RankRecord) -> None:
@@ -271,11 +292,17 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
     launch_dir = Path(setup["launch_dir"])
     stage = "setup"
     t_start = time.monotonic()
+    age = process_age()
     stages = Stages()  # restarted when the launch arrives: a warm sandbox's start is no part of it
     cpus = sorted(os.sched_getaffinity(0))  # where the launcher put this rank, before any solution ran
+    startup: dict[str, float] | None = None
     try:
         stage = "process group"
         device = _join_group(setup, launch_dir, next_launch)
+        if not setup["warm"]:  # a cold launch's start is part of its time: the host logs it
+            startup = {"group": round(time.monotonic() - t_start, 4)}
+            if age is not None:
+                startup["process"] = round(age, 4)
         if device is None:  # a gated warm sandbox that was never used
             os._exit(0)
         stage = "waiting for the launch"
@@ -301,10 +328,11 @@ def run(setup: RankSetup, next_launch: Callable[[], object]) -> None:
             signed = cast(TimingRecord, tensorfile.mac_record(tensorfile.result_key(cfg["seeds"]), record))
             tmp.write_text(json.dumps(signed))
             os.replace(tmp, launch_dir / "timing.json")
-        _write_status(launch_dir, rank, finished_status(t_start, cpus, stages))
+        _write_status(launch_dir, rank, finished_status(t_start, cpus, stages, startup))
         _exit_now(0)
     except BaseException as exc:  # report every failure of this rank, then exit non-zero
-        _write_status(launch_dir, rank, failed_status(exc, stages.label or stage, t_start, cpus, stages))
+        failed = failed_status(exc, stages.label or stage, t_start, cpus, stages, startup)
+        _write_status(launch_dir, rank, failed)
         sys.stderr.write(_trimmed_traceback(exc))
         sys.stderr.flush()
         forking.reap_descendants()

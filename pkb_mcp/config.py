@@ -122,9 +122,9 @@ def unseen_beside() -> bool:
 
 
 def precompiled_headers() -> str:
-    """Whether extension builds get torch's header, and their CUDA units' headers' parts, precompiled
-    (PKB_PRECOMPILED_HEADERS; pkb_mcp/compile/headers.py): "auto" (the default) where torch is built
-    with CUDA, "1" also elsewhere (tests), "0" never."""
+    """Whether extension builds and syntax checks get torch's header, and CUDA units their headers'
+    parts, precompiled (PKB_PRECOMPILED_HEADERS; pkb_mcp/compile/headers.py): "auto" (the default) and
+    "1" on every node, "0" never (the test suite, whose every test has a cache of its own)."""
     env = os.environ.get("PKB_PRECOMPILED_HEADERS", "").strip() or "auto"
     if env not in ("auto", "0", "1"):
         raise ValueError(f"PKB_PRECOMPILED_HEADERS must be auto, 0 or 1, not {env!r}")

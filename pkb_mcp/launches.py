@@ -102,6 +102,7 @@ class RankOutcome:
     ended_s: float = 0.0  # when the launcher saw it end: the first failure is usually the cause
     cpus: list[int] = field(default_factory=list)  # the CPUs it could run on (sandbox/cpus.py); [] unknown
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the launch, as reported
+    startup: dict[str, float] = field(default_factory=dict)  # a cold rank's start, as reported (RankRecord)
 
 
 @dataclass
@@ -352,6 +353,8 @@ def run_launch(
             warm=run.warm,
             rank_cpus=[cpus.format_cpulist(r.cpus) for r in outcome.ranks],
             stages_s=longest_stages(outcome.ranks),
+            # a cold launch's ranks before it: their processes' start and imports, the rendezvous
+            startup_s=longest_stages(outcome.ranks, "startup"),
             # when the launcher saw the last rank end, from the launch's arrival: the rest of wall_s
             # is the host's and the sandbox's (the hand-over, the container's end, the collection)
             ranks_ended_s=round(max((r.ended_s for r in outcome.ranks), default=0.0), 3),
@@ -403,12 +406,12 @@ def _stage_times(value: Any) -> dict[str, float]:
     return {k: float(v) for k, v in value.items()} if ok else {}
 
 
-def longest_stages(ranks: list[RankOutcome]) -> dict[str, float]:
-    """Each stage's longest time over the ranks: the ranks wait for each other, so the slowest one's
-    stage is what the launch spent on it."""
+def longest_stages(ranks: list[RankOutcome], part: str = "stages") -> dict[str, float]:
+    """Each stage's longest time over the ranks (`part`: their stages, or their startup): the ranks
+    wait for each other, so the slowest one's stage is what the launch spent on it."""
     out: dict[str, float] = {}
     for r in ranks:
-        for name, seconds in r.stages.items():
+        for name, seconds in getattr(r, part).items():
             out[name] = max(out.get(name, 0.0), seconds)
     return out
 
@@ -446,6 +449,7 @@ def _collect(
                 ended_s=seconds(e.get("elapsed_s")) or 0.0,
                 cpus=_cpu_list(e.get("cpus")),
                 stages=_stage_times(e.get("stages")),
+                startup=_stage_times(e.get("startup_s")),
             )
         )
     outcome = LaunchOutcome(

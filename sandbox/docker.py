@@ -25,14 +25,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import docker
 import docker.errors
 import requests.exceptions
 from docker.types import DeviceRequest, Mount, Ulimit
 
+from harness.contracts import LaunchConfig
 from harness.extensions import VIEW
+from harness.launch import TOOL_MODES, setup_of
 from sandbox.backend import Backend
 from sandbox.base import (
     CONFIG_NAME,
@@ -197,6 +199,15 @@ def _inside(value: Any, host_dir: str) -> Any:
     return value
 
 
+def _rank_setup(config: dict[str, Any]) -> dict[str, Any] | None:
+    """What the ranks of a launch (its config as the container sees it) are forked with, before their
+    launcher reads the launch: nothing secret. None for a tool launch or a counter launch (whose ranks
+    start under Nsight Compute), which start as they always did."""
+    if config.get("mode") in TOOL_MODES or "counters" in config or "world_size" not in config:
+        return None
+    return dict(setup_of(cast(LaunchConfig, config)))
+
+
 WAIT_CALL_S = 0.25  # one engine call waiting for a container's exit
 ENDED_POLL_S = 0.005  # how often the launch directory is read for the launcher's clean end
 
@@ -316,11 +327,16 @@ class DockerBackend(Pooled, Backend):
         cpus: tuple[tuple[int, ...], ...],
         harness_root: Path,
         warm: dict[str, Any] | None,
+        ranks: dict[str, Any] | None = None,
     ) -> Any:
-        """Create and start the launch's container; a warm one waits inside for its launch file."""
+        """Create and start the launch's container; a warm one waits inside for its launch file; a
+        launch's own, given its ranks' set-up (`ranks`: harness.launch setup_of, nothing secret),
+        forks its ranks from its launcher."""
         command = [sys.executable, "-m", "harness.launch", "--config-file", f"{LAUNCH_MOUNT}/{CONFIG_NAME}"]
         if warm is not None:
             command += ["--warm", json.dumps(_inside(warm, str(launch_dir)))]
+        elif ranks is not None:  # forked from the launcher, torch imported once (harness/launch.py)
+            command += ["--ranks", json.dumps(ranks)]
         options = self.container_options(launch_id, launch_dir, device, gpus, threads, cpus, harness_root)
         container = self.client.containers.create(self.image, command, **options)
         try:
@@ -450,6 +466,7 @@ class DockerBackend(Pooled, Backend):
                 launch.cpus,
                 launch.harness_root,
                 None,
+                _rank_setup(config),
             )
         steps = {"handed_over": round(time.monotonic() - t0, 3)}
         end = Ending()

@@ -34,6 +34,9 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # a passing check's trial at an unseen size costs two launches more: the tests that pass a check
     # skip it (CI has an hour), those of tests/test_unseen.py ask for it
     monkeypatch.setenv("PKB_UNSEEN_SIZES", "0")
+    # torch's precompiled header is about 0.8 GB and a minute of a core, made once per node's cache: a
+    # test's cache is its own, so only the tests of the header ask for it
+    monkeypatch.setenv("PKB_PRECOMPILED_HEADERS", "0")
     return launches
 
 

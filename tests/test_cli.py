@@ -283,3 +283,24 @@ def test_a_reader_that_goes_away_ends_the_output_quietly():
     )
     os.close(write)
     assert (proc.returncode, proc.stderr) == (141, b"")
+
+
+def test_a_command_waits_for_the_header_a_build_of_it_asked_for_and_says_why(capsys):
+    """A build asks for torch's precompiled header in a thread of its own (compile/headers.py); a
+    command line that ended before it would end that launch, and its next run would ask again."""
+    import threading
+    import time
+
+    from pkb_mcp.compile import headers
+
+    made = threading.Event()
+
+    def make() -> None:
+        time.sleep(0.5)
+        made.set()
+
+    threading.Thread(target=make, name=headers.THREAD, daemon=True).start()
+    assert main(["problems"]) == 0
+    assert made.is_set(), "the command ended before the header"
+    assert "finishing torch's precompiled header" in capsys.readouterr().err
+    assert main(["problems"]) == 0 and "precompiled" not in capsys.readouterr().err, "none under way"

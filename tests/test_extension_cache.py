@@ -320,6 +320,55 @@ def test_a_flag_set_s_header_is_asked_for_once_in_isolated_sandboxes_only(monkey
     assert list(Path(config.launches_dir()).iterdir()) == []
 
 
+def test_a_header_the_cache_has_or_no_launch_could_see_is_not_made(tmp_path, monkeypatch):
+    """A later process (a command line's next run) finds the header its cache holds and asks for none;
+    nor is one made where launch directories lie on another file system than the cache, whose view
+    could only copy smaller entries (pkb_mcp/launches.py VIEW_COPY_CAP)."""
+    from harness import headers as made_headers
+    from pkb_mcp.compile import headers
+
+    class Tools:
+        isolated = True
+
+        def new_dir(self) -> Path:
+            raise AssertionError("no launch was wanted")
+
+    monkeypatch.setattr(headers, "_asked", set())
+    monkeypatch.setenv("PKB_PRECOMPILED_HEADERS", "1")
+    wanted = {"extra_cflags": [], "with_cuda": False}
+    key = made_headers.key([], False, extensions.toolchain())
+    found = made_headers.path(headers.cache_root(), key)
+    found.parent.mkdir(parents=True)
+    found.write_bytes(b"gch")
+    assert headers.in_cache(wanted) and not headers.in_cache({**wanted, "extra_cflags": ["-O3"]})
+    assert headers.prepare_soon([wanted], Tools()) is None
+    elsewhere = Path("/dev/shm")
+    if not elsewhere.is_dir() or os.stat(elsewhere).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system here")
+    monkeypatch.setenv("PKB_LAUNCH_DIR", str(elsewhere))
+    assert headers.prepare_soon([{**wanted, "extra_cflags": ["-O3"]}], Tools()) is None
+
+
+def test_a_cpu_node_asks_for_the_c_plus_plus_set_alone_and_a_check_for_its_build_s(monkeypatch):
+    """Where torch has no CUDA, the default sets and a syntax check's set leave CUDA out: no CUDA unit
+    is built there, and a set with CUDA would cost a header no build uses."""
+    import torch
+
+    from pkb_mcp.compile import headers
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert headers.default_sets() == [{"extra_cflags": [], "with_cuda": False}]
+    both = requests.Request(name="x", cpp_sources=("int f();",), cuda_sources=("__global__ void k() {}",))
+    assert headers.check_set(both) == {"extra_cflags": [], "with_cuda": False}
+    chain = extensions.toolchain()
+    assert headers.check_key(both, chain) == requests.header_key(
+        requests.Request(name="y", cpp_sources=("int f();",)), chain
+    ), "the C++ set's header, which a build of a C++ extension asks for"
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert {"extra_cflags": [], "with_cuda": True} in headers.default_sets()
+    assert headers.check_set(both)["with_cuda"] is True
+
+
 def test_a_build_launchs_steps_are_logged_from_its_record_with_limits() -> None:
     """Where a build launch's time went comes from build.json, written in the sandbox: numbers out
     of range, wrong types and extra keys are dropped."""

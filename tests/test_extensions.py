@@ -245,15 +245,18 @@ def test_original_benchmark_helper_imports_in_the_sandbox() -> None:
     assert result.verdict == "pass", (result.message, [r.log_tail for r in result.ranks])
 
 
-def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_it(monkeypatch) -> None:
+def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_it(
+    tmp_path, monkeypatch
+) -> None:
     """The first build asks for its flags' header in a build launch of its own (no candidate source);
     the next build's C++ unit compiles with it (its source includes the header a second time, as
-    agents' often do), and its object equals one compiled without it."""
+    agents' often do), and its object equals one compiled without it; `pkb compile`'s syntax check
+    of a C++ source takes it too."""
     import threading
 
-    from pkb_mcp.compile import extensions, headers
+    from pkb_mcp.compile import compile_source, extensions, headers
 
-    monkeypatch.setenv("PKB_PRECOMPILED_HEADERS", "1")  # by default only where torch has CUDA
+    monkeypatch.setenv("PKB_PRECOMPILED_HEADERS", "1")  # on by default; the suite's tests turn it off
     tools = ToolLaunches(select_backend("docker"))
 
     def request(name: str) -> requests.Request:
@@ -291,3 +294,6 @@ def test_a_precompiled_torch_header_is_made_apart_and_later_builds_compile_with_
         return sorted(line.split()[-1].replace(name, "NAME") for line in out.stdout.splitlines())
 
     assert symbols("pkb_test_one") == symbols("pkb_test_two") == symbols("pkb_test_own")
+    checked = LAZY.read_text().replace('CPP_SOURCE = """', 'CPP_SOURCE = """// checked')  # a new unit
+    result = compile_source(checked, filename="checked.py", cache_dir=tmp_path / "compile", tools=tools)
+    assert result.ok and "(with torch's precompiled header)" in result.units[0].log, result.units

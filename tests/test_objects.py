@@ -291,3 +291,52 @@ def test_header_sets_made_side_by_side_keep_their_own_folders(tmp_path, monkeypa
     assert made["ok"] and not made["cached"] and made["key"], made
     assert (tmp_path / "headers" / made["key"] / "torch" / "extension.h.gch").read_bytes() == b"gch"
     assert not (tmp_path / "headers-scratch").exists(), "both folders removed"
+
+
+def test_a_syntax_check_takes_a_header_made_with_a_build_s_flags_and_says_so(tmp_path):
+    """The C++ syntax check (compile/toolchain.py cxx_argv) and a build's C++ unit (torch's build file)
+    share their code model, so GCC takes a header precompiled with the build's flags for the check
+    (a small header in place of torch's, whose compile takes a minute); one made otherwise it refuses,
+    and the check says so; no header in the view, no header offered."""
+    from harness import build, headers
+    from pkb_mcp.compile.toolchain import EXTENSION_STD, cxx_argv, host_compiler
+
+    if host_compiler() is None:
+        pytest.skip("no C++ compiler")
+    cxx = host_compiler()[0]
+    request = extensions.Request(name="ext", cpp_sources=("",))
+    steps = extensions.build_steps(request, extensions.source_files(request, tmp_path), tmp_path)
+    unit_flags = headers.flags(next(s for s in steps or () if s.rule == "compile"))
+    assert unit_flags is not None
+    small = tmp_path / "small.h"
+    small.write_text("#pragma once\nint from_the_header(int x);\n")
+    source = tmp_path / "main.cpp"
+    source.write_text("#include <torch/extension.h>\nint twice(int x) { return 2 * from_the_header(x); }\n")
+    argv = cxx_argv(
+        cxx,
+        None,
+        source=source,
+        std=EXTENSION_STD,
+        extension="ext",
+        stand_ins=None,
+        include_dirs=[],
+        extra=[],
+    )
+    root = tmp_path / "view"
+
+    def made_with(key: str, flags: list[str]) -> None:
+        target = headers.path(root, key)
+        target.parent.mkdir(parents=True)
+        target.with_suffix("").write_text(headers.stub_text(small))
+        compiled = [cxx, *flags[1:], "-x", "c++-header", str(small), "-o", str(target)]
+        subprocess.run(compiled, cwd=tmp_path, check=True, capture_output=True, timeout=120)
+
+    made_with("build", unit_flags)
+    made_with("other", [cxx, "-std=c++20", "-fno-PIC"])
+    env = build.compiler_env(tmp_path)
+    for key, taken in (("build", True), ("other", False)):
+        ran = build._run_planned({"argv": argv, "header": key}, tmp_path, env, float("inf"), root)
+        assert ran["returncode"] == 0 and ran["header"] is taken, (key, ran)
+    bare = [cxx, "-fsyntax-only", "-x", "c++", str(source)]  # torch's own header out of reach: fast
+    ran = build._run_planned({"argv": bare, "header": "none"}, tmp_path, env, float("inf"), root)
+    assert "header" not in ran and "torch/extension.h" in ran["output"], "none in the view: none offered"

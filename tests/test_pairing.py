@@ -148,3 +148,24 @@ def test_a_problem_given_by_name_or_a_file_named_otherwise_is_taken_as_given():
     # issue 51: an id of no problem is not replaced by the problem the name names; it is refused
     assert pairing.for_request(999, "001_allreduce.py") == (999, None)
     assert pairing.for_request("999", PUBLISHED) == ("999", None)
+
+
+def test_pairing_imports_only_the_problem_it_pairs():
+    """The names are read from the files as text (pkb_mcp/catalogue.py): importing all 87 problem files
+    to pair one took a check 4.4 s on a 2-core machine, most of it one problem's inputs importing
+    torch's compiler."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from pkb_mcp.runs import pairing\n"
+        f"assert pairing.for_request(1, 'x/001_allreduce.py') == (1, None)\n"
+        f"assert pairing.pair({PUBLISHED!r}).problem.id == 34\n"
+        "from pkb_mcp import problems\n"
+        "print(problems._loaded.cache_info().currsize)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.split() == ["2"], f"problems imported: {out}"  # 1 and 34

@@ -100,6 +100,27 @@ def test_a_clean_launch_leaves_its_container_s_end_to_the_background_and_a_faile
     assert_clean(isolated_dirs)
 
 
+def test_a_launch_s_ranks_are_forks_of_its_launcher_which_imported_torch_once(isolated_dirs):
+    """Each rank of a launch that starts with its container is forked from its launcher once that has
+    imported torch (harness/launch.py `--ranks`): a rank's process is a few milliseconds old when it
+    starts, where a new interpreter importing torch took 7.9-8.5 s beside a check's other launches on
+    2 cores (docs/sandbox.md, "A check's start-up")."""
+    from structlog.testing import capture_logs
+
+    from pkb_mcp import log
+
+    log.configure("info")
+    try:
+        with capture_logs() as logs:
+            ok = check(ROOT / "problems" / "001_allreduce.py")
+    finally:
+        log.configure()
+    assert ok.verdict == "pass", ok.message
+    started = [e["startup_s"] for e in logs if e["event"] == "launch.end"]
+    assert len(started) == 2 and all(0 <= s["process"] < 1.0 and "group" in s for s in started), started
+    assert_clean(isolated_dirs)
+
+
 def test_network_is_unreachable(tmp_path, isolated_dirs):
     listener = socket.socket()
     listener.bind(("0.0.0.0", 0))

@@ -281,6 +281,57 @@ def test_a_docker_launch_asks_for_a_locked_down_container(docker_backend, tmp_pa
     assert written["launch_dir"] == "/launch", "host paths are rewritten to the container's"
 
 
+def test_a_docker_launch_forks_its_ranks_from_a_set_up_that_holds_no_secret(docker_backend, tmp_path):
+    """A rank launch's container starts its launcher with the ranks' set-up (harness/launch.py
+    `--ranks`): on its command line, which every process of the container can read, so it must hold
+    nothing of the launch's seeds or end token; a tool launch starts as before."""
+    backend, client = docker_backend
+    launch_dir = tmp_path / "pkb-launch-ranks"
+    launch_dir.mkdir()
+    config = {
+        "mode": "outputs",
+        "launch_dir": str(launch_dir),
+        "world_size": 2,
+        "device": "cpu",
+        "threads_per_rank": 1,
+        "rank_cpus": [],
+        "timeout_s": 30.0,
+        "seeds": [424242424242],
+        "end_token": "tok-secret-123",
+    }
+    cpus = ((0,), (1,))
+    for cfg in (config, {"mode": "build", "launch_dir": str(launch_dir), "timeout_s": 30.0}):
+        launch = base.SandboxLaunch("ranks", launch_dir, cfg, "cpu", [], 30, Path("/opt/h"), 1, cpus)
+        backend.run(launch)
+    (_, ranks_command, _), (_, tool_command, _) = client.created
+    setup = json.loads(ranks_command[ranks_command.index("--ranks") + 1])
+    assert setup["world_size"] == 2 and setup["launch_dir"] == "/launch"
+    assert "424242424242" not in " ".join(ranks_command) and "tok-secret" not in " ".join(ranks_command)
+    assert "--ranks" not in tool_command
+
+
+def test_forked_ranks_exist_before_their_launcher_reads_the_launch(monkeypatch, tmp_path):
+    """The ranks are forked first, so no rank's memory holds the launch's seeds or end token; a launch
+    that does not fit them is refused and the ranks let go."""
+    from harness import launch as launcher
+
+    order: list[str] = []
+    sent: list[object] = []
+    cfg = {"mode": "outputs", "world_size": 2, "device": "cpu", "launch_dir": str(tmp_path)}
+    monkeypatch.setattr(launcher, "spawn", lambda setup, fork: order.append(f"spawn fork={fork}") or [1, 2])
+    monkeypatch.setattr(launcher, "read_config", lambda path: order.append("read") or dict(cfg))
+    monkeypatch.setattr(launcher, "launch", lambda rank_cfg, procs: order.append("launch") or {"ok": 1})
+    monkeypatch.setattr(launcher, "_send", lambda proc, message, close: sent.append(message))
+    setup = {"world_size": 2, "device": "cpu"}
+    args = {"--config-file": str(tmp_path / "cfg")}
+    assert launcher._forked_ranks(setup, args) == (str(tmp_path), {"ok": 1})  # type: ignore[arg-type]
+    assert order == ["spawn fork=True", "read", "launch"]
+    cfg["world_size"] = 3
+    with pytest.raises(SystemExit, match="does not fit"):
+        launcher._forked_ranks(setup, args)  # type: ignore[arg-type]
+    assert sent == [None, None], "each forked rank told to leave"
+
+
 class RunningContainer(StubContainer):
     """A container that never exits by itself; its removal waits for `gate`."""
 

@@ -23,6 +23,14 @@ CLI call it (the Docker sandbox when an engine answers, else the process backend
                text (pkb_mcp/compile/extensions.py `discover`), against reading its calls from the
                text (compile/literal_calls.py), --repeats times each, with example 001 on any device
                (not part of the default stages)
+  versus_torch a fresh C++ extension (--device cpu's solution, its source edited each time) built by
+               pkb's check, and its C++ source's syntax check by `pkb compile`, with a cold header
+               cache (PKB_PRECOMPILED_HEADERS=0) and then a warm one (the default flags' header made
+               first, as `headers`), against torch's own `load_inline` of the same source in a fresh
+               build directory on the host before and after them; the build's seconds are those the
+               check's note reports (the build launch, its sandbox's start and torch's import in it
+               included). Its last row holds the ratios to torch's median (not part of the default
+               stages)
 
 The cached and plain stages are fresh service calls, each starting its sandboxes: a server's warm
 check is faster (bench/scripts/turnaround.py measures that). With --server the service keeps warm
@@ -108,6 +116,113 @@ def check(path: Path, args: argparse.Namespace) -> dict:
     }
 
 
+TORCH_BUILD = """
+import sys, time
+from torch.utils.cpp_extension import load_inline
+t0 = time.monotonic()
+load_inline(name=sys.argv[1], cpp_sources=[sys.argv[2]], functions=["copy_of"], build_directory=sys.argv[3])
+print(time.monotonic() - t0)
+"""
+
+
+def cpp_source(text: str) -> str:
+    """The solution's C++ source string (CPP_SOURCE), read without running the file."""
+    import ast
+
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CPP_SOURCE" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise SystemExit("the solution has no CPP_SOURCE string")
+
+
+def torch_build(text: str, tag: str) -> float:
+    """torch's own load_inline of the solution's C++ source, on the host, in a fresh build directory:
+    the call's seconds (torch's import before it not counted)."""
+    import subprocess
+
+    build_dir = tempfile.mkdtemp(prefix="pkb-torch-build-")
+    argv = [sys.executable, "-c", TORCH_BUILD, f"pkb_torch_{tag}", cpp_source(text), build_dir]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=1200)
+    return round(float(out.stdout.strip().splitlines()[-1]), 3)
+
+
+def build_seconds(notes: list[str]) -> float | None:
+    """The build's seconds from a check's note ("built extension NAME in 12.3 s ...")."""
+    import re
+
+    found = [m for n in notes if (m := re.search(r"built extension \S+ in ([0-9.]+) s", n))]
+    return float(found[0].group(1)) if found else None
+
+
+def compiled(path: Path) -> dict:
+    """`pkb compile` of a solution (service.compile_file): its wall, and its C++ syntax check's seconds
+    (the unit's build time: its slowest command run now) and whether it took torch's header."""
+    from pkb_mcp import service
+    from pkb_mcp.models import RunRequest
+
+    t0 = time.monotonic()
+    r = service.compile_file(RunRequest(path=str(path)))
+    unit = r.units[0] if r.units else None
+    return {
+        "wall_s": round(time.monotonic() - t0, 3),
+        "ok": r.ok,
+        "check_s": unit.build_time_s if unit else None,
+        "header": bool(unit and "(with torch's precompiled header)" in unit.log),
+    }
+
+
+def versus_torch(source: Path, opener: str, work: Path, args: argparse.Namespace, base: dict) -> None:
+    """The versus_torch stage (module docstring)."""
+    import threading
+
+    from pkb_mcp.compile import headers
+    from pkb_mcp.launches import ToolLaunches
+    from sandbox import select_backend
+
+    def fresh(tag: str) -> Path:
+        path = work / f"001_allreduce_{tag}.py"
+        path.write_text(edited(source.read_text(), opener, tag))
+        return path
+
+    torch_s = [torch_build(fresh("torch_before").read_text(), "before")]
+    emit(args.out, {**base, "stage": "torch_load_inline", "n": 0, "wall_s": torch_s[0]})
+    rows = {}
+    for state in ("cold", "warm"):
+        if state == "cold":
+            os.environ["PKB_PRECOMPILED_HEADERS"] = "0"
+        else:
+            os.environ["PKB_PRECOMPILED_HEADERS"] = "1"
+            t0 = time.monotonic()
+            made = headers.prepare(headers.default_sets(), ToolLaunches(select_backend("auto")))
+            emit(
+                args.out,
+                {**base, "stage": "headers", "wall_s": round(time.monotonic() - t0, 3), "made": made},
+            )
+        checked = check(fresh(f"check_{state}"), args)
+        checked["build_s"] = build_seconds(checked["notes"])
+        for thread in [t for t in threading.enumerate() if t.name == headers.THREAD]:
+            thread.join(1200)  # none asked for when cold; made already when warm
+        rows[state] = {"check": checked, "compile": compiled(fresh(f"compile_{state}"))}
+        emit(args.out, {**base, "stage": f"{state}_header", **rows[state]})
+    torch_s.append(torch_build(fresh("torch_after").read_text(), "after"))
+    emit(args.out, {**base, "stage": "torch_load_inline", "n": 1, "wall_s": torch_s[1]})
+    torch_median = statistics.median(torch_s)
+
+    def ratio(value: float | None) -> float | None:
+        return round(value / torch_median, 3) if value is not None else None
+
+    summary = {
+        "torch_load_inline_s": torch_s,
+        **{f"{state}_build_ratio": ratio(rows[state]["check"]["build_s"]) for state in rows},
+        **{f"{state}_check_wall_ratio": ratio(rows[state]["check"]["wall_s"]) for state in rows},
+        **{f"{state}_syntax_check_s": rows[state]["compile"]["check_s"] for state in rows},
+    }
+    emit(
+        args.out,
+        {**base, "stage": "versus_torch", "cpus": os.cpu_count(), "load": os.getloadavg(), **summary},
+    )
+
+
 def timeline(store: Path, batch_start: float) -> dict:
     """Where a batch's time went, from its job store: each job's wait (from its submission: a check
     waits for its build, then for GPUs) and run, in seconds from the batch's start, and how long some
@@ -186,7 +301,7 @@ def main() -> None:
 
         os.environ.setdefault("PKB_PRECOMPILED_HEADERS", "1")
         t0 = time.monotonic()
-        made = headers.prepare(headers.DEFAULT_SETS, ToolLaunches(select_backend("auto")))
+        made = headers.prepare(headers.default_sets(), ToolLaunches(select_backend("auto")))
         emit(args.out, {**base, "stage": "headers", "wall_s": round(time.monotonic() - t0, 3), "made": made})
     if "first_build" in args.stages:
         emit(args.out, {**base, "stage": "first_build", **check(solution, args)})
@@ -229,6 +344,8 @@ def main() -> None:
              "sandbox": tools.backend.name, "launch_s": launches,
              "read_s": reads, "median_launch_s": statistics.median(launches)},
         )  # fmt: skip
+    if "versus_torch" in args.stages:
+        versus_torch(source, opener, work, args, base)
     if "batch" in args.stages:
         from pkb_mcp.evaluation.batch import evaluate
 

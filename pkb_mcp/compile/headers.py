@@ -2,11 +2,16 @@
 (harness/headers.py), and each CUDA unit's headers' part, for its host compile (harness/prefixes.py).
 
 The first time this process builds an extension with a given set of C++ flags (a request's allow-listed
-`extra_cflags`, with CUDA or without), it asks for that set's header in a build launch of its own, in
-the background: a launch that holds no candidate source, so the header is a function of torch's
-headers, those flags and the toolchain alone, as its key says. Builds after it find the header in
-the cache (read-only) and compile `main.cpp` in a fraction of the time; a build before it compiles as
-it always did. `pkb serve` asks for the default flags' headers when it starts (DEFAULT_SETS).
+`extra_cflags`, with CUDA or without), or checks the syntax of its C++ source (`pkb compile`), it asks
+for that set's header in a build launch of its own, in the background, unless the node's cache has it
+(a header is made once per flag set and toolchain, and kept): a launch that holds no candidate source,
+so the header is a function of torch's headers, those flags and the toolchain alone, as its key says.
+Builds and syntax checks after it find the header in the cache (read-only) and compile `main.cpp` in a
+fraction of the time (`check_key`: a check's flags are its build's C++ unit's); one before it compiles
+as it always did. `pkb serve` asks for the default flags' headers when it starts (`default_sets`); a
+command line waits for the header it asked for before it exits (`finish`), so that its next run has it.
+On every node, CPU or GPU; not where launch directories lie on another file system than the cache,
+whose launches' views could not show a header (pkb_mcp/launches.py VIEW_COPY_CAP).
 
 A CUDA unit's part is known only once its build has run `cudafe++`: the build reports its key, and
 where the cache had no such part, the host asks for it in a build launch of its own, in the background,
@@ -22,7 +27,7 @@ the host writes torch's stub header beside its `.gch` (harness/headers.py `stub_
 a launch left is ignored. A part's key is over the text cudafe++ writes, which only a build learns:
 `remember_part` keeps which part a build of a request reported (by the request's `part_index`), and
 `part_entries` lets the next build of the same index see that part alone.
-PKB_PRECOMPILED_HEADERS (`enabled`) turns both off, or on where torch has no CUDA (tests).
+PKB_PRECOMPILED_HEADERS=0 (`enabled`) turns both off (the test suite: each test has a cache of its own).
 Imports pkb_mcp.config, log and harness.build, extensions, headers, objects, prefixes.
 """
 
@@ -47,11 +52,10 @@ from sandbox.untrusted import LaunchFiles
 
 log = get(__name__)
 
-# a request's flags when it sets none of its own: with CUDA sources, and C++ alone
-DEFAULT_SETS = [{"extra_cflags": [], "with_cuda": True}, {"extra_cflags": [], "with_cuda": False}]
 MAX_HEADER_BYTES = 2 << 30  # torch 2.11's, with its flags: about 0.8 GB
 TIMEOUT_S = 600.0
 _KEY = re.compile(r"[0-9a-f]{64}")
+THREAD = "headers"  # the name of a header launch's thread
 _asked: set[tuple[tuple[str, ...], bool]] = set()
 _asked_parts: set[str] = set()
 _part_of: dict[str, str] = {}  # a request's part_index -> the part key its last build reported
@@ -64,7 +68,11 @@ def _toolchain() -> dict[str, str]:
 
 def header_entries(request: requests.Request, chain: dict[str, str]) -> list[str]:
     """The cache's files (paths in it) of the precompiled header a build of `request` may use."""
-    key = requests.header_key(request, chain)
+    return header_files(requests.header_key(request, chain))
+
+
+def header_files(key: str) -> list[str]:
+    """The cache's files (paths in it) of the precompiled header `key`: its stub and the header."""
     rel = f"{objects.OBJECTS}/{headers.HEADERS}/{key}/{headers.HEADER}"
     return [rel, f"{rel}.gch"]
 
@@ -95,14 +103,56 @@ def flag_set(request: requests.Request) -> dict[str, Any]:
     return {"extra_cflags": list(request.extra_cflags), "with_cuda": with_cuda}
 
 
-def enabled() -> bool:
-    """PKB_PRECOMPILED_HEADERS: "auto" (the default) where torch is built with CUDA, else 0 or 1."""
-    mode = config.precompiled_headers()
-    if mode == "auto":
-        import torch
+def _torch_has_cuda() -> bool:
+    import torch
 
-        return torch.version.cuda is not None
-    return mode == "1"
+    return torch.version.cuda is not None
+
+
+def default_sets() -> list[dict[str, Any]]:
+    """The flag sets of a request that sets no flags of its own, that this node's torch builds: C++
+    alone, and with CUDA sources where torch has CUDA (a CPU build of torch builds no CUDA unit)."""
+    sets = [{"extra_cflags": [], "with_cuda": False}]
+    return [*sets, {"extra_cflags": [], "with_cuda": True}] if _torch_has_cuda() else sets
+
+
+def check_key(request: requests.Request, chain: dict[str, str]) -> str:
+    """The key of the header a syntax check of the request's C++ source may use (compile/solution.py):
+    its build's flag set's, without CUDA where torch has none (GCC does not weigh the include
+    folders that CUDA adds, and a CPU node makes no header with CUDA)."""
+    chosen = flag_set(request)
+    return headers.key(chosen["extra_cflags"], chosen["with_cuda"] and _torch_has_cuda(), chain)
+
+
+def check_set(request: requests.Request) -> dict[str, Any]:
+    """The flag set of `check_key`, as `prepare_soon` takes it."""
+    chosen = flag_set(request)
+    return {**chosen, "with_cuda": chosen["with_cuda"] and _torch_has_cuda()}
+
+
+def enabled() -> bool:
+    """PKB_PRECOMPILED_HEADERS: "auto" (the default) and "1" on, "0" off. Builds of the same flag set
+    as a header are faster on CPU nodes as on GPU nodes: a C++ unit that includes torch/extension.h
+    compiled in 11 s with it, 35 s without, on 2 cores (docs/sandbox.md, "Build times on a CPU
+    node")."""
+    return config.precompiled_headers() != "0"
+
+
+def in_cache(flag_set: dict[str, Any]) -> bool:
+    """Whether the node's cache has this flag set's header (a plain file: the host's)."""
+    found = headers.path(
+        cache_root(), headers.key(flag_set["extra_cflags"], flag_set["with_cuda"], _toolchain())
+    )
+    return found.is_file() and not found.is_symlink()
+
+
+def _seen_by_launches() -> bool:
+    """Whether a launch's view can show a header: the view links the cache's entries, and copies only
+    smaller ones where the launch directories lie on another file system (pkb_mcp/launches.py)."""
+    try:
+        return os.stat(config.launches_dir()).st_dev == os.stat(config.extensions_dir()).st_dev
+    except OSError:
+        return False
 
 
 def _ident(flag_set: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
@@ -161,10 +211,11 @@ def prepare_parts(
 def prepare_soon(sets: Iterable[dict[str, Any]], tools: Any) -> threading.Thread | None:
     """`prepare` in the background for the sets this process has not asked for yet (isolated sandboxes
     only: the cache is filled by build launches); the thread, or None when there is nothing to do."""
-    if not tools.isolated or not enabled():
+    if not tools.isolated or not enabled() or not _seen_by_launches():
         return None
+    wanted = [s for s in {_ident(s): s for s in sets}.values() if not in_cache(s)]
     with _lock:
-        fresh = [s for s in {_ident(s): s for s in sets}.values() if _ident(s) not in _asked]
+        fresh = [s for s in wanted if _ident(s) not in _asked]
         _asked.update(_ident(s) for s in fresh)
 
     def forget() -> None:
@@ -209,9 +260,26 @@ def _in_background(
         if not made:  # no launch result (cancelled, failed to start): asked again by the next build;
             forget()  # what the compiler refused is not, since it would be refused again
 
-    thread = threading.Thread(target=run, name="headers", daemon=True)
+    thread = threading.Thread(target=run, name=THREAD, daemon=True)
     thread.start()
     return thread
+
+
+def pending() -> list[threading.Thread]:
+    """The header launches this process has under way."""
+    return [t for t in threading.enumerate() if t.name == THREAD and t.is_alive()]
+
+
+def finish(say: Callable[[str], None], timeout_s: float = TIMEOUT_S) -> None:
+    """Wait for the header launches under way (a command line's end: its process would otherwise end
+    them, and every later process would make the header again); `say` is told why it waits."""
+    under_way = pending()
+    if not under_way:
+        return
+    say("finishing torch's precompiled header for later builds (made once per toolchain)")
+    deadline = time.monotonic() + timeout_s
+    for thread in under_way:
+        thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 def _entries(path: Path, kind: str) -> list[dict[str, Any]]:

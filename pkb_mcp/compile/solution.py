@@ -2,7 +2,8 @@
 those made on solution()'s first call), then each extension is checked (nvcc for CUDA, a syntax-only host
 compiler run for C++) and, where the node can, built for the extension cache in the same build launch.
 
-Offers `compile_solution`. Imports pkb_mcp.compile.cache, extensions, flags, results, toolchain and units."""
+Offers `compile_solution`. Imports pkb_mcp.compile.cache, extensions, flags, headers, results, toolchain
+and units."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from pydantic import BaseModel, Field, ValidationError
 from pkb_mcp.compile.cache import Cache, cached_result, read_source
 from pkb_mcp.compile.extensions import TIMED_OUT, ToolRunner, discover, parse_requests
 from pkb_mcp.compile.extensions import toolchain as launch_toolchain
-from pkb_mcp.compile.flags import choose_host_flags, choose_nvcc_flags
+from pkb_mcp.compile.flags import choose_host_flags, choose_nvcc_flags, prebuild_refusal
+from pkb_mcp.compile.headers import check_key, check_set, prepare_soon
+from pkb_mcp.compile.headers import enabled as headers_enabled
 from pkb_mcp.compile.results import CompileError, CompileResult, Diagnostic, tool_message
 from pkb_mcp.compile.toolchain import (
     EXTENSION_STD,
@@ -169,6 +172,7 @@ def compile_solution(
                 )
             )
         prebuild = _buildable([call.model_dump() for call in recorded.calls], notes)
+        _ask_for_headers(recorded.calls, tools)
         ran, prepared = run_plans(plans, cache, tools, work, deadline, prebuild)
         units = [unit_result(plan, r, timeout_s) for plan, r in zip(plans, ran, strict=True)]
     finally:
@@ -275,6 +279,20 @@ def _buildable(calls: list[dict[str, Any]], notes: list[str]) -> list[Any]:
             "is built by the first check on a GPU node"
         )
     return [r for r in wanted if not r.cuda_sources]
+
+
+def _check_header(call: _RecordedCall) -> str | None:
+    """The key of torch's precompiled header that the syntax check of the call's C++ source may use
+    (compile/headers.py check_key), or None where the call is no build request."""
+    found, _ = parse_requests([call.model_dump()]) if headers_enabled() else ([], [])
+    return check_key(found[0], launch_toolchain()) if found else None
+
+
+def _ask_for_headers(calls: Sequence[_RecordedCall], tools: ToolRunner) -> None:
+    """Ask for the headers of the calls' syntax checks that the cache lacks, for the checks after this
+    one (in the background: this one compiles as it always did)."""
+    found, _ = parse_requests([call.model_dump() for call in calls])
+    prepare_soon([check_set(r) for r in found if prebuild_refusal(r) is None], tools)
 
 
 _Sources = list[tuple[Path, str, LineMap]]
@@ -384,7 +402,8 @@ def _plan_extension(
                 extra=host_flags.kept,
             )
             material = command_material("c++", argv, work, source_file, {})
-            commands.append(Command("c++", argv, material, mapping, {str(source_file): shown}))
+            paths = {str(source_file): shown}
+            commands.append(Command("c++", argv, material, mapping, paths, header=_check_header(call)))
     if not commands and not known:
         where = f"{display}:{call.line}" if call.line else display
         notes.append(f"extension {name} ({where}) has no sources to build")

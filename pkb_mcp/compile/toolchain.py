@@ -260,9 +260,11 @@ def cxx_argv(
     include_dirs: Sequence[str],
     extra: Sequence[str],
 ) -> list[str]:
-    """The host compiler checking a C++ `source`'s syntax against torch's, Python's and CUDA's headers."""
+    """The host compiler checking a C++ `source`'s syntax against torch's, Python's and CUDA's headers,
+    with the code model of torch's extension builds (-fPIC): GCC takes a build's precompiled torch
+    header (harness/headers.py) only for a compile of the same code model."""
     torch_headers = _torch_headers()
-    argv = [cxx, "-fsyntax-only", "-x", "c++"]
+    argv = [cxx, "-fsyntax-only", "-fPIC", "-x", "c++"]
     if std:
         argv.append(f"-std={std}")
     argv += [f"-DTORCH_EXTENSION_NAME={extension}", "-DTORCH_API_INCLUDE_EXTENSION_H"]

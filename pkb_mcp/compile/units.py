@@ -23,8 +23,10 @@ from pydantic import BaseModel, ValidationError
 
 from pkb_mcp.compile.cache import Cache, read_source
 from pkb_mcp.compile.extensions import Prepared, ToolRunner, build_requests
+from pkb_mcp.compile.headers import header_files
 from pkb_mcp.compile.parse import demangle, parse_diagnostics, parse_ptxas_resources
 from pkb_mcp.compile.results import CompileUnit, Diagnostic, KernelResources, tool_message
+from pkb_mcp.launches import show_entries
 
 _MAX_DIAGNOSTICS_PER_UNIT = 50
 
@@ -33,6 +35,9 @@ _MAX_CAPTURED_OUTPUT = 1 << 20
 
 
 _LOG_LIMIT = 4096  # characters of a unit's compiler log kept in its result
+
+
+PCH_REFUSED = "-Winvalid-pch"  # GCC's warning where it does not take a precompiled header
 
 
 @dataclass
@@ -105,6 +110,9 @@ class Command:
     key_material: dict[str, object]  # what decides the compiler's output, besides the toolchain
     line_map: LineMap | None = None
     paths: dict[str, str] = field(default_factory=dict)  # compiler path -> name shown to the user
+    # a C++ syntax check: the key of torch's precompiled header it may use (compile/headers.py
+    # check_key); the result is the same without it, so it is no part of the key material
+    header: str | None = None
 
 
 @dataclass
@@ -125,6 +133,7 @@ class CommandRecord(BaseModel):
     returncode: int | None
     output: str
     elapsed_s: float
+    header: bool | None = None  # offered torch's precompiled header: whether GCC took it
 
 
 def command_material(
@@ -174,7 +183,10 @@ def run_plans(
             row.append((key, cache.load(key, CommandRecord) if key else None))
         keyed.append(row)
     pending = [(p, j) for p, row in enumerate(keyed) for j, (_, record) in enumerate(row) if record is None]
-    commands = [{"argv": plans[p].commands[j].argv, "cwd": str(plans[p].work)} for p, j in pending]
+    commands = [_planned(plans[p].commands[j], plans[p].work) for p, j in pending]
+    if tools.isolated:  # a view's files are the cache's own: only a sandbox's user cannot change them
+        keys = {c["header"] for c in commands if "header" in c}
+        show_entries(work, [e for key in sorted(keys) for e in header_files(key)])
     prepared, result = build_requests(
         list(prebuild), tools, time_left(deadline), extra={"commands": commands}, launch_dir=work
     )
@@ -194,6 +206,14 @@ def run_plans(
         if key and finished and record is not None:  # timed-out and unstartable runs are not kept
             cache.store(key, record, plans[p].inputs)
     return out, prepared
+
+
+def _planned(command: Command, cwd: Path) -> dict[str, Any]:
+    """A compiler run as a build launch takes it (harness/contracts.py BuildCommand)."""
+    planned: dict[str, Any] = {"argv": command.argv, "cwd": str(cwd)}
+    if command.header is not None:
+        planned["header"] = command.header
+    return planned
 
 
 def _parse_record(value: Any) -> CommandRecord | None:
@@ -217,9 +237,13 @@ def unit_result(
     kernels: list[KernelResources] = []
     logs: list[str] = []
     for command, record in zip(plan.commands, records, strict=True):
-        logs.append(f"$ {_shown(command.argv, work)}\n{record.output}")
+        logs.append(f"$ {_shown(command.argv, work)}{_header_said(record.header)}\n{record.output}")
         output = record.output.replace("<build>", str(work))
-        found = [_place(d, command, work) for d in parse_diagnostics(output, tool=command.tool)]
+        found = [
+            _place(d, command, work)
+            for d in parse_diagnostics(output, tool=command.tool)
+            if d.code != PCH_REFUSED  # pkb's own header, not the candidate's: its refusal is no finding
+        ]
         if record.returncode is None:
             found.append(tool_message(f"build timed out after {timeout_s:g} s ({command.tool} was killed)"))
         elif record.returncode < 0 or record.returncode == 127:
@@ -253,6 +277,13 @@ def unit_result(
         command="\n".join(_shown(command.argv, work) for command in plan.commands),
         log="\n".join(logs)[:_LOG_LIMIT],
     )
+
+
+def _header_said(header: bool | None) -> str:
+    """What a compiler run's log line says of torch's precompiled header (CommandRecord.header)."""
+    if header is None:
+        return ""
+    return " (with torch's precompiled header)" if header else " (GCC refused torch's precompiled header)"
 
 
 def _build_time(records: Sequence[CommandRecord], hits: Sequence[bool]) -> float:

@@ -275,7 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pkb_mcp.compile import headers
         from pkb_mcp.launches import ToolLaunches
 
-        headers.prepare_soon(headers.DEFAULT_SETS, ToolLaunches(backend))
+        headers.prepare_soon(headers.default_sets(), ToolLaunches(backend))
     stopping = StopOnSignals()
     code = EXIT_PASS
     try:
@@ -541,6 +541,15 @@ def _add_node(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+def _finish_headers(args: argparse.Namespace) -> None:
+    """Wait for a precompiled header that a build of this command asked for (compile/headers.py), so
+    that the next command finds it; only where a build ran (its module is loaded)."""
+    found = sys.modules.get("pkb_mcp.compile.headers")
+    if found is not None:
+        quiet = getattr(args, "json", False)
+        found.finish(lambda why: None if quiet else print(f"pkb: {why}", file=sys.stderr))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     given = list(sys.argv[1:] if argv is None else argv)
@@ -550,7 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "timeout", "absent") is None:
         args.timeout = args.default_timeout
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        if args.func is not cmd_serve:
+            _finish_headers(args)
+        return code
     except (UserError, ProblemFormatError) as exc:
         if getattr(args, "json", False):  # a script reads stdout: the error there, as the tools' shape
             print(json.dumps({"error": str(exc)}))

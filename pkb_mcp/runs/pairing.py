@@ -13,8 +13,10 @@ their ids are often one off from ours while their names are right. So the name d
 Names are compared without regard to case (the original's `11_allgather_gemm_AT` is our
 `011_allgather_gemm_at`). A name that matches only without its last word (the backend) decides where
 the id is no problem's or one off from the named one; otherwise the last words may just describe the
-file (`086_gather_once.py`, `024_no_allreduce.py`) and the id decides. Imports pkb_mcp.problems and
-pkb_mcp.errors.
+file (`086_gather_once.py`, `024_no_allreduce.py`) and the id decides. The names are the catalogue's,
+read from the files as text: only the problem paired is imported (importing the suite took a check 4.4 s
+on a 2-core machine: docs/sandbox.md, "A check's start-up"). Imports pkb_mcp.catalogue, problems and
+errors.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pkb_mcp import problems
+from pkb_mcp import catalogue, problems
 from pkb_mcp.errors import UserError
 
 SOLUTION_NAME = re.compile(r"^(\d{1,3})_(\w+)\.py$", re.ASCII)
@@ -44,7 +46,7 @@ class Pairing:
         return self.note or self.warning
 
 
-def _by_name(words: str, suite: dict[int, problems.Problem]) -> problems.Problem | None:
+def _by_name(words: str, suite: dict[int, catalogue.Entry]) -> catalogue.Entry | None:
     key = words.lower()
     return next((p for p in suite.values() if p.name == key), None)
 
@@ -58,7 +60,7 @@ def pair(path: str | Path) -> Pairing:
     if m is None:
         return Pairing(problem=None)
     named_id, rest = int(m.group(1)), m.group(2)
-    suite = problems.suite()
+    suite = catalogue.entries()
     # the whole rest first (ours: 011_allgather_gemm_at.py), then without a backend word
     # (11_allgather_gemm_AT_cuda.py); the first order keeps 011_allgather_gemm_at from pairing as 12
     named, backend = _by_name(rest, suite), None
@@ -79,7 +81,7 @@ def pair(path: str | Path) -> Pairing:
                 f"{file_name} names problem {named.id} ({named.name}) but carries {which}: "
                 f"run against {named.id}, by its name"
             )
-        return Pairing(problem=named, named_id=named_id, backend=backend, note=note)
+        return Pairing(problem=problems.resolve(named.id), named_id=named_id, backend=backend, note=note)
     name, backend = (head, last) if head else (rest, None)
     if named_id in suite:
         by_id = suite[named_id]
@@ -87,7 +89,9 @@ def pair(path: str | Path) -> Pairing:
             f"{file_name}: {name!r} is no problem's name; run against problem {named_id} "
             f"({by_id.name}) by its id: rename the file if that is not its problem"
         )
-        return Pairing(problem=by_id, named_id=named_id, backend=backend, warning=warning)
+        return Pairing(
+            problem=problems.resolve(by_id.id), named_id=named_id, backend=backend, warning=warning
+        )
     raise UserError(
         f"{file_name}: neither its id {named_id} nor its name {rest!r} is a problem of this suite; "
         "name it {id}_{name}_{backend}.py after a problem of `pkb problems`"
@@ -99,7 +103,7 @@ def for_request(ref: int | str, path: str | Path) -> tuple[int | str, str | None
     is not `ref`: a problem given by its id yields to the problem the file's name names (as in
     `pkb eval`); one given by its name is taken as given."""
     given = str(ref).strip()
-    if not given.isdigit() or int(given) not in problems.suite():
+    if not given.isdigit() or int(given) not in catalogue.entries():
         return ref, None  # a name is taken as given; an id of no problem is refused as asked for
     try:
         paired = pair(path)
