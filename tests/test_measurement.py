@@ -361,19 +361,23 @@ def test_fresh_calls_are_spaced_by_the_sampling_pace_and_made_past_the_budget(mo
     calls, which run without the alignment sleep, and the budget then ended the launch. The stride is
     sized again from the sampling loop's own pace, and the budget waits for the fresh calls."""
     import itertools
-    import time
+    import types
 
     import torch
 
     from harness import timing
 
+    # the pace is a clock of the test's own (real sleeps on a loaded 2-core CI machine ran long
+    # enough to size the stride differently: the test measured the machine, not the schedule)
+    clock = {"s": 0.0}
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock["s"]))
     monkeypatch.setattr(timing.Timer, "time", lambda self, call: (call(), 0.01, 0.01))
     calls = {"n": 0}
     pace_ms = {"now": lambda n: 0.0}
 
     def prepare(i):
         calls["n"] += 1
-        time.sleep(pace_ms["now"](calls["n"]) / 1e3)
+        clock["s"] += pace_ms["now"](calls["n"]) / 1e3
 
     def run(budget_ms, pace):
         kept = []
