@@ -3,22 +3,21 @@ table of the verbs that run as jobs, which the server, the CLI, the scheduler an
 
 Each function validates its input (raising UserError with one actionable sentence), runs the
 needed launches through a sandbox backend, judges on the host and returns a model from pkb_mcp.models.
-A run verb (compile, check, bench, profile) takes one `RunRequest` whole. The problems' catalogue and
-check are here; a run's set-up is pkb_mcp/runs/run.py, judging pkb_mcp/runs/verdicts.py, the
-benchmark pkb_mcp/runs/benchmark.py, the profile pkb_mcp/profiling/profile.py.
+A run verb (compile, check, bench, profile) takes one `RunRequest` whole and its job's context
+(pkb_mcp/runs/context.py: progress, cancel, the GPUs to give back). The problems' catalogue is here; a
+run's set-up is pkb_mcp/runs/run.py, the check pkb_mcp/runs/check.py, judging pkb_mcp/runs/verdicts.py,
+the benchmark pkb_mcp/runs/benchmark.py, the profile pkb_mcp/profiling/profile.py.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from harness import tensorfile
 from pkb_mcp import catalogue, config, problems, roofline
 from pkb_mcp import compile as nvcc
 from pkb_mcp.catalogue import list_problems  # the suite read as text: listing it imports no problem
@@ -33,28 +32,23 @@ from pkb_mcp.models import (
     ProblemDetail,
     ProblemPage,
     ProblemRow,
-    RankResult,
     RooflineResult,
     RunRequest,
     Traffic,
 )
 from pkb_mcp.profiling.profile import ProfileResult, profile
-from pkb_mcp.runs import conventions, protections, references, static_report, unseen
+from pkb_mcp.runs import conventions
 from pkb_mcp.runs.benchmark import bench, timing_config
-from pkb_mcp.runs.run import (
-    Progress,
-    Run,
-    check_world_size,
-    default_device,
-    no_progress,
-    preflight,
-    reference_failed,
-)
-from pkb_mcp.runs.verdicts import decide, judge_ranks
+from pkb_mcp.runs.check import MAX_TRIALS, check
+from pkb_mcp.runs.context import DIRECT, JobContext, Progress, no_progress
+from pkb_mcp.runs.run import Run, check_world_size, default_device, preflight
 from sandbox import SandboxUnavailable, select_backend
 
 __all__ = [
+    "DIRECT",
+    "MAX_TRIALS",
     "VERBS",
+    "JobContext",
     "Progress",
     "bench",
     "calibrate",
@@ -72,7 +66,6 @@ __all__ = [
     "timing_config",
 ]
 
-MAX_TRIALS = 100
 PAGE_LIMIT = 100  # problems a page of list_problems holds at most (the whole suite, in short rows)
 
 
@@ -185,11 +178,10 @@ def roofline_of(
 # ---------------------------------------------------------------- compile
 
 
-def compile_file(
-    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
-) -> CompileResult:
+def compile_file(request: RunRequest, job: JobContext = DIRECT) -> CompileResult:
     """Build a .cu file or a solution's extensions (`request.path`): every import and compiler run is a
     sandbox launch."""
+    progress, cancel = job.progress, job.cancel
     try:
         backend = select_backend(request.sandbox)
     except SandboxUnavailable as exc:
@@ -212,99 +204,12 @@ def needs_build(text: str) -> bool:
     return nvcc.extensions.may_build(text) and not nvcc.extensions.built_already(text)
 
 
-def prebuild(request: RunRequest, cancel: threading.Event | None = None) -> list[str]:
+def prebuild(request: RunRequest, job: JobContext = DIRECT) -> list[str]:
     """Build a solution's load_inline extensions into the node's cache (discovery and build launches, no
     GPU), so that its check, queued after, finds them built; what preparing did, as notes."""
     run = Run(request)
-    run.prepare_extensions(no_progress, cancel)
+    run.prepare_extensions(no_progress, job.cancel)
     return run.notes
-
-
-def check(
-    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
-) -> CheckResult:
-    """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
-    run = Run(request)
-    trials = request.trials
-    if not 1 <= trials <= MAX_TRIALS:
-        raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
-
-    def result(
-        verdict: str,
-        message: str,
-        ranks: list[RankResult],
-        named: list[str] | None = None,
-        found: unseen.Generalization = unseen.NOT_JUDGED,
-    ) -> CheckResult:
-        return CheckResult(
-            verdict=verdict,
-            message=message,
-            ranks=ranks,
-            trials=trials,
-            protections=named or [],
-            generalizes=found.generalizes,
-            unseen=found.unseen,
-            **run.result_fields(),
-        )
-
-    if (cannot := run.cannot_run()) is not None:
-        return result("fail", *cannot)
-    run.prepare_extensions(progress, cancel)
-    trial = unseen.Trial(run, cancel) if request.unseen else None
-    try:
-        return _judged_check(run, trials, trial, progress, cancel, result)
-    finally:
-        if trial is not None:  # nothing of the check outlives it
-            trial.discard()
-
-
-def _judged_check(
-    run: Run,
-    trials: int,
-    trial: unseen.Trial | None,
-    progress: Progress,
-    cancel: threading.Event | None,
-    result: Callable[..., CheckResult],
-) -> CheckResult:
-    """The judged trials, then the unseen-size trial's result where they pass (started beside them
-    where it may be: `unseen.Trial`)."""
-    p, world_size = run.problem, run.world_size
-    steps = 4 if trial is not None else 3
-    beside = trial is not None and trial.side_by_side
-    progress(
-        0,
-        steps,
-        f"running reference and candidate: {trials} trials on {world_size} ranks ({run.device})"
-        + (", and one trial at a size never shown" if beside else ""),
-    )
-    seeds, ref_outcome, cand_outcome = references.judged_launches(run, trials, trial, cancel)
-    if not ref_outcome.ok or cand_outcome is None:
-        raise reference_failed(p, ref_outcome, run.timeout_s)
-    run.notes += conventions.notes(cand_outcome)
-    progress(2, steps, "judging outputs")
-    mac_key = tensorfile.result_key(seeds)
-    ranks = judge_ranks(
-        p, world_size, list(range(trials)), cand_outcome, ref_outcome, mac_key, sources=run.sources
-    )
-    verdict, why = decide(ranks)
-    in_trials = f"{trials} trial" + ("s" if trials != 1 else "")
-    message = f"all {world_size} ranks match the reference in {in_trials}" if verdict == "pass" else why
-    raised_on_cpu = run.device == "cpu" and all(r.state in ("pass", "error") for r in ranks)
-    if verdict != "pass" and raised_on_cpu and (uses := static_report.gpu_only(run.sources.text)):
-        message = f"needs CUDA GPUs (it uses {', '.join(uses)}); on CPU {why}"
-    # correct by the original benchmark's rules, failed by pkb's protections: named (original variant)
-    found = protections.judged_outputs(p, list(range(trials)), cand_outcome, ref_outcome, ranks, mac_key)
-    if found:
-        message = protections.message(found)
-    generalization = unseen.NOT_JUDGED
-    if verdict == "pass" and trial is not None:
-        doing = "judging" if beside else "running"
-        progress(3, steps, f"judged: pass; {doing} one trial at a size it was never shown")
-        generalization = trial.judge()
-        progress(steps, steps, f"judged: pass; generalizes: {generalization.generalizes or 'not judged'}")
-    else:  # the message itself is the result's headline, said once
-        progress(steps, steps, f"judged: {verdict}")
-    return result(verdict, message, ranks, protections.names(found) if found else [], generalization)
 
 
 # ---------------------------------------------------------------- the verbs that run as jobs
@@ -314,7 +219,7 @@ def _judged_check(
 class Verb:
     """A kind of job, as the server, the CLI, the scheduler and a cluster read it."""
 
-    run: Callable[[RunRequest, Progress, threading.Event | None], BaseModel]
+    run: Callable[[RunRequest, JobContext], BaseModel]
     result: type[BaseModel]  # the model of what `run` returns (and a stored job's result)
     gpus: bool = True  # holds GPUs on a cuda device (compile: a compile slot of the server)
     whole_node: bool = False  # holds every GPU of its node, so nothing shares NVLink, HBM or power

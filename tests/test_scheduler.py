@@ -14,15 +14,14 @@ from pkb_mcp.jobs import scheduler as sched
 from pkb_mcp.jobs.cluster import NodeLost, RemoteEnd
 from pkb_mcp.jobs.store import JobStore
 from pkb_mcp.models import RunRequest
-from pkb_mcp.runs import lease
 
 LOG: list[tuple[str, str, float, list[int]]] = []
 LOCK = threading.Lock()
 SECONDS: dict[str, float] = {}  # how long each stand-in job (by its problem name) runs
 
 
-def fake(params, progress, cancel):
-    name = params.problem
+def fake(params, job):
+    name, cancel = params.problem, job.cancel
     with LOCK:
         LOG.append(("start", name, time.monotonic(), params.gpus or []))
     deadline = time.monotonic() + SECONDS[name]
@@ -37,15 +36,21 @@ def fake(params, progress, cancel):
     return Traffic(nvlink_bytes=0, hbm_bytes=0, flops=0, rounds=0)
 
 
+def verbs(**runs):
+    """The service's verbs with stand-ins for their functions: `fake` for check and bench unless given."""
+    runs = {"check": fake, "bench": fake, **runs}
+    return {
+        kind: dataclasses.replace(verb, run=runs.get(kind, verb.run)) for kind, verb in service.VERBS.items()
+    }
+
+
 @pytest.fixture
-def node(tmp_path, monkeypatch):
-    for kind in ("check", "bench"):
-        monkeypatch.setitem(service.VERBS, kind, dataclasses.replace(service.VERBS[kind], run=fake))
+def node(tmp_path):
     LOG.clear()
     made = []
 
-    def make(gpus=4):
-        s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), gpus=gpus)
+    def make(gpus=4, table=None):
+        s = sched.Scheduler(JobStore(tmp_path / "jobs.sqlite"), gpus=gpus, verbs=table or verbs())
         made.append(s)
         return s
 
@@ -99,22 +104,21 @@ def test_a_benchmark_has_the_node_to_itself(node):
     )
 
 
-def test_a_benchmark_that_gives_its_gpus_back_lets_the_next_job_run_while_it_judges(node, monkeypatch):
-    """Its launches done, a benchmark judges on the host (pkb_mcp/runs/lease.py): the next job takes
+def test_a_benchmark_that_gives_its_gpus_back_lets_the_next_job_run_while_it_judges(node):
+    """Its launches done, a benchmark judges on the host (pkb_mcp/runs/context.py): the next job takes
     the GPUs then, not at the benchmark's end; given back twice, or again at its end, they are one set."""
 
-    def judging(params, progress, cancel):
-        fake(params, progress, cancel)  # "launches"
-        lease.give_back()
-        lease.give_back()
+    def judging(params, job):
+        fake(params, job)  # "launches"
+        job.release_gpus()
+        job.release_gpus()
         time.sleep(0.5)  # judging
         with LOCK:
             LOG.append(("judged", params.problem, time.monotonic(), []))
-        return fake(params.model_copy(update={"problem": "nothing"}), progress, cancel)
+        return fake(params.model_copy(update={"problem": "nothing"}), job)
 
     SECONDS["nothing"] = 0.0
-    monkeypatch.setitem(service.VERBS, "bench", dataclasses.replace(service.VERBS["bench"], run=judging))
-    s = node()
+    s = node(table=verbs(bench=judging))
     ids = [submit(s, "bench", kind="bench", seconds=0.1), submit(s, "check", seconds=0.1)]
     wait_all(s, ids)
     judged = next(t for e, n, t, _ in LOG if e == "judged")
@@ -225,22 +229,21 @@ def test_jobs_survive_a_restart(node, tmp_path):
     assert [n for e, n, _, _ in LOG if e == "start"].count("blocker") == 2
 
 
-def test_a_job_s_request_reaches_its_verb_whole(tmp_path, monkeypatch):
+def test_a_job_s_request_reaches_its_verb_whole(tmp_path):
     """A job's RunRequest reaches its verb whole, launches included (a stored record without them runs
     with one launch a side), with the job's cancel event."""
     seen: list[tuple[RunRequest, threading.Event]] = []
 
-    def record(request, progress, cancel):
+    def record(request, job):
         from pkb_mcp.models import Traffic
 
-        seen.append((request, cancel))
+        seen.append((request, job.cancel))
         return Traffic(nvlink_bytes=0, hbm_bytes=0, flops=0, rounds=0)
 
-    monkeypatch.setitem(service.VERBS, "bench", dataclasses.replace(service.VERBS["bench"], run=record))
     stored = {"problem": "1", "path": "/x.py", "world_size": 2, "device": "cpu", "timeout_s": 60.0}
     store = JobStore(tmp_path / "jobs.sqlite")
     store.create("old", "bench", stored)
-    s = sched.Scheduler(store, gpus=0)
+    s = sched.Scheduler(store, gpus=0, verbs=verbs(bench=record))
     try:
         new = s.submit("bench", RunRequest(**stored, launches=3))
         wait_all(s, ["old", new])
@@ -343,7 +346,7 @@ def test_a_gpu_job_that_builds_extensions_is_built_before_it_takes_gpus(node, tm
     jobs' cores); a job whose extensions are built already skips the pool."""
     release, built = threading.Event(), []
 
-    def prebuild(request, cancel=None):
+    def prebuild(request, job=None):
         release.wait(10)
         built.append((request.problem, time.monotonic()))
         return []

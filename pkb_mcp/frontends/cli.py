@@ -114,7 +114,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from pkb_mcp.agents import trail
 
     call = trail.record_cli_call("check", Path(args.file))  # in an agent run's shell (agents/trail.py)
-    result = service.check(_request(args), _progress(args.json))
+    result = service.check(_request(args), service.JobContext(_progress(args.json)))
     trail.record_cli_result(call, result.verdict == "pass", None)
     _emit(args, result, render.check(result))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
@@ -125,7 +125,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pkb_mcp.agents import trail
 
     call = trail.record_cli_call("bench", Path(args.file))
-    result = service.bench(_request(args), _progress(args.json))
+    result = service.bench(_request(args), service.JobContext(_progress(args.json)))
     trail.record_cli_result(
         call, result.verdict in ("pass", "suspect"), result.speedup if result.verdict == "pass" else None
     )
@@ -137,7 +137,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from pkb_mcp import service
     from pkb_mcp.profiling import text as profile_text
 
-    result = service.profile(_request(args), _progress(args.json))
+    result = service.profile(_request(args), service.JobContext(_progress(args.json)))
     _emit(args, result, profile_text.profile(result))
     return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED
 

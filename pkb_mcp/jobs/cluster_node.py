@@ -31,6 +31,7 @@ from pkb_mcp import __version__
 from pkb_mcp.errors import Cancelled, UserError
 from pkb_mcp.log import get
 from pkb_mcp.models import RunRequest
+from pkb_mcp.runs.context import JobContext
 from pkb_mcp.service import VERBS
 
 log = get(__name__)
@@ -242,7 +243,7 @@ class NodeActor:
                 backend = self._backend(here.sandbox)
                 verb = VERBS[kind]
                 with self._quiet_others(backend) if verb.whole_node else contextlib.ExitStack():
-                    result = verb.run(here, progress, job.cancel)
+                    result = verb.run(here, JobContext(progress, job.cancel))
                 end: dict[str, Any] = {"state": "done", "result": result.model_dump(mode="json")}
                 if kind == "profile":  # the bytes travel with the end; kept until the server fetched it
                     from pkb_mcp.profiling.profile import pack_artifacts

@@ -12,7 +12,7 @@ A GPU job whose solution builds load_inline extensions is built first, while it 
 leave idle), and takes its GPUs once its build has ended, finding its extensions in the node's cache;
 a job waiting for its build holds no place in the GPU queue. On a CPU device a build would take the
 CPU jobs' own cores, so there the job builds as it runs; on a Ray cluster the nodes build. A job may
-give its GPUs back before it ends (pkb_mcp/runs/lease.py): a benchmark does once its launches are
+give its GPUs back before it ends (pkb_mcp/runs/context.py): a benchmark does once its launches are
 done, and the next job runs while it judges the timed outputs.
 """
 
@@ -22,7 +22,7 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,9 +34,9 @@ from pkb_mcp.errors import Cancelled, UserError
 from pkb_mcp.jobs.store import JobRecord, JobStore
 from pkb_mcp.log import get
 from pkb_mcp.models import Kind, RunRequest
-from pkb_mcp.runs import lease
+from pkb_mcp.runs.context import JobContext
 from pkb_mcp.runs.run import BUILD_TIMEOUT_S
-from pkb_mcp.service import VERBS
+from pkb_mcp.service import VERBS, Verb
 
 if TYPE_CHECKING:
     from pkb_mcp.jobs.cluster import RayCluster
@@ -81,8 +81,16 @@ class _Live:
 
 
 class Scheduler:
-    def __init__(self, store: JobStore, gpus: int, compile_slots: int = 2, cluster: RayCluster | None = None):
+    def __init__(
+        self,
+        store: JobStore,
+        gpus: int,
+        compile_slots: int = 2,
+        cluster: RayCluster | None = None,
+        verbs: Mapping[str, Verb] = VERBS,
+    ):
         self.store = store
+        self.verbs = verbs  # the kinds of job it runs (tests give theirs)
         # with a Ray cluster, check and bench jobs run on its nodes (pkb_mcp/jobs/cluster.py); compiles stay
         self.cluster = cluster
         self.ray_table = None
@@ -117,9 +125,9 @@ class Scheduler:
         interrupted batch has speedups for the files it checked). `then(job_id)` runs in the job's
         thread once it has ended (in whatever state; not when it is re-queued), before its GPUs go to
         the next job: a job submitted there `first` runs next (a batch's benchmark after its check)."""
-        if kind not in VERBS:
+        if kind not in self.verbs:
             raise UserError(f"unknown job kind {kind!r}")
-        if self.cluster is not None and VERBS[kind].remote:
+        if self.cluster is not None and self.verbs[kind].remote:
             self.cluster.admit(kind, request)
         job_id = uuid.uuid4().hex[:12]
         if then is not None:
@@ -187,7 +195,7 @@ class Scheduler:
         record = self.store.get(job_id)
         if record is None or self.cluster is not None or job_id in self._building:
             return
-        verb = VERBS.get(record.kind)
+        verb = self.verbs.get(record.kind)
         try:
             request = job_request(record)
             text = request.path and Path(request.path).read_text(encoding="utf-8", errors="replace")
@@ -204,7 +212,7 @@ class Scheduler:
     def _build(self, job_id: str, request: RunRequest, cancel: threading.Event) -> None:
         self.store.progress(job_id, 0, None, "building the solution's extensions (no GPU held yet)")
         try:
-            service.prebuild(request, cancel)
+            service.prebuild(request, JobContext(cancel=cancel))
         except Exception as exc:  # whatever failed, the job's own run meets it again and reports it
             log.info("job.prebuild_failed", job=job_id, error=f"{type(exc).__name__}: {exc}")
         finally:
@@ -214,7 +222,7 @@ class Scheduler:
     def _needs(self, record: JobRecord) -> tuple[str, int]:
         """(resource class, units). A benchmark or a profile takes every GPU of the node, so that
         nothing else shares its NVLink, HBM or power budget while it is timed."""
-        verb = VERBS.get(record.kind)
+        verb = self.verbs.get(record.kind)
         if verb is not None and not verb.gpus:
             return "compile", 1
         if self.cluster is not None:
@@ -330,10 +338,10 @@ class Scheduler:
             watchdog = threading.Timer(deadline_s, self._expire, args=(record.id, deadline_s))
             watchdog.daemon = True
             watchdog.start()
-            if record.kind not in VERBS:
+            if record.kind not in self.verbs:
                 raise UserError(f"job {record.id} is of a kind this version does not run: {record.kind!r}")
-            with lease.holding(give_back):  # a benchmark gives its GPUs back before judging
-                result = VERBS[record.kind].run(request, progress, live.cancel)
+            # a benchmark gives its GPUs back before judging
+            result = self.verbs[record.kind].run(request, JobContext(progress, live.cancel, give_back))
             live.result = result
             self.store.finish(record.id, "done", result=result.model_dump(mode="json"))
         except Cancelled as exc:

@@ -34,7 +34,8 @@ from pkb_mcp.models import RankResult, Result, RunRequest, SandboxInfo, StaticRe
 from pkb_mcp.profiling import nvlink, timeline, traces
 from pkb_mcp.profiling.nvlink import Method, NvlinkProfile
 from pkb_mcp.runs.benchmark import timing_config
-from pkb_mcp.runs.run import Progress, Run, no_progress, rank_result, reference_failed
+from pkb_mcp.runs.context import DIRECT, JobContext
+from pkb_mcp.runs.run import Run, rank_result, reference_failed
 from pkb_mcp.runs.verdicts import decide
 
 MAX_CALLS = 20
@@ -440,14 +441,13 @@ def _counters_text(sides: dict[str, nvlink.Measurement], counted: dict[str, Coun
     return f"NVLink bytes {body}{tail}"
 
 
-def profile(
-    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
-) -> ProfileResult:
+def profile(request: RunRequest, job: JobContext = DIRECT) -> ProfileResult:
     """Profile the reference and the candidate on the same inputs on every rank (docs/measurement.md,
     "Profile"; the NVLink bytes: docs/nvlink-counters.md).
 
     The merged trace and the timeline go into `request.out_dir`, or a new folder under
     `request.profiles_dir` (default: the state directory's profiles/)."""
+    progress, cancel = job.progress, job.cancel
     calls = request.calls
     if not 1 <= calls <= MAX_CALLS:
         raise UserError(f"calls must be between 1 and {MAX_CALLS}, not {calls}")

@@ -13,8 +13,9 @@ from pkb_mcp import render, roofline
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch, timing_window, warm_pool
 from pkb_mcp.models import BenchResult, RunRequest, TimingStats
-from pkb_mcp.runs import conventions, judge, lease, protections, stats
-from pkb_mcp.runs.run import Progress, Run, no_progress, reference_failed
+from pkb_mcp.runs import conventions, judge, protections, stats
+from pkb_mcp.runs.context import DIRECT, JobContext, Progress
+from pkb_mcp.runs.run import Run, reference_failed
 from pkb_mcp.runs.verdicts import (
     below_floor,
     decide,
@@ -92,15 +93,14 @@ def launch_share(cfg: TimingConfig, launches: int) -> TimingConfig:
     return cast(TimingConfig, shared)
 
 
-def bench(
-    request: RunRequest, progress: Progress = no_progress, cancel: threading.Event | None = None
-) -> BenchResult:
+def bench(request: RunRequest, job: JobContext = DIRECT) -> BenchResult:
     """Time the reference and the candidate the same way on the same inputs; re-check every timed output.
 
     `request.launches` > 1 times each side in that many separate launches, reference and candidate
     alternating, which share the side's sampling budget: identical code spreads more between
     launches than within one, and the median of several launches' medians spreads less. The default
     (one a side) is the measured method of docs/gpu-results.md."""
+    progress, cancel = job.progress, job.cancel
     launches = request.launches
     if not 1 <= launches <= MAX_LAUNCHES:
         raise UserError(f"launches must be between 1 and {MAX_LAUNCHES}, not {launches}")
@@ -115,7 +115,7 @@ def bench(
     seeds = [secrets.randbits(62)]
     tcfg = launch_share(timing_config(run.device), launches)  # a side's launches share its budget
     ran, ref_records = _time_sides(run, seeds, tcfg, launches, progress, cancel)
-    lease.give_back()  # what is left is judging, on the host: the GPUs may go to the next job
+    job.release_gpus()  # what is left is judging, on the host: the GPUs may go to the next job
     run.notes += conventions.notes(ran[0][1])
     ref_stats, ref_warnings = stats.summarize(stats.pool_launches(ref_records))
     run.warnings.extend(f"reference: {w}" for w in ref_warnings)

@@ -10,7 +10,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,16 +29,12 @@ from pkb_mcp.launches import (
 )
 from pkb_mcp.models import RankResult, RunRequest, SandboxInfo, StaticReport
 from pkb_mcp.runs import conventions, judge, pairing, signature, static_report
+from pkb_mcp.runs.context import Progress
 from sandbox import SandboxUnavailable, select_backend
 from sandbox.backend import Backend
 
-Progress = Callable[[float, float | None, str], None]
 MAX_SOLUTION_BYTES = 1 << 20
 BUILD_TIMEOUT_S = 600.0  # discovering and building a solution's extensions before its launches
-
-
-def no_progress(progress: float, total: float | None, message: str) -> None:
-    return None
 
 
 def check_world_size(p: problems.Problem, world_size: int, size: str) -> None:
