@@ -16,14 +16,14 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from pkb_mcp import config
+from pkb_mcp import config, python_text
 from pkb_mcp.errors import UserError
-from pkb_mcp.models import ProblemSummary
+from pkb_mcp.models import ProblemSummary, VariantName
 
 FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.py$")
-VARIANTS = ("pkb", "original")
+VARIANTS: tuple[str, ...] = get_args(VariantName)
 # where a problem file's body begins: its first top-level function, class or decorator. The words come
 # before it (docs/problem-format.md), and only what precedes it is parsed: the body is most of a file,
 # and parsing all of it took most of `pkb problems`' time
@@ -88,8 +88,8 @@ def _head(source: bytes, name: str) -> ast.Module:
     body = BODY.search(source)
     if body is not None:
         with contextlib.suppress(SyntaxError, ValueError):
-            return ast.parse(source[: body.start()], filename=name)
-    return ast.parse(source, filename=name)
+            return python_text.parse(source[: body.start()], filename=name)
+    return python_text.parse(source, filename=name)
 
 
 def read_entry(path: Path) -> Entry:

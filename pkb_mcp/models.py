@@ -9,11 +9,12 @@ titles: the schemas go into every agent's context with tools/list, and a title r
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pkb_mcp import config
+from pkb_mcp.errors import UserError
 
 
 def lean_property(prop: dict[str, Any]) -> None:
@@ -40,28 +41,52 @@ LAUNCHES_HELP = (
 )
 
 
+# A run request's rules, said once: RunRequest holds every request to them, and the MCP tools'
+# arguments and the CLI's choices are these types (pkb_mcp/frontends/server.py, cli.py).
+MAX_WORLD_SIZE = 64
+MAX_TIMEOUT_S = 3600  # seconds
+MAX_TRIALS = 100
+MAX_LAUNCHES = 8
+MAX_CALLS = 20
+VariantName = Literal["pkb", "original"]  # pkb's workload, or the original benchmark's exactly
+DeviceName = Literal["cpu", "cuda"]
+SandboxName = Literal["auto", "docker", "process"]
+ConventionName = Literal["auto", "ours", "original"]  # how solution() is called (auto: by its signature)
+WorldSize = Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]  # then each problem's own rule (the suite's: 2+)
+TimeoutS = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
+Trials = Annotated[int, Field(ge=1, le=MAX_TRIALS)]
+Launches = Annotated[int, Field(ge=1, le=MAX_LAUNCHES)]
+Calls = Annotated[int, Field(ge=1, le=MAX_CALLS)]
+
+
+def choices(literal: Any) -> list[str]:
+    """A Literal type's values, for a CLI option's choices."""
+    return list(get_args(literal))
+
+
 class RunRequest(BaseModel):
     """One request to a verb, whole, from the MCP tool, the CLI, `pkb eval` or a stored job down to the
-    launches: a new run option is one field here. Each verb reads the fields it uses (compile: `path`
-    and `sandbox`; check: `trials`; bench: `launches`; profile: `calls` and its folders) and leaves the
-    others at their defaults. The job store keeps it as JSON and reads it back through this model."""
+    launches: a new run option is one field here, its rule in its type. Each verb reads the fields it
+    uses (compile: `path` and `sandbox`; check: `trials`; bench: `launches`; profile: `calls` and its
+    folders) and leaves the others at their defaults. The job store keeps it as JSON and reads it back
+    through this model. `RunRequest.of` makes one from what a user gave, refusing it in one sentence."""
 
     model_config = ConfigDict(extra="forbid")
 
     path: str  # the solution (or .cu file) as the host keeps it; read as text, run only in the sandbox
     problem: int | str = 0  # id or name (compile has none)
-    world_size: int = 4
-    size: str = "pkb"
-    variant: str = "pkb"  # the workload: pkb's, or the original benchmark's exactly (docs/variants.md)
-    device: str | None = None  # None: cuda where a GPU is present
-    timeout_s: float = 300.0  # each launch's wall-clock limit
-    sandbox: str = "auto"
-    convention: str = "auto"  # how solution() is called: auto, ours, original
-    trials: int = 5  # check
+    world_size: WorldSize = 4
+    size: str = "pkb"  # a preset of the problem's SIZES (checked against the problem, not here)
+    variant: VariantName = "pkb"  # docs/variants.md
+    device: DeviceName | None = None  # None: cuda where a GPU is present
+    timeout_s: TimeoutS = 300.0  # each launch's wall-clock limit
+    sandbox: SandboxName = "auto"
+    convention: ConventionName = "auto"
+    trials: Trials = 5  # check
     # check: after a pass, one trial at a size it was never shown (runs/unseen.py; PKB_UNSEEN_SIZES)
     unseen: bool = Field(default_factory=config.unseen_sizes)
-    launches: int = 1  # bench: launches a side
-    calls: int = 3  # profile: calls profiled a side after the warm-up
+    launches: Launches = 1  # bench: launches a side
+    calls: Calls = 3  # profile: calls profiled a side after the warm-up
     out_dir: str | None = None  # profile: the folder for its trace and timeline, as given
     profiles_dir: str | None = None  # profile: else a new folder under this one (default: the state dir's)
     gpus: list[int] | None = None  # set when a job starts: the GPUs it holds
@@ -70,6 +95,34 @@ class RunRequest(BaseModel):
     @classmethod
     def _path_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, PurePath) else value
+
+    @classmethod
+    def of(cls, **given: Any) -> RunRequest:
+        """A request from a user's values (CLI options, `pkb eval`'s settings): UserError naming the
+        first value its rules refuse, in one sentence."""
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            raise UserError(refusal(exc)) from exc
+
+
+_WORDS = {"world_size": "world size", "timeout_s": "timeout (seconds)"}  # else the field's name
+
+
+def refusal(exc: ValidationError) -> str:
+    """The first refused value of a RunRequest in one sentence: its rule, then what was given."""
+    first = exc.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else "the request"
+    words, given = _WORDS.get(name, name), first.get("input")
+    field = RunRequest.model_fields.get(name)
+    rules = field.metadata if field is not None else []
+    bounds = {k: v for m in rules for k in ("ge", "gt", "le") if (v := getattr(m, k, None)) is not None}
+    if first["type"] in ("greater_than_equal", "greater_than", "less_than_equal") and "le" in bounds:
+        low = f"between {bounds['ge']:g} and" if "ge" in bounds else f"more than {bounds['gt']:g} and at most"
+        return f"{words} must be {low} {bounds['le']:g}, not {given!r}"
+    if first["type"] == "literal_error":
+        return f"{words} must be {first['ctx']['expected']}, not {given!r}"
+    return f"{words}: {first['msg'][:1].lower()}{first['msg'][1:]}, not {given!r}"
 
 
 class Result(BaseModel):

@@ -39,14 +39,13 @@ from pkb_mcp.models import (
 from pkb_mcp.profiling.profile import ProfileResult, profile
 from pkb_mcp.runs import conventions
 from pkb_mcp.runs.benchmark import bench, timing_config
-from pkb_mcp.runs.check import MAX_TRIALS, check
+from pkb_mcp.runs.check import check
 from pkb_mcp.runs.context import DIRECT, JobContext, Progress, no_progress
 from pkb_mcp.runs.run import Run, check_world_size, default_device, preflight
 from sandbox import SandboxUnavailable, select_backend
 
 __all__ = [
     "DIRECT",
-    "MAX_TRIALS",
     "VERBS",
     "JobContext",
     "Progress",

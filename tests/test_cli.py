@@ -76,7 +76,7 @@ def run(*args):
         (["roofline", "99"], "problem 99 does not exist"),
         (
             ["check", "1", str(CANDIDATES / "hangs.py"), "--device", "cpu", "--world-size", "0"],
-            "world size 0 is not positive",
+            "world size must be between 1 and 64, not 0",
         ),
         (["bench", "99", str(CANDIDATES / "hangs.py"), "--device", "cpu"], "problem 99 does not exist"),
         (["bench", "1", "missing.py", "--device", "cpu", "--world-size", "2"], "does not exist"),

@@ -181,7 +181,7 @@ def test_benchmark_reference_against_itself_on_cpu(isolated_dirs):
     p = problems.suite()[1]
     said: list[str] = []
     request = RunRequest(problem=1, path=p.path, world_size=2, device="cpu")
-    r = service.bench(request, lambda done, total, message: said.append(message))
+    r = service.bench(request, service.JobContext(lambda done, total, message: said.append(message)))
     assert r.verdict == "pass", r.message
     assert r.reference and r.candidate and r.speedup is not None
     assert r.candidate.samples >= 10 and r.candidate.input_sets >= 2
@@ -217,7 +217,7 @@ def test_benchmark_in_several_launches_per_side_on_cpu(isolated_dirs):
     steps = []
     r = service.bench(
         RunRequest(problem=1, path=p.path, world_size=2, device="cpu", launches=2),
-        progress=lambda *a: steps.append(a),
+        service.JobContext(lambda *a: steps.append(a)),
     )
     assert r.verdict == "pass", r.message
     for side in (r.reference, r.candidate):
@@ -229,7 +229,7 @@ def test_benchmark_in_several_launches_per_side_on_cpu(isolated_dirs):
     assert_clean(isolated_dirs)
     for bad in (0, 9):
         with pytest.raises(service.UserError, match="launches must be between 1 and 8"):
-            service.bench(RunRequest(problem=1, path=p.path, world_size=2, device="cpu", launches=bad))
+            RunRequest.of(problem=1, path=p.path, world_size=2, device="cpu", launches=bad)
 
 
 def test_benchmark_of_a_wrong_candidate_fails_before_any_speedup(isolated_dirs):

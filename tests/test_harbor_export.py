@@ -170,7 +170,7 @@ def test_an_export_again_replaces_its_own_folders(tmp_path):
         ([11], {"world_size": 3}, "cannot run at world size 3"),
         ([1], {"size": "huge"}, "no size preset 'huge'"),
         ([1], {"variant": "mine"}, "variant 'mine'"),
-        ([1], {"device": "tpu"}, "device 'tpu'"),
+        ([1], {"device": "tpu"}, "device must be 'cpu' or 'cuda', not 'tpu'"),
         ([1], {"mcp_url": "gpu-node:8765"}, "not an http(s) URL"),
         ([1], {"image": "two words"}, "not a Docker image name"),
         ([], {}, "no problems to export"),

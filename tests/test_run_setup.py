@@ -9,6 +9,7 @@ import torch
 from pkb_mcp import problems
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, RankOutcome
+from pkb_mcp.models import RunRequest
 from pkb_mcp.runs import run
 
 NO_GPU = not torch.cuda.is_available()
@@ -39,15 +40,34 @@ def test_preflight_resolves_the_problem_and_keeps_the_device_asked_for():
         ((99, 2, "pkb", "cpu"), "problem 99 does not exist; see pkb problems"),
         ((1, 2, "huge", "cpu"), "no size preset 'huge'"),
         ((12, 3, "pkb", "cpu"), "cannot run at world size 3"),
-        ((1, 2, "pkb", "tpu"), "device 'tpu' is not cpu or cuda"),
-        ((1, 2, "pkb", "cpu", 0.0), "timeout 0.0 s is not positive"),
-        ((1, 2, "pkb", "cpu", -5), "timeout -5 s is not positive"),
     ],
 )
 def test_preflight_refuses_with_one_sentence(args, words):
     with pytest.raises(UserError) as refused:
         run.preflight(*args)
     assert words in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ({"device": "tpu"}, "device must be 'cpu' or 'cuda', not 'tpu'"),
+        ({"timeout_s": 0.0}, "timeout (seconds) must be more than 0 and at most 3600, not 0.0"),
+        ({"timeout_s": -5}, "timeout (seconds) must be more than 0 and at most 3600, not -5"),
+        ({"world_size": 0}, "world size must be between 1 and 64, not 0"),
+        ({"trials": 101}, "trials must be between 1 and 100, not 101"),
+        ({"launches": 0}, "launches must be between 1 and 8, not 0"),
+        ({"calls": 21}, "calls must be between 1 and 20, not 21"),
+        ({"sandbox": "vm"}, "sandbox must be 'auto', 'docker' or 'process', not 'vm'"),
+        ({"variant": "v2"}, "variant must be 'pkb' or 'original', not 'v2'"),
+        ({"problem": 1, "surprise": 1}, "surprise: "),
+    ],
+)
+def test_a_request_refuses_a_value_its_rules_forbid_in_one_sentence(given, words):
+    with pytest.raises(UserError) as refused:
+        RunRequest.of(path="x.py", **given)
+    assert str(refused.value).startswith(words), str(refused.value)
     assert "\n" not in str(refused.value)
 
 

@@ -183,7 +183,7 @@ def run_bench_with_pool(backend, isolated_dirs, monkeypatch):
             path = problems.suite()[1].path
             r = service.bench(
                 RunRequest(problem=1, path=path, world_size=2, device="cpu", launches=2),
-                progress=lambda *a: steps.append(a[:3]),
+                service.JobContext(lambda *a: steps.append(a[:3])),
             )
     finally:
         pool.close()

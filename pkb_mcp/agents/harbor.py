@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from pkb_mcp import config, problems, service
+from pkb_mcp import config, problems, python_text, service
 from pkb_mcp.agents.task import attempt_text
 from pkb_mcp.errors import UserError
-from pkb_mcp.models import ProblemDetail
+from pkb_mcp.models import ProblemDetail, RunRequest
 
 HARBOR_VERSION = "0.26.0"  # the Harbor whose task format these folders follow (and were loaded by)
 SCHEMA_VERSION = "1.4"  # its task.toml schema
@@ -48,7 +48,6 @@ SOLUTION = "/app/solution.py"  # what the agent writes and the verifier judges
 MCP_PORT = 8765
 LOCAL_MCP_URL = f"http://127.0.0.1:{MCP_PORT}/mcp"  # the server the environment starts for its agent
 TOKEN_VARIABLE = "PKB_TOKEN"  # the bearer token of a server given by mcp_url, from the user's shell
-DEVICES = ("cuda", "cpu")
 BASE_IMAGES = {  # the Dockerfile's default base: nvcc for load_inline on cuda; a plain Python on cpu
     "cuda": "pytorch/pytorch:2.11.0-cuda13.0-cudnn9-devel",
     "cpu": "python:3.11-slim",
@@ -126,8 +125,7 @@ def export_tasks(
 
 
 def _check_settings(s: Settings) -> None:
-    if s.device not in DEVICES:
-        raise UserError(f"device {s.device!r} is not one of {', '.join(DEVICES)}")
+    RunRequest.of(path="", device=s.device)  # a device the runs accept
     if s.image is not None and (not s.image.strip() or re.search(r"\s", s.image)):
         raise UserError(f"image {s.image!r} is not a Docker image name; pass one such as pkb-harbor:cuda")
     if s.mcp_url is not None:
@@ -359,7 +357,7 @@ def oracle_source(p: problems.Problem) -> str:
     them; what only the judge reads (inputs, sizes, tolerance, traffic, metadata) left out."""
     text = p.path.read_text()
     lines = text.splitlines()
-    body = ast.parse(text).body
+    body = python_text.parse(text).body
     keep = [isinstance(node, (ast.Import, ast.ImportFrom)) for node in body]
     needed, seen = ["solution"], set()
     while needed:

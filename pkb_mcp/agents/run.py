@@ -32,6 +32,7 @@ from pkb_mcp.agents import clients
 from pkb_mcp.agents.records import AgentSettings, AttemptRecord, RunResult
 from pkb_mcp.errors import UserError
 from pkb_mcp.evaluation.records import FileResult
+from pkb_mcp.models import RunRequest
 
 Say = Callable[[str], None]
 
@@ -74,8 +75,7 @@ def _check(settings: AgentSettings) -> None:
         raise UserError("--max-turns must be at least 1")
     if settings.max_usd is not None and settings.max_usd <= 0:
         raise UserError("--max-usd must be positive")
-    if settings.device not in ("cpu", "cuda"):
-        raise UserError(f"--device {settings.device!r} is not cpu or cuda")
+    RunRequest.of(path="", device=settings.device, world_size=settings.world_size, variant=settings.variant)
     for pid in settings.problems:
         service.show_problem(pid, settings.world_size, settings.size, settings.variant)  # its world size
     if settings.agent_sandbox == "docker":

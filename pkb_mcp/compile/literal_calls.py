@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.extensions import KEPT_ARGUMENTS
 from harness.original.utils.cuda_helpers import DEFAULT_CUDA_FLAGS
+from pkb_mcp import python_text
 
 MAX_CALLS = 64
 KEYWORDS = (*KEPT_ARGUMENTS, "verbose")  # what a request keeps, and `verbose`, which changes nothing
@@ -191,7 +192,7 @@ def literal_calls(text: str) -> list[dict[str, Any]] | None:
     """Every `load_inline` call of the text in discovery's form, or None when the text alone does
     not fix them all (or has none, or uses another builder)."""
     try:
-        tree = ast.parse(text)
+        tree = python_text.parse(text)
     except (SyntaxError, ValueError, RecursionError):
         return None
     names = _callee_names(tree)

@@ -267,7 +267,6 @@ class _Batch:
                 self.s.world_size,
                 self.s.size,
                 self.s.device,
-                self.s.timeout_s,
                 local_gpus=self.scheduler.cluster is None,
                 variant=self.s.variant,
             )
@@ -468,15 +467,6 @@ def _wait_stopped(scheduler: Any, timeout_s: float = 60.0) -> None:
         time.sleep(POLL_S)
 
 
-def _check_settings(device: str, trials: int, timeout_s: float, bench_timeout_s: float) -> None:
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"device {device!r} is not cpu or cuda")
-    if not 1 <= trials <= service.MAX_TRIALS:
-        raise UserError(f"trials must be between 1 and {service.MAX_TRIALS}, not {trials}")
-    if timeout_s <= 0 or bench_timeout_s <= 0:
-        raise UserError("timeouts must be positive; pass --timeout in seconds")
-
-
 def evaluate(
     paths: Iterable[str | Path],
     *,
@@ -511,6 +501,9 @@ def evaluate(
     from sandbox import SandboxUnavailable, select_backend
 
     t0 = time.monotonic()
+    # the batch's settings held to a request's rules (models.RunRequest) before any file is read
+    RunRequest.of(path="", world_size=world_size, device=device, trials=trials, timeout_s=timeout_s)
+    RunRequest.of(path="", variant=variant, sandbox=sandbox, convention=convention, timeout_s=bench_timeout_s)
     paths = list(paths)
     attempt_of = collect_attempts(paths, attempts)
     files = pair_files(list(attempt_of))
@@ -524,7 +517,6 @@ def evaluate(
         )  # no node large enough: say so before any work
         device = device or ("cuda" if max(cluster.node_gpus(), default=0) else "cpu")
     device = device or service.default_device()
-    _check_settings(device, trials, timeout_s, bench_timeout_s)
     try:
         # on a cluster, the nodes' backends run the jobs
         backend = select_backend(sandbox) if cluster is None else None

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pkb_mcp.catalogue import VARIANTS
+from pkb_mcp.models import DeviceName, VariantName, choices
 
 EXIT_PASS = 0
 
@@ -28,10 +28,10 @@ def add(sub: Any) -> None:
     p.add_argument("--model", default=None, help="the model the client uses (default: the client's)")
     p.add_argument("--problems", default="all", help="ids, ranges (1-10), categories, names or all")
     p.add_argument("--attempts", type=int, default=1, help="attempts per problem (k)")
-    p.add_argument("--variant", choices=list(VARIANTS), default="pkb")
+    p.add_argument("--variant", choices=choices(VariantName), default="pkb")
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--size", default="pkb")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="cuda when a GPU is present")
+    p.add_argument("--device", choices=choices(DeviceName), default=None, help="cuda when a GPU is present")
     p.add_argument(
         "--tools", choices=["mcp", "cli"], default="mcp", help="pkb's MCP tools, or a shell with pkb"
     )
@@ -59,10 +59,10 @@ def add(sub: Any) -> None:
     h = kinds.add_parser("harbor", help="one Harbor task per problem (docs/harbor.md)")
     h.add_argument("dir", help="the folder to write the tasks into")
     h.add_argument("--problems", default="all", help="ids, ranges (1-10), categories, names or all")
-    h.add_argument("--variant", choices=list(VARIANTS), default="pkb")
+    h.add_argument("--variant", choices=choices(VariantName), default="pkb")
     h.add_argument("--world-size", type=int, default=4)
     h.add_argument("--size", default="pkb")
-    h.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    h.add_argument("--device", choices=choices(DeviceName), default="cuda")
     h.add_argument("--image", default=None, help="the environment's image (default: see docs/harbor.md)")
     h.add_argument("--mcp-url", default=None, help="pkb's MCP server as the agent reaches it")
     h.set_defaults(func=cmd_export_harbor)

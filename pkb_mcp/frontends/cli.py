@@ -22,10 +22,18 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from pkb_mcp import catalogue, config, log, render
-from pkb_mcp.catalogue import VARIANTS, ProblemFormatError
+from pkb_mcp.catalogue import ProblemFormatError
 from pkb_mcp.errors import UserError
 from pkb_mcp.frontends import agents_cli
-from pkb_mcp.models import LAUNCHES_HELP, RunRequest
+from pkb_mcp.models import (
+    LAUNCHES_HELP,
+    ConventionName,
+    DeviceName,
+    RunRequest,
+    SandboxName,
+    VariantName,
+    choices,
+)
 
 if TYPE_CHECKING:
     from pkb_mcp import service
@@ -98,7 +106,7 @@ _FIELD_OF_OPTION = {"file": "path", "timeout": "timeout_s", "out": "out_dir"}
 def _request(args: argparse.Namespace) -> RunRequest:
     """A run command's request: each option given sets the RunRequest field of its name."""
     given = {_FIELD_OF_OPTION.get(name, name): value for name, value in vars(args).items()}
-    return RunRequest(**{k: v for k, v in given.items() if k in RunRequest.model_fields and v is not None})
+    return RunRequest.of(**{k: v for k, v in given.items() if k in RunRequest.model_fields and v is not None})
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -376,24 +384,24 @@ def _common(p: argparse.ArgumentParser, run: bool = False) -> None:
     p.add_argument("--size", default="pkb", help="size preset: pkb (the original's) or large")
     p.add_argument(
         "--variant",
-        choices=list(VARIANTS),
+        choices=choices(VariantName),
         default="pkb",
         help="the workload: pkb's (default), or the original benchmark's exactly (docs/variants.md)",
     )
     if run:
         p.add_argument(
-            "--device", choices=["cpu", "cuda"], default=None, help="cuda when a GPU is present, else cpu"
+            "--device", choices=choices(DeviceName), default=None, help="cuda when a GPU is present, else cpu"
         )
         p.add_argument("--timeout", type=float, default=None, help="wall-clock limit of each launch, seconds")
         p.add_argument(
             "--sandbox",
-            choices=["auto", "docker", "process"],
+            choices=choices(SandboxName),
             default="auto",
             help="isolation: docker, process (no isolation), auto (docker when an engine answers)",
         )
         p.add_argument(
             "--convention",
-            choices=["auto", "ours", "original"],
+            choices=choices(ConventionName),
             default="auto",
             help="how solution() is called: ours, the original benchmark's, or auto (from its signature)",
         )
@@ -421,7 +429,7 @@ def _add_runs(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--sandbox",
-        choices=["auto", "docker", "process"],
+        choices=choices(SandboxName),
         default="auto",
         help="where the solution is imported and the compilers run (as for check)",
     )
@@ -512,7 +520,9 @@ def _add_node(sub: Any) -> None:
 
     p = sub.add_parser("calibrate", help="measure this node's ceilings for the roofline and save them")
     p.add_argument("--world-size", type=int, default=None, help="GPUs to use (default: all)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="cpu: a dry run, nothing saved")
+    p.add_argument(
+        "--device", choices=choices(DeviceName), default=None, help="cpu: a dry run, nothing saved"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_calibrate)
 

@@ -29,7 +29,7 @@ from mcp_types import (
 from mcp_types import Tool as PublishedTool
 from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
-from pkb_mcp import config, render, service
+from pkb_mcp import config, models, render, service
 from pkb_mcp.agents import trail
 from pkb_mcp.agents.task import attempt_text
 from pkb_mcp.compile import CompileResult
@@ -39,7 +39,6 @@ from pkb_mcp.frontends.surface import CACHE_HINTS, CANCELS, READ_ONLY, RUNS_CODE
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobRecord
 from pkb_mcp.models import (
-    LAUNCHES_HELP,
     BenchResult,
     CheckResult,
     ProblemDetail,
@@ -51,7 +50,7 @@ from pkb_mcp.models import (
 )
 from pkb_mcp.profiling import text as profile_text
 from pkb_mcp.profiling.profile import ProfileResult, profiles_root
-from pkb_mcp.runs import benchmark, pairing, run
+from pkb_mcp.runs import pairing, run
 
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
@@ -139,18 +138,20 @@ def Arg(**kwargs: Any) -> Any:
 
 # published as a string (frontends/schemas.py): an integer id is still accepted
 ProblemRef = Annotated[int | str, Arg(description="id or name, e.g. '12' or 'allgather_gemm'")]
-WorldSize = Annotated[int, Arg(ge=2, le=64, description="ranks (one GPU each on cuda)")]
+# every problem of the suite needs 2 ranks or more (each its own rule, which a request meets too)
+WorldSize = Annotated[models.WorldSize, Arg(ge=2, description="ranks (one GPU each on cuda)")]
 SizePreset = Annotated[str, Arg(description="'pkb' (the original's) or 'large'")]
 Variant = Annotated[
-    Literal["pkb", "original"],
+    models.VariantName,
     Arg(description="original: the original benchmark's exact workload"),
 ]
 Source = Annotated[str | None, Arg(description="the code; or give path")]
 SourcePath = Annotated[str | None, Arg(description="a file under the server's roots; or give source")]
-Device = Annotated[Literal["cpu", "cuda"] | None, Arg(description="default: cuda when the node has GPUs")]
+Device = Annotated[models.DeviceName | None, Arg(description="default: cuda when the node has GPUs")]
+Timeout = Annotated[models.TimeoutS, Arg(description="limit for each sandboxed run")]
 Wait = Annotated[bool, Arg(description="false: return a job id at once")]
 Convention = Annotated[
-    Literal["auto", "ours", "original"],
+    models.ConventionName,
     Arg(description="solution()'s calling convention (auto: by its signature)"),
 ]
 
@@ -296,7 +297,7 @@ class Tools:
         file = self.solution_file(source, path, (".py",))
         with tool_errors(str(problem), size):
             paired, _ = pairing.for_request(problem, file)  # the problem the run will use (its note then)
-            p, dev = service.preflight(paired, world_size, size, device, timeout_s, self.local_gpus, variant)
+            p, dev = service.preflight(paired, world_size, size, device, self.local_gpus, variant)
             run.refuse_unrunnable(p, file, world_size, size, more.get("convention", "auto"))
         return RunRequest(
             problem=problem,
@@ -510,9 +511,9 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         path: SourcePath = None,
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
-        trials: Annotated[int, Arg(ge=1, le=100, description="fresh random inputs per trial")] = 5,
+        trials: Annotated[models.Trials, Arg(description="fresh random inputs per trial")] = 5,
         device: Device = None,
-        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 120.0,
+        timeout_s: Timeout = 120.0,
         convention: Convention = "auto",
         variant: Variant = "pkb",
         unseen: Annotated[
@@ -548,15 +549,8 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         device: Device = None,
-        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
-        launches: Annotated[
-            int,
-            Arg(
-                ge=1,
-                le=benchmark.MAX_LAUNCHES,
-                description=LAUNCHES_HELP,
-            ),
-        ] = 1,
+        timeout_s: Timeout = 300.0,
+        launches: Annotated[models.Launches, Arg(description=models.LAUNCHES_HELP)] = 1,
         convention: Convention = "auto",
         variant: Variant = "pkb",
         wait: Wait = True,
@@ -633,7 +627,7 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         device: Device = None,
-        timeout_s: Annotated[float, Arg(gt=0, le=3600, description="limit for each sandboxed run")] = 300.0,
+        timeout_s: Timeout = 300.0,
         variant: Variant = "pkb",
         wait: Wait = True,
     ) -> Annotated[CallToolResult, ProfileOutput]:

@@ -28,7 +28,6 @@ from pydantic import Field
 
 from harness.contracts import CounterPlan, TimingConfig
 from pkb_mcp import config, roofline
-from pkb_mcp.errors import UserError
 from pkb_mcp.launches import LaunchOutcome, run_launch
 from pkb_mcp.models import RankResult, Result, RunRequest, SandboxInfo, StaticReport
 from pkb_mcp.profiling import nvlink, timeline, traces
@@ -38,7 +37,6 @@ from pkb_mcp.runs.context import DIRECT, JobContext
 from pkb_mcp.runs.run import Run, rank_result, reference_failed
 from pkb_mcp.runs.verdicts import decide
 
-MAX_CALLS = 20
 # All of a profile's launches end within this many times the request's timeout, under the scheduler's
 # backstop for a job (pkb_mcp/jobs/scheduler.py: 2.5 times plus a minute): counter launches get what
 # the trace launches left, or do not run.
@@ -449,8 +447,6 @@ def profile(request: RunRequest, job: JobContext = DIRECT) -> ProfileResult:
     `request.profiles_dir` (default: the state directory's profiles/)."""
     progress, cancel = job.progress, job.cancel
     calls = request.calls
-    if not 1 <= calls <= MAX_CALLS:
-        raise UserError(f"calls must be between 1 and {MAX_CALLS}, not {calls}")
     run = Run(request)
     world_size = run.world_size
     p = run.problem

@@ -8,22 +8,17 @@ import threading
 from collections.abc import Callable
 
 from harness import tensorfile
-from pkb_mcp.errors import UserError
 from pkb_mcp.models import CheckResult, RankResult, RunRequest
 from pkb_mcp.runs import conventions, protections, references, static_report, unseen
 from pkb_mcp.runs.context import DIRECT, JobContext, Progress
 from pkb_mcp.runs.run import Run, reference_failed
 from pkb_mcp.runs.verdicts import decide, judge_ranks
 
-MAX_TRIALS = 100
-
 
 def check(request: RunRequest, job: JobContext = DIRECT) -> CheckResult:
     """Run the candidate on every rank over fresh secret-seeded trials and judge every output."""
     run = Run(request)
     trials = request.trials
-    if not 1 <= trials <= MAX_TRIALS:
-        raise UserError(f"trials must be between 1 and {MAX_TRIALS}, not {trials}")
     progress, cancel = job.progress, job.cancel
 
     def result(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contracts import STARTING, LaterTrials, LaunchSettings, TimingConfig
-from pkb_mcp import problems
+from pkb_mcp import problems, python_text
 from pkb_mcp.compile import extensions, failures
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import (
@@ -139,7 +139,7 @@ def read_solution(path: Path) -> str | None:
     if size > MAX_SOLUTION_BYTES:
         raise UserError(f"solution file {path} is {size} bytes, over the {MAX_SOLUTION_BYTES}-byte limit")
     try:
-        tree = ast.parse(path.read_bytes(), filename=path.name)
+        tree = python_text.parse(path.read_bytes(), filename=path.name)
     except SyntaxError as exc:
         return f"the solution does not parse: {path.name}:{exc.lineno}: {exc.msg}"
     except ValueError as exc:
@@ -161,7 +161,7 @@ def unrunnable(
     if (why := read_solution(path)) is not None:
         return why
     try:
-        tree = ast.parse(path.read_bytes(), filename=path.name)
+        tree = python_text.parse(path.read_bytes(), filename=path.name)
     except (SyntaxError, ValueError):
         return None
     return signature.mismatch(problem, tree, world_size, size, conventions.requested(convention))
@@ -194,7 +194,6 @@ def preflight(
     world_size: int,
     size: str,
     device: str | None,
-    timeout_s: float = 60.0,
     local_gpus: bool = True,
     variant: str = "pkb",
 ) -> tuple[problems.Problem, str]:
@@ -202,11 +201,7 @@ def preflight(
     whether the run will hold this machine's GPUs (not so where a cluster's nodes run it)."""
     problem = problems.resolve(ref, variant)
     check_world_size(problem, world_size, size)
-    if timeout_s <= 0:
-        raise UserError(f"timeout {timeout_s} s is not positive; pass a time limit in seconds")
     device = device or default_device()
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"device {device!r} is not cpu or cuda")
     if local_gpus:
         gpus_for(device, world_size)
     return problem, device
@@ -231,7 +226,7 @@ class Run:
         # a file named after a problem runs against it, whatever id was given (runs/pairing.py)
         problem_ref, paired_note = pairing.for_request(request.problem, request.path)
         self.problem, self.device = preflight(
-            problem_ref, world_size, request.size, request.device, request.timeout_s, variant=request.variant
+            problem_ref, world_size, request.size, request.device, variant=request.variant
         )
         gpus = request.gpus
         self.gpus = gpus if gpus is not None and self.device == "cuda" else gpus_for(self.device, world_size)

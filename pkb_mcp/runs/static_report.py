@@ -20,6 +20,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from pkb_mcp import python_text
 from pkb_mcp.models import StaticReport
 
 # torch.distributed functions that move data between ranks or synchronize them
@@ -568,7 +569,7 @@ def _strings(tree: ast.AST, skip: set[int]) -> list[tuple[int, str]]:
 def analyze(source: str | bytes, filename: str = "solution.py") -> StaticReport:
     """The static report of one solution's source; raises SyntaxError (or ValueError) when it does
     not parse."""
-    tree = ast.parse(source, filename=filename)
+    tree = python_text.parse(source, filename=filename)
     a = _Analyzer()
     a.visit(tree)
     for line, text in _strings(tree, _docstring_ids(tree)):
