@@ -162,6 +162,7 @@ class ProblemDetail(ProblemSummary):
     inputs: list[InputSpec] = Field(description="rank 0's")
     traffic: Traffic
     floor: Floor = Field(description="at the node's ceilings")
+    minor_exchange: str | None = Field(None, description="why the exchange cannot be a material share")
     reference_source: str
     variant: str = "pkb"  # pkb's workload, or the original benchmark's exactly (docs/variants.md)
     original: OriginalConvention | None = Field(None, description="the original benchmark's convention")

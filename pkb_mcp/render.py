@@ -279,6 +279,11 @@ def show(d: ProblemDetail) -> str:
             f"traffic per GPU: NVLink {fmt_bytes(t.nvlink_bytes)} each way, HBM {fmt_bytes(t.hbm_bytes)}, "
             f"{t.flops:.4g} FLOP, {counted(t.rounds, 'round')}",
             f"floor {d.floor.floor_ms * 1e3:.2f} us; " + binding_line(d.floor),
+            *(
+                [f"  why the exchange stays minor at any size: {d.minor_exchange}"]
+                if d.minor_exchange
+                else []
+            ),
             *original_lines(d),
         ]
     )

@@ -21,6 +21,10 @@ import socket
 from pkb_mcp import config
 from pkb_mcp.models import Ceilings, RooflineResult, Traffic
 
+# The exchange's least share (nvlink_share + latency_share) of a `large` floor at W = 4, unless the
+# problem's file says why its workload cannot have it (MINOR_EXCHANGE, docs/problem-format.md)
+MATERIAL_SHARE = 0.10
+
 # NVIDIA H200 SXM datasheet: NVLink 4 at 900 GB/s both directions, HBM3e 4.8 TB/s, dense rates.
 # The per-round latency is our assumption: about what one symmetric-memory exchange costs.
 DATASHEET_H200 = Ceilings(
