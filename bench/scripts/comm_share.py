@@ -8,7 +8,8 @@ traffic at the H200's measured ceilings (docs/problem-format.md, "Sizes": NVLink
 TB/s, bf16 790 TFLOP/s; other dtypes and the 5 us a round the datasheet's) with the terms added, not
 overlapped, as a reference that runs its collectives and its compute one after the other takes them.
 It is an estimate until a GPU run measures it. `exchange` = NVLink share + latency share; rows under
---material (10%) at W = 4 are marked `<`.
+--material (roofline.MATERIAL_SHARE, 10%) at W = 4 are marked `<`, and `stated` where the problem's
+file says why its exchange cannot be material (MINOR_EXCHANGE; tests/test_comm_share.py).
 
     python3 bench/scripts/comm_share.py [--world-sizes 2 4] [--material 0.10]
 """
@@ -59,6 +60,7 @@ def row(p: Problem, world_size: int, material: float) -> tuple[str, bool]:
         f"{p.id:3d}  {p.name[:30]:30s}  W{world_size}  {r.floor_ms:8.3f}  {r.bound:8s}  "
         f"{100 * r.nvlink_share:6.2f}%  {100 * r.latency_share:6.2f}%  {100 * exchange:6.2f}% "
         f"{'<' if under else ' '}  {reference_estimate_ms(p, world_size):8.3f}"
+        + ("  stated" if p.minor_exchange else "")
     )
     return line, under
 
@@ -66,7 +68,9 @@ def row(p: Problem, world_size: int, material: float) -> tuple[str, bool]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--material", type=float, default=0.10, help="the exchange's least share at W = 4")
+    parser.add_argument(
+        "--material", type=float, default=roofline.MATERIAL_SHARE, help="the exchange's least share at W = 4"
+    )
     args = parser.parse_args()
     print(f"{'id':>3s}  {'problem':30s}  W   floor ms  bound     NVLink   latency  exchange    ref est ms")
     under = []
@@ -75,7 +79,8 @@ def main() -> int:
             line, below = row(p, w, args.material)
             under += [p.id] if below else []
             print(line)
-    print(f"exchange under {100 * args.material:g}% of the floor at W = 4: {under}")
+    stated = [pid for pid in under if problems.resolve(pid).minor_exchange]
+    print(f"exchange under {100 * args.material:g}% of the floor at W = 4: {under}; stated why: {stated}")
     return 0
 
 
