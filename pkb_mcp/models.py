@@ -185,6 +185,16 @@ class Traffic(Result):
     rounds: float = Field(description="dependent communication steps")
 
 
+class Floor(Result):
+    # What binds a problem's floor and the exchange's share of it, each term over floor_ms
+    # (pkb_mcp/roofline.py defines them). Comments, not a docstring: it would go into tools/list.
+
+    floor_ms: float = Field(description="max(nvlink, hbm, compute) + latency")
+    bound: str
+    nvlink_share: float = Field(description="nvlink_ms / floor_ms")
+    latency_share: float = Field(description="latency_ms / floor_ms")
+
+
 class OriginalConvention(Result):
     # How a file written for the original benchmark is called on this problem (harness/convention.py).
     signature: str
@@ -204,6 +214,8 @@ class ProblemDetail(ProblemSummary):
     mutates_inputs: bool
     inputs: list[InputSpec] = Field(description="rank 0's")
     traffic: Traffic
+    floor: Floor = Field(description="at the node's ceilings")
+    minor_exchange: str | None = Field(None, description="why the exchange cannot be a material share")
     reference_source: str
     variant: str = "pkb"  # pkb's workload, or the original benchmark's exactly (docs/variants.md)
     original: OriginalConvention | None = Field(None, description="the original benchmark's convention")
@@ -309,12 +321,10 @@ class Ceilings(Result):
     source: str
 
 
-class FloorPlacement(Result):
+class FloorPlacement(Floor):
     # Where a measured time sits against the problem's floor (the roofline tool gives the floor's terms
-    # and the traffic and ceilings behind them). Comments, not a docstring: it would go into tools/list.
+    # and the traffic and ceilings behind them).
 
-    floor_ms: float = Field(description="max(nvlink, hbm, compute) + latency")
-    bound: str
     time_ms: float | None = None
     pct_of_floor: float | None = Field(None, description="floor / time x 100")
     note: str = ""
@@ -334,6 +344,9 @@ class RooflineResult(FloorPlacement):
 
     def placement(self) -> FloorPlacement:
         return FloorPlacement.model_validate(self.model_dump(include=set(FloorPlacement.model_fields)))
+
+    def binding(self) -> Floor:
+        return Floor.model_validate(self.model_dump(include=set(Floor.model_fields)))
 
 
 class BenchResult(Result):

@@ -45,6 +45,9 @@ class Problem(Entry):
     # PASSES_WITHOUT_EXCHANGE: why a solution that communicates nothing passes this workload (at every
     # world size, or at those a dict names); the eval report and the published table mark it
     passes_without_exchange: str | dict[int, str] | None = None
+    # MINOR_EXCHANGE: why the exchange (NVLink + latency) stays under roofline.MATERIAL_SHARE of the
+    # floor at `large`, W = 4, whatever the size (tests/test_comm_share.py holds each file to it)
+    minor_exchange: str | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -160,6 +163,7 @@ def load_problem(path: Path, variant: str = "pkb") -> Problem:
         lean_inputs=flags["LEAN_INPUTS"],
         max_outputs=max_outputs,
         passes_without_exchange=_passes_without_exchange(path.name, module),
+        minor_exchange=_minor_exchange(path.name, module),
         module=module,
         variant=variant,
     )
@@ -231,6 +235,15 @@ def _passes_without_exchange(file: str, module: Any) -> str | dict[int, str] | N
         return dict(value)
     raise ProblemFormatError(
         f"{file}: PASSES_WITHOUT_EXCHANGE must be a sentence, or a dict of world sizes to sentences"
+    )
+
+
+def _minor_exchange(file: str, module: Any) -> str | None:
+    value = getattr(module, "MINOR_EXCHANGE", None)
+    if value is None or (isinstance(value, str) and value.strip()):
+        return value
+    raise ProblemFormatError(
+        f"{file}: MINOR_EXCHANGE must be a sentence: why the exchange cannot be material"
     )
 
 

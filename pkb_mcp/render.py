@@ -11,6 +11,7 @@ from pkb_mcp.models import (
     BenchResult,
     Calibration,
     CheckResult,
+    Floor,
     ProblemDetail,
     ProblemPage,
     ProblemSummary,
@@ -122,6 +123,22 @@ def static_lines(s: StaticReport | None) -> list[str]:
     return lines
 
 
+def _percent(share: float) -> str:
+    """A share of the floor as a percentage to two significant figures; a share that is not 0 but
+    rounds to it is said to be under 0.01% (28 bytes in a 2 ms floor are not nothing, nor a figure)."""
+    if 0 < share < 1e-4:
+        return "<0.01%"
+    return f"{100 * share:.2g}%"
+
+
+def binding_line(f: Floor) -> str:
+    """What binds the floor and the exchange's part of it, one line (`pkb show` and `pkb roofline`)."""
+    return (
+        f"binds: {f.bound}; the exchange: NVLink {_percent(f.nvlink_share)} + latency "
+        f"{_percent(f.latency_share)} of the floor"
+    )
+
+
 def roofline(r: RooflineResult) -> str:
     t = r.traffic
     c = r.ceilings
@@ -140,6 +157,7 @@ def roofline(r: RooflineResult) -> str:
         f"problem {r.problem_id} {r.problem}: world size {r.world_size}, size {r.size} (per GPU)",
         table(rows, ["term", "traffic", "ceiling", "time (us)"]),
         f"floor {r.floor_ms * 1e3:.2f} us ({r.bound}-bound); ceilings: {c.source}",
+        binding_line(r),
     ]
     if r.pct_of_floor is not None and r.time_ms is not None:
         lines.append(f"measured {r.time_ms * 1e3:.2f} us = {r.pct_of_floor:.1f}% of the floor")
@@ -260,6 +278,12 @@ def show(d: ProblemDetail) -> str:
             *other_ranks(d),
             f"traffic per GPU: NVLink {fmt_bytes(t.nvlink_bytes)} each way, HBM {fmt_bytes(t.hbm_bytes)}, "
             f"{t.flops:.4g} FLOP, {counted(t.rounds, 'round')}",
+            f"floor {d.floor.floor_ms * 1e3:.2f} us; " + binding_line(d.floor),
+            *(
+                [f"  why the exchange stays minor at any size: {d.minor_exchange}"]
+                if d.minor_exchange
+                else []
+            ),
             *original_lines(d),
         ]
     )

@@ -2,7 +2,12 @@
 
 floor = max(NVLink bytes / peer bandwidth, HBM bytes / HBM bandwidth, FLOPs / peak rate)
         + rounds x per-round latency
-with the per-GPU traffic from the problem's `traffic(ctx)`. Ceilings come from the node's
+with the per-GPU traffic from the problem's `traffic(ctx)`; `bound` names the largest of the three
+rates' terms, or `latency` where the latency term exceeds it. The exchange's share of the floor is
+two fractions of floor_ms (both 0 for a floor of 0): nvlink_share = NVLink term / floor and
+latency_share = latency term / floor. The NVLink term counts in full even where another term binds
+(it overlaps the binding one there): nvlink_share is how much of the floor the bytes alone take,
+latency_share what the dependent steps add on top. Ceilings come from the node's
 calibration (a JSON file in the cache directory, written by a calibration run) when present, and
 otherwise from H200 datasheet figures; the result names its source. % of floor = floor / time: 100%
 is the speed of light, and a time below the floor means the traffic model or the timing is wrong.
@@ -15,6 +20,10 @@ import socket
 
 from pkb_mcp import config
 from pkb_mcp.models import Ceilings, RooflineResult, Traffic
+
+# The exchange's least share (nvlink_share + latency_share) of a `large` floor at W = 4, unless the
+# problem's file says why its workload cannot have it (MINOR_EXCHANGE, docs/problem-format.md)
+MATERIAL_SHARE = 0.10
 
 # NVIDIA H200 SXM datasheet: NVLink 4 at 900 GB/s both directions, HBM3e 4.8 TB/s, dense rates.
 # The per-round latency is our assumption: about what one symmetric-memory exchange costs.
@@ -79,6 +88,11 @@ def ceilings() -> Ceilings:
     return DATASHEET_H200
 
 
+def share_of(term_ms: float, floor_ms: float) -> float:
+    """A term's fraction of the floor (the module docstring's shares); 0 for a floor of 0."""
+    return term_ms / floor_ms if floor_ms > 0 else 0.0
+
+
 def floor(
     problem_id: int,
     problem: str,
@@ -127,6 +141,8 @@ def floor(
         latency_ms=latency_ms,
         floor_ms=floor_ms,
         bound=bound,
+        nvlink_share=share_of(terms["NVLink"], floor_ms),
+        latency_share=share_of(latency_ms, floor_ms),
         time_ms=time_ms,
         pct_of_floor=pct,
         note=note,

@@ -113,6 +113,8 @@ def show_problem(
         traffic=Traffic(
             nvlink_bytes=t["nvlink_bytes"], hbm_bytes=t["hbm_bytes"], flops=t["flops"], rounds=t["rounds"]
         ),
+        floor=roofline.floor(p.id, p.name, world_size, size, t, p.dtype).binding(),
+        minor_exchange=p.minor_exchange,
         reference_source=p.path.read_text(),
         variant=p.variant,
         original=conventions.describe(p, world_size, size),

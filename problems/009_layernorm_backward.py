@@ -34,6 +34,13 @@ SIZES = {
     "pkb": {"tokens_local": 1024, "hidden": 1024},
     "large": {"tokens_local": 32768, "hidden": 8192},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is the two float32 partial gradients, 2 x hidden values, against tokens_local x "
+    "hidden bf16 values of x_hat and dy read: at W = 4 the bytes take about 32 / tokens_local of the "
+    "HBM term (0.1% at `large`) at any hidden size, and the one round's 5 us is 0.5% of a 1 ms floor"
+)
 # Outputs are O(1) (a sum of W * tokens_local random terms, scaled by the square root of that
 # count). Exact float32 products summed in another order differ by ~1e-6; a solution that sums
 # bf16 partials (rounded before the all-reduce) adds a few units in the last place of bf16, and

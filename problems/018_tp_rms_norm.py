@@ -27,6 +27,14 @@ SIZES = {
     "pkb": {"tokens": 1024, "hidden_local": 1024},
     "large": {"tokens": 32768, "hidden_local": 4096},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is one float32 sum of squares per token to each peer, against 2 x hidden_local bf16 "
+    "values read and written per token: the bytes take (W - 1) x 10.7 / hidden_local of the HBM term "
+    "at any token count (0.8% at `large`, W = 4; 3% at hidden_local 1024, Megatron's 8192 over TP 8), "
+    "and the one round's 5 us is 0.5% of a 1 ms floor"
+)
 EPS = 1e-6
 # Outputs are O(1); correct solutions differ in float32 summation order and in whether the weight is
 # applied before or after rounding to bf16: a unit or two in the last place.

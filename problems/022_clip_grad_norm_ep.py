@@ -49,6 +49,13 @@ SIZES = {
     "pkb": {"rows": 1024, "cols": 1024},
     "large": {"rows": 32768, "cols": 16384},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is one float32 (the two sums of squares added first) all-reduced, against three "
+    "passes over the gradients: the bytes are nothing and the one round's 5 us is 0.5% of a 1 ms "
+    "floor, less as the gradients grow"
+)
 EPS = 1e-6
 L2_BYTES = 50 * 2**20  # H200 L2 cache, for the memory floor in traffic()
 # Each output on its own bounds (together, the total norm, some 5800 at the pkb size, outweighed

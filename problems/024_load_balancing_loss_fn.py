@@ -42,6 +42,13 @@ SIZES = {
     # docs/gpu-results.md): which of its operations takes the time is not yet known
     "large": {"tokens": 1 << 25, "experts": 8, "top_k": 2},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is one float32 loss a rank (8 bytes through each GPU) against the router logits "
+    "read: the bytes are nothing and the one round's 5 us is 0.5% of a 1 ms floor, less as the tokens "
+    "grow"
+)
 # Measured on CPU against a float64 computation (T = 1024 and 8192, W = 2, 4, 8, 40 trials each):
 # Transformers' own arithmetic (bf16 softmax, top-k of the bf16 probabilities, bf16 mean) differs by
 # up to 0.28%, and breaking top-k ties the other way by up to 0.21% (bf16 logits tie in ~1% of

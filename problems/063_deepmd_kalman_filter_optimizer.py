@@ -54,6 +54,14 @@ SIZES = {
     # 4.26 TB/s, the update waiting on the all-reduce (an estimate until measured)
     "large": {"blocks": 8, "block": 6144},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is the updated weights, blocks x B float64, to every peer (and one float64 "
+    "all-reduced) against the blocks x B^2 float64 covariance read and written: the bytes take (W - "
+    "1) x 5.3 / B of the HBM term (0.26% at `large`'s B = 6144, W = 4; material only below B ~ 160, a "
+    "floor of microseconds), and the two rounds' 10 us are 1% of a 1 ms floor"
+)
 # float64 throughout: a file in the original's formulation (three passes over P, all_gather_object;
 # tests/candidates/by_problem/063_original_style.py) against the reference differs by at most
 # 2.2e-16 absolutely and 1.04e-16 in relative norm (CPU, W = 2, 3 trials); the bounds leave a margin

@@ -36,6 +36,14 @@ SIZES = {
     "pkb": {"batch": 8, "seq": 1024, "vocab": 512},
     "large": {"batch": 2, "seq": 4096, "vocab": 131072},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is, per token, one float32 log-sum-exp to the target's owner and the loss back, 8 "
+    "bytes, against the V / W bf16 logits read: the bytes take (W - 1) x 43 / V of the HBM term at "
+    "any token count (0.1% at `large`'s V = 131072, W = 4; 0.4% at 32000, the smallest of today's LM "
+    "vocabularies), and the one round's 5 us is 0.5% of a 1 ms floor"
+)
 # Losses lie in about [0, log V + 10]. Correct float32 solutions differ in the order of the sums and in
 # exp/log implementations: measured < 1e-6 against float64 here, up to ~1e-5 with fast exponentials over
 # a large vocabulary. Computing the exponentials in bf16 and summing in float32 stays within the bounds;

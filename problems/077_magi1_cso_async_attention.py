@@ -67,11 +67,14 @@ SIZES = {
     },
     # `pkb` is already compute-bound at W = 2: range i scores C = 5400 queries against on average
     # (i/2 + 1) C keys in 24 heads per rank: ~2.5 TFLOP per rank, ~4-5 ms of flash attention on an H200.
-    # `large`: n = 4096 (C = 8192 at W = 2), ~5.8 TFLOP per rank, ~10 ms (estimates until measured);
-    # 0.2 GB of query per rank
+    # `large`, an estimate, not yet measured: a longer video, 8 ranges of n = 2048 tokens a rank
+    # (C = 8192 at W = 4), ~3.3 TFLOP per rank (~4 ms at 790 TFLOP/s), 0.2 GB of query per rank. The
+    # attention grows as n^2 and the exchange as n, so more ranges of fewer tokens keep the exchange
+    # material: at W = 4 the least all-to-all (the ring's key_value, 0.2 GB) is 13% of the floor, where
+    # 4 ranges of 4096 made it 7% (bench/scripts/comm_share.py)
     "large": {
-        "ranges": 4,
-        "tokens_per_range": 4096,
+        "ranges": 8,
+        "tokens_per_range": 2048,
         "q_heads": 48,
         "kv_heads": 8,
         "head_dim": 128,

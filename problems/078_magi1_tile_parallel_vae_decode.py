@@ -76,6 +76,14 @@ SIZES = {
         "cpu_width": 66,
     },
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the least exchange is the latents of the tiles a rank does not own, 3 channels, and each latent "
+    "value decodes into 8 x 8 x 4 = 256 output values the rank writes: the bytes stay a few % of the "
+    "HBM term at any video size (4.8% at `large`, W = 4), and the one round's 5 us is 0.5% of a 1 ms "
+    "floor"
+)
 # The reference reproduces the original's bf16 rounding exactly. A solution that blends in float32 and
 # rounds once differs by up to two bf16 units: measured on CPU at W = 2 and 4 (the CPU z, 2 seeds, and
 # the pkb z, 1 seed; /tmp script, not kept): max abs 0.031 on values up to ~4.2, relative norm 1.7e-3

@@ -51,6 +51,14 @@ SIZES = {
     # passes over them in the reference, a few ms on an H200 (an estimate until measured)
     "large": {"rows": 2048, "prototypes": 65536},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is N_ITERATIONS dependent all-reduces of the K prototype sums, against N_ITERATIONS "
+    "+ 2 passes over the rows x K float32 scores: at W = 4 the bytes take about 10 / rows of the HBM "
+    "term at any K (0.5% at `large`'s 2048 patches a rank; DINOv2 masks thousands a GPU), and the "
+    "three rounds' 15 us are 1.5% of a 1 ms floor"
+)
 TEACHER_TEMP = 0.07
 N_ITERATIONS = 3
 # Outputs lie between ~1e-20 and ~0.1 (rows sum to 1). Correct float32 solutions differ in exp and

@@ -50,6 +50,14 @@ SIZES = {
     # (several ms on 2 H200s, an estimate until measured)
     "large": {"batch": 2, "seq": 1024, "vocab": 131072, "chunk_size": 256},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is, per token, its top_k / W largest logits to the token's owner and the cutoff and "
+    "log-sum-exp back, about 12 bytes, against the V / W logits read and their float32 gradient "
+    "written (6 bytes each): at W = 4 the bytes take about 60 / V of the HBM term (0.04% at `large`), "
+    "and the one round's 5 us is 0.5% of a 1 ms floor"
+)
 TOP_K = 10
 TOP_P = 0.9
 # Gradients are O(1) at the kept tokens and exactly 0 elsewhere. Correct solutions keep the same sets

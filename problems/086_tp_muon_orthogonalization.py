@@ -48,6 +48,14 @@ SIZES = {
     "pkb": {"rows": 512, "cols_local": 64},
     "large": {"rows": 2048, "cols_local": 1024},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "Newton-Schulz does O(rows x n x min(rows, n)) FLOPs a step on the [rows, n = W cols_local] "
+    "momentum, while the exchange (the bf16 momentum gathered once, or the Gram's triangle each step) "
+    "is O(rows x cols_local) bytes: at the datasheet's ceilings it is under 6% of every floor of 0.25 "
+    "ms or more over rows 512-16384 and cols_local 128-4096 at W = 4 (2% at `large`)"
+)
 STEPS = 5
 COEFFICIENTS = {
     "quintic": (

@@ -48,6 +48,14 @@ SIZES = {
     # runs it); halos of 1.3 MB each way
     "large": {"channels": 1280, "height_local": 64, "width": 512, "cpu_height_local": 4, "cpu_width": 16},
 }
+# Why the exchange cannot be a material part of the floor (docs/problem-format.md, MINOR_EXCHANGE;
+# figures at the datasheet's ceilings, bench/scripts/comm_share.py)
+MINOR_EXCHANGE = (
+    "the exchange is one halo row to each neighbour, C x width bf16, against the band's 3 x 3 "
+    "convolution, 18 C^2 x height_local x width FLOPs: the bytes take about 490 / (C x height_local) "
+    "of the compute term (0.6% at `large`; material only below C x height_local ~ 4900, a floor of "
+    "microseconds), and the one round's 5 us is 0.5% of a 1 ms floor"
+)
 KERNEL = 3
 PADDING = 1
 # Outputs are O(1). Correct solutions differ in the order of the float32 sums over 9 * C = 11520

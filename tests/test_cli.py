@@ -143,6 +143,22 @@ def test_problems_show_roofline_print_tables_and_json(capsys):
     assert roof["floor_ms"] > 0 and roof["pct_of_floor"] == pytest.approx(100 * roof["floor_ms"] / 0.05)
 
 
+def test_show_and_roofline_say_what_binds_and_the_exchange_s_share(capsys):
+    """Issue 53: both say what binds the floor and the exchange's share of it, the same figures."""
+    assert main(["roofline", "25", "--size", "large", "--json"]) == 0
+    roof = json.loads(capsys.readouterr().out)
+    assert main(["show", "25", "--size", "large", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["floor"]
+    assert shown == {k: roof[k] for k in ("floor_ms", "bound", "nvlink_share", "latency_share")}
+    assert shown["bound"] == "compute" and shown["latency_share"] == pytest.approx(5e-3 / shown["floor_ms"])
+    for command in ("show", "roofline"):
+        assert main([command, "25", "--size", "large"]) == 0
+        assert (
+            "binds: compute; the exchange: NVLink <0.01% + latency 0.23% of the floor"
+            in capsys.readouterr().out
+        )
+
+
 def test_a_refusal_under_json_is_json(capsys):
     """Issue 51: with --json a refusal was plain text on stderr; it is {"error": sentence} on stdout."""
     cases = [

@@ -1,7 +1,7 @@
 import pytest
 
 from harness.timing import median_ci_halfwidth
-from pkb_mcp import roofline
+from pkb_mcp import problems, render, roofline
 from pkb_mcp.runs import stats
 
 from .conftest import CEIL
@@ -66,6 +66,33 @@ def test_latency_bound_when_traffic_is_tiny():
     traffic = {"nvlink_bytes": 1e3, "hbm_bytes": 1e3, "flops": 1.0, "rounds": 2}
     r = roofline.floor(1, "x", 4, "pkb", traffic, "bfloat16", limits=CEIL)
     assert r.bound == "latency" and r.pct_of_floor is None
+
+
+def test_the_exchange_s_shares_of_an_all_reduce_s_floor_by_hand():
+    """Problem 1 at pkb, W = 4: a 1024 x 1024 bf16 matrix (2 MiB) all-reduced, 2 (W-1)/W of it, 3 MiB,
+    each way in 2 rounds. At 400 GB/s the bytes take 7.864 us, the rounds 10 us, HBM's 4 MiB 1.049 us:
+    a floor of 17.864 us, 44.0% of it the bytes and 56.0% the latency."""
+    p = problems.resolve(1)
+    r = roofline.floor(1, p.name, 4, "pkb", p.traffic(4, "pkb"), p.dtype, limits=CEIL)
+    nvlink_ms, latency_ms = 3 * 2**20 / 400e9 * 1e3, 2 * 5e-3
+    assert r.floor_ms == pytest.approx(nvlink_ms + latency_ms) and r.bound == "latency"
+    assert r.nvlink_share == pytest.approx(nvlink_ms / (nvlink_ms + latency_ms))
+    assert r.latency_share == pytest.approx(latency_ms / (nvlink_ms + latency_ms))
+    assert render.binding_line(r) == "binds: latency; the exchange: NVLink 44% + latency 56% of the floor"
+
+
+def test_a_share_of_a_few_bytes_is_said_to_be_small_and_a_floor_of_nothing_has_no_share():
+    """Problem 25's exchange, 56 bytes under a 2 ms compute floor, is not printed as 0% nor as a
+    figure in scientific notation; a traffic of nothing gives a floor of 0 and shares of 0."""
+    few = roofline.floor(
+        25, "x", 4, "large", {"nvlink_bytes": 56, "hbm_bytes": 0, "flops": 1.6e12}, "bfloat16", limits=CEIL
+    )
+    assert few.bound == "compute" and 0 < few.nvlink_share < 1e-6
+    assert "NVLink <0.01% + latency 0% of the floor" in render.binding_line(few)
+    nothing = roofline.floor(
+        1, "x", 4, "pkb", {"nvlink_bytes": 0, "hbm_bytes": 0, "flops": 0}, "bfloat16", limits=CEIL
+    )
+    assert nothing.floor_ms == 0 and nothing.nvlink_share == nothing.latency_share == 0
 
 
 def test_time_budget_counts_real_time_not_just_the_timed_interval(monkeypatch):

@@ -90,11 +90,11 @@ def test_shapes_on_meta_and_traffic_below_the_real_schedules(pid, world_size):
             moved = (w - 1) / w * s["seq_local"] * h * (256 * 2 + 512 * 2 + 2) * 2
             assert t["nvlink_bytes"] == pytest.approx(min(moved, h * 256 * 512 * 2))
         else:
-            n = s["tokens_per_range"]
-            assert shapes["query"] == [4 * n, 48, 128] and shapes["key_value"] == [4 * n, 8, 256]
-            assert shapes["k_ranges"] == [4, 2]
-            heads = (w - 1) / w * 4 * n * (2 * 48 * 128 + max(8, w) * 256) * 2
-            ring = (w - 1) * 4 * n * 8 * 256 * 2
+            n, r = s["tokens_per_range"], s["ranges"]
+            assert shapes["query"] == [r * n, 48, 128] and shapes["key_value"] == [r * n, 8, 256]
+            assert shapes["k_ranges"] == [r, 2]
+            heads = (w - 1) / w * r * n * (2 * 48 * 128 + max(8, w) * 256) * 2
+            ring = (w - 1) * r * n * 8 * 256 * 2
             assert t["nvlink_bytes"] == pytest.approx(min(heads, ring))
 
 

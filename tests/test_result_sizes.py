@@ -171,7 +171,13 @@ def _finished_jobs(store: JobStore) -> dict[str, str]:
         speedup_low=1.4,
         speedup_high=1.6,
         roofline=FloorPlacement(
-            floor_ms=0.8, bound="nvlink", time_ms=1.25, pct_of_floor=64.0, note="x" * 200
+            floor_ms=0.8,
+            bound="nvlink",
+            nvlink_share=0.99,
+            latency_share=0.01,
+            time_ms=1.25,
+            pct_of_floor=64.0,
+            note="x" * 200,
         ),
         fresh_speedup=1.49,
         seen_inputs_advantage=1.0,

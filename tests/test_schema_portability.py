@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.contract, pytest.mark.anyio]
 # bytes of tools/list on the wire: every agent carries them in its context (24,554 with the variant
 # argument on five tools, 2026-11-26; 24,868 with `protections` on check and bench results; 25,515
 # with the check's unseen-size trial; 25,852 with list_problems' paging and `detail`; 25,996 with
-# `type` arrays and output schemas of every depth, 2026-12-02; 18,737 portable, two objects deep)
+# `type` arrays and output schemas of every depth, 2026-12-02; 18,737 portable, two objects deep;
+# 19,217 with what binds the floor and the exchange's shares of it, 2026-12-03)
 TOOLS_LIST_LIMIT = 20_000
 # keywords whose value is a map of names to schemas, one schema, or a list of schemas
 _MAPS, _ONE, _LISTS = ("properties", "$defs", "patternProperties"), ("items", "not"), ("anyOf", "oneOf")
