@@ -138,7 +138,8 @@ def test_routing_has_a_margin_and_exactly_the_remote_pairs_the_floor_counts(pid,
 
 
 def schedules(pid: int, s: dict, world_size: int) -> dict[str, int]:
-    """NVLink bytes per GPU, each way, of the two schedules in the problems' traffic docstrings."""
+    """NVLink bytes per GPU, each way, of the two schedules in the problems' traffic docstrings (held
+    to every floor by tests/test_floors.py)."""
     experts = EXPERTS[pid](world_size)
     ep = experts if pid == 51 else world_size
     remote = s["tokens"] * s["top_k"] - s["tokens"] * s["top_k"] // ep

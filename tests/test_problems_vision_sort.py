@@ -143,6 +143,86 @@ def test_81_vectorised_suppression_is_the_pair_by_pair_rule(variant, world_size,
         assert bool((iou < 0.6).all()) and not bool(got.any())
 
 
+def schedules_81(size, world_size):
+    """Bytes a GPU moves (the larger of its sends and receives) in schedules a solution of 81 may
+    choose; tests/test_floors.py holds the floor to them. Scores travel with their objects, bf16."""
+    p = problem(81)
+    n = p.module.counts(world_size, size)
+    gone = p.module.suppressed_counts(world_size, size)
+    pixels = size["height"] * size["width"]
+    obj = pixels * 2 + 2
+    total = sum(n)
+    # what rank r receives when every object's bits go first, then the survivors' logits: peers
+    # forward as in a ring, so no rank sends more than the largest receipt
+    sent = [m * (pixels // 8 + 2) + (m - k) * pixels * 2 for m, k in zip(n, gone, strict=True)]
+    bits_first = [sum(sent) - sent[r] for r in range(world_size)]
+    return {
+        "all-gather every object, padded to the longest (the reference)": (world_size - 1) * max(n) * obj,
+        "a ring of every object, unpadded": (total - min(n)) * obj,
+        "every object's bits first, then the survivors' logits": max(bits_first),
+    }
+
+
+def schedules_81_original(size, world_size):
+    """The original variant's: nothing is suppressed, so every object travels, in each trial's counts
+    (its reference all-gathers them padded; a ring of unpadded objects moves less when counts differ)."""
+    o = problem(81, "original")
+    obj = size["height"] * size["width"] * 2 + 2
+    moves = {}
+    for trial in range(3):
+        n = o.module.counts(world_size, trial)
+        moves[f"trial {trial}: all-gather, padded (the reference)"] = (world_size - 1) * max(n) * obj
+        moves[f"trial {trial}: a ring of every object, unpadded"] = (sum(n) - min(n)) * obj
+    return moves
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_81_the_original_s_floor_is_the_least_receipt_of_any_trial(world_size):
+    """It counted a rank's objects sent to every peer, (W - 1) n_r: a ring moves less where counts
+    differ (1.5x less at W = 4), so that was no lower bound."""
+    o = problem(81, "original")
+    moves = schedules_81_original(o.size("pkb"), world_size)
+    stated = o.traffic(world_size, "pkb")["nvlink_bytes"]
+    assert stated == min(moves.values())
+
+
+@pytest.mark.parametrize("preset", ["pkb", "large"])
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_81_floor_leaves_the_suppressed_logits_out(preset, world_size):
+    """The floor is no more than sending the bits first and the survivors' logits after (it counted
+    every object's logits before), and below that by no more than the bits."""
+    p = problem(81)
+    size = p.size(preset)
+    stated = p.traffic(world_size, preset)["nvlink_bytes"]
+    moves = schedules_81(size, world_size)
+    assert stated <= min(moves.values())
+    n = p.module.counts(world_size, size)
+    bits = (sum(n) - min(n)) * size["height"] * size["width"] // 8
+    assert stated + bits >= moves["every object's bits first, then the survivors' logits"]
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_81_every_trial_suppresses_the_counts_the_floor_assumes(world_size, seed):
+    """The floor counts survivors per rank from the sizes alone: in every trial the rule suppresses
+    (n_r + 1) // 3 of rank r's objects, and the IoUs keep clear of 0.7."""
+    p = problem(81)
+    inputs = [cpu_inputs(81, world_size, r, seed=seed) for r in range(world_size)]
+    masks = torch.cat([i[0] for i in inputs]).float()
+    got = p.module.suppression(masks, inputs[0][3], 0.7, False)
+    owner = torch.repeat_interleave(torch.arange(world_size), torch.tensor(inputs[0][2]))
+    per_rank = [int(got[owner == r].sum()) for r in range(world_size)]
+    assert per_rank == p.module.suppressed_counts(world_size, p.size("pkb")) and sum(per_rank) > 0
+    binary = (masks > 0).flatten(1).double()
+    inter = binary @ binary.T
+    area = binary.sum(1)
+    iou = inter / (area[:, None] + area[None, :] - inter)
+    assert bool(((iou < 0.35) | (iou > 0.79))[~torch.eye(len(masks), dtype=torch.bool)].all())
+    # every suppressed object overlaps a survivor on another rank: the decision needs the exchange
+    for g in torch.nonzero(got).flatten().tolist():
+        assert bool(((iou[g] > 0.79) & ~got & (owner != owner[g])).any())
+
+
 # ---------------------------------------------------------------- integration: real ranks on CPU
 
 

@@ -106,17 +106,20 @@ def solution(
 
 
 def traffic(ctx):
-    """Per GPU: its objects' bf16 logits and scores to every peer and every other object's from them;
-    trial 0's counts (the larger of a rank's sends and receives).
-    HBM: the local logits read, the float32 outputs written. FLOPs: the T x T IoU GEMM."""
+    """Per GPU, the least: nothing is ever suppressed, so every rank receives every other rank's bf16
+    logits and scores; a rank's own need leave it only once (peers may forward them, as in a ring),
+    which no rank's receipt is below; the most over the ranks, in trial 0, the trial with the fewest
+    objects (the floor holds for every trial's counts). HBM: the local logits read, the float32
+    outputs written. FLOPs: one multiply-add a pixel for each of the T (T - 1) / 2 pairs'
+    intersections, split over the ranks."""
     w, s = ctx.world_size, ctx.size
     pixels = s["height"] * s["width"]
     per_rank = counts(w, 0)
     total = sum(per_rank)
     obj = pixels * 2 + 2
     return {
-        "nvlink_bytes": max(max((w - 1) * n, total - n) for n in per_rank) * obj,
+        "nvlink_bytes": (total - min(per_rank)) * obj,
         "hbm_bytes": max(per_rank) * obj + total * (pixels * 4 + 5),
-        "flops": 2 * total * total * pixels,
+        "flops": total * (total - 1) * pixels / w,
         "rounds": 1,
     }
