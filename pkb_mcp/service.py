@@ -15,10 +15,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from pkb_mcp import catalogue, config, problems, roofline
+from pkb_mcp import catalogue, config, problems, render, roofline
 from pkb_mcp import compile as nvcc
 from pkb_mcp.catalogue import list_problems  # the suite read as text: listing it imports no problem
 from pkb_mcp.compile import CompileResult
@@ -29,6 +30,7 @@ from pkb_mcp.models import (
     Calibration,
     CheckResult,
     InputSpec,
+    Kind,
     ProblemDetail,
     ProblemPage,
     ProblemRow,
@@ -36,6 +38,7 @@ from pkb_mcp.models import (
     RunRequest,
     Traffic,
 )
+from pkb_mcp.profiling import text as profile_text
 from pkb_mcp.profiling.profile import ProfileResult, profile
 from pkb_mcp.runs import conventions
 from pkb_mcp.runs.benchmark import bench, timing_config
@@ -218,18 +221,52 @@ def prebuild(request: RunRequest, job: JobContext = DIRECT) -> list[str]:
 
 @dataclass(frozen=True)
 class Verb:
-    """A kind of job, as the server, the CLI, the scheduler and a cluster read it."""
+    """A kind of job, one record: what runs it and what it holds (the scheduler, a cluster), its names
+    and its result as the front ends show it. The MCP tools, their output models, task support and order
+    (frontends/server.py, tasks.py, surface.py) and the CLI's commands (frontends/cli.py) are read from
+    these rows; adding a verb is its module, its row, a `Kind` and the contract snapshot."""
 
     run: Callable[[RunRequest, JobContext], BaseModel]
     result: type[BaseModel]  # the model of what `run` returns (and a stored job's result)
+    tool: str  # its MCP tool
+    command: str  # its CLI command (pkb COMMAND)
+    text: Callable[[Any, str | None], str]  # the result as text; the str: its job's resource URI, if any
+    timeout_s: float = 300.0  # each launch's limit unless the caller gives one
     gpus: bool = True  # holds GPUs on a cuda device (compile: a compile slot of the server)
     whole_node: bool = False  # holds every GPU of its node, so nothing shares NVLink, HBM or power
     remote: bool = True  # runs on a Ray cluster's nodes when there is one (compile stays on the server)
 
 
-VERBS: dict[str, Verb] = {  # by Kind
-    "compile": Verb(compile_file, CompileResult, gpus=False, remote=False),
-    "check": Verb(check, CheckResult),
-    "bench": Verb(bench, BenchResult, whole_node=True),
-    "profile": Verb(profile, ProfileResult, whole_node=True),
+def _profile_text(result: ProfileResult, uri: str | None) -> str:
+    """A profile as text; its trace and timeline named by the job's resource URIs, else by their paths."""
+    if uri is None:
+        return profile_text.profile(result)
+    return profile_text.profile(result, f"{uri}/trace", f"{uri}/timeline")
+
+
+VERBS: dict[str, Verb] = {  # by Kind, in the order an agent works
+    "compile": Verb(
+        compile_file,
+        CompileResult,
+        "compile_kernel",
+        "compile",
+        lambda r, _: r.summary(),
+        gpus=False,
+        remote=False,
+    ),
+    "check": Verb(check, CheckResult, "run_correctness", "check", lambda r, _: render.check(r), 120.0),
+    "bench": Verb(bench, BenchResult, "benchmark", "bench", lambda r, _: render.bench(r), whole_node=True),
+    "profile": Verb(profile, ProfileResult, "profile", "profile", _profile_text, whole_node=True),
 }
+
+
+def _verbs_agree() -> None:
+    """At import: the rows are the Kinds, and no two share a tool or a command."""
+    if list(VERBS) != list(get_args(Kind)):
+        raise RuntimeError(f"service.VERBS {list(VERBS)} and models.Kind {get_args(Kind)} disagree")
+    for names in ([v.tool for v in VERBS.values()], [v.command for v in VERBS.values()]):
+        if len(set(names)) != len(names):
+            raise RuntimeError(f"two verbs share a name: {names}")
+
+
+_verbs_agree()

@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 
 from pkb_mcp.frontends.schemas import one_type, published_input, published_output
-from pkb_mcp.frontends.server import AnyJobOutput, BenchOutput, CheckOutput, ProfileOutput, build_server
+from pkb_mcp.frontends.server import OUTPUTS, AnyJobOutput, build_server
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobStore
 from pkb_mcp.models import BenchResult, CheckResult, RankResult, SandboxInfo
@@ -141,8 +141,8 @@ def _sandbox() -> SandboxInfo:
 @pytest.mark.parametrize(
     "output",
     [
-        BenchOutput(job_id="j", state="queued", result_uri="pkb://jobs/j/result"),
-        BenchOutput(
+        OUTPUTS["bench"](job_id="j", state="queued", result_uri="pkb://jobs/j/result"),
+        OUTPUTS["bench"](
             job_id="j",
             state="done",
             result_uri="pkb://jobs/j/result",
@@ -159,7 +159,7 @@ def _sandbox() -> SandboxInfo:
                 sandbox=_sandbox(),
             ),
         ),
-        CheckOutput(
+        OUTPUTS["check"](
             job_id="j",
             state="done",
             result_uri="pkb://jobs/j/result",
@@ -177,7 +177,7 @@ def _sandbox() -> SandboxInfo:
                 sandbox=_sandbox(),
             ),
         ),
-        ProfileOutput(job_id="j", state="running", result_uri="pkb://jobs/j/result"),
+        OUTPUTS["profile"](job_id="j", state="running", result_uri="pkb://jobs/j/result"),
         AnyJobOutput(job_id="j", state="done", result_uri="pkb://jobs/j/result", kind="bench", result={}),
     ],
     ids=["queued", "bench", "check", "profile", "any"],

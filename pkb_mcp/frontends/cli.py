@@ -104,8 +104,13 @@ _FIELD_OF_OPTION = {"file": "path", "timeout": "timeout_s", "out": "out_dir"}
 
 
 def _request(args: argparse.Namespace) -> RunRequest:
-    """A run command's request: each option given sets the RunRequest field of its name."""
+    """A run command's request: each option given sets the RunRequest field of its name; the timeout
+    not given is its verb's (service.VERBS, whose row names the command: `args.verb`)."""
+    from pkb_mcp import service
+
     given = {_FIELD_OF_OPTION.get(name, name): value for name, value in vars(args).items()}
+    if given.get("timeout_s") is None:
+        given["timeout_s"] = service.VERBS[args.verb].timeout_s
     return RunRequest.of(**{k: v for k, v in given.items() if k in RunRequest.model_fields and v is not None})
 
 
@@ -113,7 +118,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from pkb_mcp import service
 
     result = service.compile_file(_request(args))
-    _emit(args, result, result.summary())
+    _emit(args, result, service.VERBS["compile"].text(result, None))
     return EXIT_PASS if result.ok else EXIT_FAILED
 
 
@@ -124,7 +129,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     call = trail.record_cli_call("check", Path(args.file))  # in an agent run's shell (agents/trail.py)
     result = service.check(_request(args), service.JobContext(_progress(args.json)))
     trail.record_cli_result(call, result.verdict == "pass", None)
-    _emit(args, result, render.check(result))
+    _emit(args, result, service.VERBS["check"].text(result, None))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
 
@@ -137,16 +142,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trail.record_cli_result(
         call, result.verdict in ("pass", "suspect"), result.speedup if result.verdict == "pass" else None
     )
-    _emit(args, result, render.bench(result))
+    _emit(args, result, service.VERBS["bench"].text(result, None))
     return EXIT_PASS if result.verdict == "pass" else EXIT_FAILED
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from pkb_mcp import service
-    from pkb_mcp.profiling import text as profile_text
 
     result = service.profile(_request(args), service.JobContext(_progress(args.json)))
-    _emit(args, result, profile_text.profile(result))
+    _emit(args, result, service.VERBS["profile"].text(result, None))
     return EXIT_PASS if result.verdict == "ok" else EXIT_FAILED
 
 
@@ -433,7 +437,7 @@ def _add_runs(sub: Any) -> None:
         default="auto",
         help="where the solution is imported and the compilers run (as for check)",
     )
-    p.set_defaults(func=cmd_compile)
+    p.set_defaults(func=cmd_compile, verb="compile")
 
     p = sub.add_parser("check", help="correctness on every rank over several trials")
     p.add_argument("problem", help="id or name")
@@ -441,7 +445,7 @@ def _add_runs(sub: Any) -> None:
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--no-unseen", dest="unseen", action="store_const", const=False, help=NO_UNSEEN_HELP)
     _common(p, run=True)
-    p.set_defaults(func=cmd_check, default_timeout=120.0)
+    p.set_defaults(func=cmd_check, verb="check")
 
     p = sub.add_parser("bench", help="time candidate and reference the same way; speedup and %% of floor")
     p.add_argument("problem", help="id or name")
@@ -455,7 +459,7 @@ def _add_runs(sub: Any) -> None:
         help=LAUNCHES_HELP.replace("%", "%%"),  # argparse formats help with %
     )
     _common(p, run=True)
-    p.set_defaults(func=cmd_bench, default_timeout=300.0)
+    p.set_defaults(func=cmd_bench, verb="bench")
 
     p = sub.add_parser(
         "profile", help="where each rank's time goes in a call: communication, compute, overlap, gaps"
@@ -467,7 +471,7 @@ def _add_runs(sub: Any) -> None:
         "--out", default=None, help="folder for trace.json and timeline.png (default: under the state dir)"
     )
     _common(p, run=True)
-    p.set_defaults(func=cmd_profile, default_timeout=300.0)
+    p.set_defaults(func=cmd_profile, verb="profile")
 
 
 def _add_eval(sub: Any) -> None:
@@ -566,8 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _Parser.json_errors = "--json" in given
     args = parser.parse_args(given)
     log.configure(args.log_level)
-    if getattr(args, "timeout", "absent") is None:
-        args.timeout = args.default_timeout
+    if getattr(args, "timeout", "absent") is None and hasattr(args, "default_timeout"):
+        args.timeout = args.default_timeout  # pkb eval's
     try:
         code = int(args.func(args))
         if args.func is not cmd_serve:

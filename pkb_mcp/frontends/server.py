@@ -27,15 +27,14 @@ from mcp_types import (
     TextContent,
 )
 from mcp_types import Tool as PublishedTool
-from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, Field, ValidationError, WithJsonSchema, create_model
 
 from pkb_mcp import config, models, render, service
 from pkb_mcp.agents import trail
 from pkb_mcp.agents.task import attempt_text
-from pkb_mcp.compile import CompileResult
 from pkb_mcp.errors import ECHO_CHARS, UserError, echoed
 from pkb_mcp.frontends.schemas import published_input, published_output
-from pkb_mcp.frontends.surface import CACHE_HINTS, CANCELS, READ_ONLY, RUNS_CODE, ordered
+from pkb_mcp.frontends.surface import CACHE_HINTS, CANCELS, READ_ONLY, RUNS_CODE, TOOL_ORDER, ordered
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobRecord
 from pkb_mcp.models import (
@@ -48,9 +47,9 @@ from pkb_mcp.models import (
     RunRequest,
     lean_property,
 )
-from pkb_mcp.profiling import text as profile_text
 from pkb_mcp.profiling.profile import ProfileResult, profiles_root
 from pkb_mcp.runs import pairing, run
+from pkb_mcp.service import VERBS
 
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
@@ -76,7 +75,16 @@ class _Server(MCPServer):
     """Publishes its tools in our order (frontends/surface.py), with portable, short schemas
     (frontends/schemas.py) and descriptions without the docstrings' indentation; answers a refused
     call in one sentence, with the sentence as structured content too; repeats at most ECHO_CHARS of
-    a resource's URI in an error."""
+    a resource's URI in an error. `verb_tool` registers the tool of a verb (service.VERBS)."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.verb_tools: list[str] = []  # the kinds whose tools are registered
+
+    def verb_tool(self, kind: str) -> Any:
+        """The decorator of the tool that submits a verb's jobs: its name from the verb's row."""
+        self.verb_tools.append(kind)
+        return self.tool(name=VERBS[kind].tool, annotations=RUNS_CODE)
 
     async def _handle_read_resource(
         self, ctx: ServerRequestContext[Any], params: ReadResourceRequestParams
@@ -172,34 +180,25 @@ class JobOutput(Result):
     result_uri: str = Field(description="the full result: every rank, each side's timing, static report")
 
 
-class CheckOutput(JobOutput):
-    result: CheckResult | None = None
-
-
-class BenchOutput(JobOutput):
-    result: BenchResult | None = None
-
-
-class CompileOutput(JobOutput):
-    result: CompileResult | None = None
-
-
-class ProfileOutput(JobOutput):
-    # The result's fields are left out of tools/list (their size); docs/measurement.md defines them.
-    result: Annotated[Any, WithJsonSchema(PROFILE_RESULT)] = None
-
-
 class AnyJobOutput(JobOutput):
     kind: str = Field(description="compile, check, bench or profile")
     result: dict[str, Any] | None = Field(None, description="the result as the tool of its kind returns it")
 
 
-OUTPUTS: dict[str, type[JobOutput]] = {
-    "check": CheckOutput,
-    "bench": BenchOutput,
-    "compile": CompileOutput,
-    "profile": ProfileOutput,
+# A result's type as a tool's output schema publishes it: its model, but for the profile's, whose fields
+# are left out of tools/list (their size; docs/measurement.md defines them).
+PUBLISHED_RESULT: dict[str, Any] = {"profile": Annotated[Any, WithJsonSchema(PROFILE_RESULT)]}
+OUTPUTS: dict[str, type[JobOutput]] = {  # a verb's tool's output model, by Kind (service.VERBS)
+    kind: create_model(
+        f"{kind.title()}Output",
+        __base__=JobOutput,
+        result=(PUBLISHED_RESULT.get(kind, verb.result | None), None),
+    )
+    for kind, verb in service.VERBS.items()
 }
+for _verb in service.VERBS.values():  # at import: each verb's tool has its place in tools/list
+    if _verb.tool not in TOOL_ORDER:
+        raise RuntimeError(f"the tool {_verb.tool} of a verb is not in surface.TOOL_ORDER")
 
 
 @contextlib.contextmanager
@@ -359,7 +358,7 @@ class Tools:
             content = [TextContent(type="text", text=text)]
             return CallToolResult(content=content, structured_content={"error": text}, is_error=True)
         out = self.output(record)
-        return reply(out, self.text(out))
+        return reply(out, self.text(out, record.kind))
 
     async def finish(self, job_id: str, wait: bool, ctx: Context | None) -> CallToolResult:
         """Await the job (forwarding progress) or hand back its id; cancel it if the call is cancelled."""
@@ -387,18 +386,12 @@ class Tools:
             raise ToolError(record.error or "the job failed")
         return self.result_of(record)
 
-    def text(self, out: JobOutput) -> str:
-        result = getattr(out, "result", None)
+    def text(self, out: JobOutput, kind: str) -> str:
+        """A job's output as text: its result as its verb renders it, else where the job stands."""
         head = f"job {out.job_id}: {out.state}"
-        if isinstance(result, CheckResult):
-            return f"{head}\n{render.check(result)}"
-        if isinstance(result, BenchResult):
-            return f"{head}\n{render.bench(result)}"
-        if isinstance(result, CompileResult):
-            return f"{head}\n{result.summary()}"
-        if isinstance(result, ProfileResult):
-            uri = f"pkb://jobs/{out.job_id}"
-            return f"{head}\n{profile_text.profile(result, f'{uri}/trace', f'{uri}/timeline')}"
+        result = getattr(out, "result", None)
+        if isinstance(result, BaseModel):
+            return f"{head}\n{service.VERBS[kind].text(result, f'pkb://jobs/{out.job_id}')}"
         detail = out.error or out.message
         return (
             head
@@ -431,6 +424,8 @@ def build_server(scheduler: Scheduler, sources_dir: Path, roots: Sequence[Path] 
     _add_job_tools(mcp, scheduler, tools)
     _add_profile(mcp, tools)
     _add_agent_context(mcp)
+    if missing := set(VERBS) - set(mcp.verb_tools):
+        raise RuntimeError(f"no MCP tool runs the verbs {sorted(missing)} (service.VERBS)")
     return mcp
 
 
@@ -482,10 +477,10 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         return reply(result, render.roofline(result))
 
 
-def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
+def _add_run_tools(mcp: _Server, tools: Tools) -> None:
     """compile_kernel, run_correctness, benchmark: candidate code in the sandbox, as scheduler jobs."""
 
-    @mcp.tool(annotations=RUNS_CODE)
+    @mcp.verb_tool("compile")
     async def compile_kernel(
         ctx: Context,
         source: Source = None,
@@ -495,7 +490,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             Arg(description="for source text: a .cu file, or a solution .py whose load_inline CUDA is built"),
         ] = "python",
         wait: Wait = True,
-    ) -> Annotated[CallToolResult, CompileOutput]:
+    ) -> Annotated[CallToolResult, OUTPUTS["compile"]]:
         """Build CUDA for sm_90a in the sandbox: errors by line, registers/smem/spills per kernel; a
         solution's load_inline extensions are also built for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
@@ -503,7 +498,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         job_id = tools.scheduler.submit("compile", RunRequest(path=str(file)))
         return await tools.finish(job_id, wait, ctx)
 
-    @mcp.tool(annotations=RUNS_CODE)
+    @mcp.verb_tool("check")
     async def run_correctness(
         ctx: Context,
         problem: ProblemRef,
@@ -513,7 +508,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         size: SizePreset = "pkb",
         trials: Annotated[models.Trials, Arg(description="fresh random inputs per trial")] = 5,
         device: Device = None,
-        timeout_s: Timeout = 120.0,
+        timeout_s: Timeout = VERBS["check"].timeout_s,
         convention: Convention = "auto",
         variant: Variant = "pkb",
         unseen: Annotated[
@@ -521,7 +516,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
             Arg(description="after a pass, a trial at a size never shown (default: on)"),
         ] = None,
         wait: Wait = True,
-    ) -> Annotated[CallToolResult, CheckOutput]:
+    ) -> Annotated[CallToolResult, OUTPUTS["check"]]:
         """Judge a solution against the problem's reference on every rank over fresh random inputs:
         per-rank verdict, max error, first mismatch."""
         request = tools.run_request(
@@ -540,7 +535,7 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         job_id = tools.scheduler.submit("check", request)
         return await tools.finish(job_id, wait, ctx)
 
-    @mcp.tool(annotations=RUNS_CODE)
+    @mcp.verb_tool("bench")
     async def benchmark(
         ctx: Context,
         problem: ProblemRef,
@@ -549,12 +544,12 @@ def _add_run_tools(mcp: MCPServer, tools: Tools) -> None:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         device: Device = None,
-        timeout_s: Timeout = 300.0,
+        timeout_s: Timeout = VERBS["bench"].timeout_s,
         launches: Annotated[models.Launches, Arg(description=models.LAUNCHES_HELP)] = 1,
         convention: Convention = "auto",
         variant: Variant = "pkb",
         wait: Wait = True,
-    ) -> Annotated[CallToolResult, BenchOutput]:
+    ) -> Annotated[CallToolResult, OUTPUTS["bench"]]:
         """Time a correct solution against the reference on the same inputs: the speedup (or that it
         is within noise, not credited), its spread, % of floor."""
         request = tools.run_request(
@@ -597,7 +592,7 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
             **out.model_dump(exclude={"result"}),
             result=result.model_dump(mode="json") if result is not None else None,
         )
-        return reply(full, tools.text(out))
+        return reply(full, tools.text(out, record.kind))
 
     @mcp.tool(annotations=CANCELS)
     def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
@@ -614,11 +609,11 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         return _parse(scheduler.get(job_id).kind, raw).model_dump_json(indent=2)
 
 
-def _add_profile(mcp: MCPServer, tools: Tools) -> None:
+def _add_profile(mcp: _Server, tools: Tools) -> None:
     """The profile tool, and its trace and timeline as resources (docs/measurement.md, "Profile")."""
     profiles = tools.sources_dir.parent / "profiles"
 
-    @mcp.tool(annotations=RUNS_CODE)
+    @mcp.verb_tool("profile")
     async def profile(
         ctx: Context,
         problem: ProblemRef,
@@ -627,10 +622,10 @@ def _add_profile(mcp: MCPServer, tools: Tools) -> None:
         world_size: WorldSize = 4,
         size: SizePreset = "pkb",
         device: Device = None,
-        timeout_s: Timeout = 300.0,
+        timeout_s: Timeout = VERBS["profile"].timeout_s,
         variant: Variant = "pkb",
         wait: Wait = True,
-    ) -> Annotated[CallToolResult, ProfileOutput]:
+    ) -> Annotated[CallToolResult, OUTPUTS["profile"]]:
         """Profile a solution beside the reference: each rank's call split into communication,
         compute, overlap and gaps; waits, top kernels; trace and timeline as resources. Use when a
         benchmark disappoints."""

@@ -24,6 +24,7 @@ from mcp_types import CallToolResult, CancelTaskRequestParams, GetTaskRequestPar
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from pkb_mcp.errors import UserError, echoed
+from pkb_mcp.service import VERBS
 
 if TYPE_CHECKING:
     from mcp.server.context import CallNext, ServerRequestContext
@@ -42,7 +43,7 @@ class Jobs(Protocol):
 
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
-TASK_TOOLS = frozenset({"compile_kernel", "run_correctness", "benchmark", "profile"})
+TASK_TOOLS = frozenset(verb.tool for verb in VERBS.values())  # every tool that runs a job
 POLL_INTERVAL_MS = 1000
 TTL_MS = 7 * 24 * 3600 * 1000  # what the job store keeps is kept longer; this is the promise
 INVALID_PARAMS = -32602
