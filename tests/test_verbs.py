@@ -41,7 +41,7 @@ def test_the_rows_are_the_kinds_and_each_tool_is_published_in_order_with_tasks(t
         scheduler.stop()
     tools = [verb.tool for verb in service.VERBS.values()]
     assert set(tools) <= set(names) and set(tools) <= set(surface.TOOL_ORDER)
-    assert tasks.TASK_TOOLS == frozenset(tools)
+    assert frozenset(tools) == tasks.TASK_TOOLS
     for kind, verb in service.VERBS.items():
         published = mcp_server.OUTPUTS[kind].model_fields["result"].annotation
         assert kind == "profile" or verb.result in get_args(published), (kind, published)
