@@ -20,9 +20,9 @@ from typing import Any, get_args
 from pydantic import BaseModel
 
 from pkb_mcp import catalogue, config, problems, render, roofline
-from pkb_mcp import compile as nvcc
 from pkb_mcp.catalogue import list_problems  # the suite read as text: listing it imports no problem
-from pkb_mcp.compile import CompileResult
+from pkb_mcp.compile import CompileError, CompileResult, extensions
+from pkb_mcp.compile import compile_file as build_file
 from pkb_mcp.errors import UserError
 from pkb_mcp.launches import ToolLaunches
 from pkb_mcp.models import (
@@ -192,10 +192,10 @@ def compile_file(request: RunRequest, job: JobContext = DIRECT) -> CompileResult
         raise UserError(str(exc)) from exc
     progress(0, 1, "compiling")
     try:
-        result = nvcc.compile_file(
+        result = build_file(
             Path(request.path), cache_dir=config.cache_dir() / "compile", tools=ToolLaunches(backend, cancel)
         )
-    except nvcc.CompileError as exc:
+    except CompileError as exc:
         raise UserError(str(exc)) from exc
     progress(1, 1, "compiled" if result.ok else "compile failed")
     notes = [] if backend.isolated else [backend.note]
@@ -205,7 +205,7 @@ def compile_file(request: RunRequest, job: JobContext = DIRECT) -> CompileResult
 def needs_build(text: str) -> bool:
     """Whether a solution's text could build load_inline extensions not yet in the node's cache (a
     batch prebuilds those; a benchmark after its file's check finds them built)."""
-    return nvcc.extensions.may_build(text) and not nvcc.extensions.built_already(text)
+    return extensions.may_build(text) and not extensions.built_already(text)
 
 
 def prebuild(request: RunRequest, job: JobContext = DIRECT) -> list[str]:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from pkb_mcp import problems, render
-from pkb_mcp.frontends.server import Tools
+from pkb_mcp.frontends.server import ServerState
 from pkb_mcp.frontends.tasks import TasksExtension
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobStore
@@ -92,11 +92,11 @@ def test_the_job_s_text_and_the_task_s_status_lead_with_within_noise(tmp_path):
     store.finish("j1", "done", result=r.model_dump(mode="json"))
     scheduler = Scheduler(store, gpus=0)  # after: a queued job would be run
     try:
-        tools = Tools(scheduler, tmp_path / "sources", roots=[])
+        tools = ServerState(scheduler, tmp_path / "sources", roots=[])
         record = scheduler.get("j1")
         out = tools.output(record)
         assert out.message.startswith("PASS: within noise of the reference"), out.message
-        assert "PASS: within noise of the reference (1.366x measured" in tools.text(out)
+        assert "PASS: within noise of the reference (1.366x measured" in tools.text(out, record.kind)
         task = TasksExtension(tools).task(record)
         assert task["statusMessage"].startswith("within noise of the reference (1.366x"), task
     finally:

@@ -428,7 +428,7 @@ def test_a_counter_launch_starts_every_rank_under_its_own_ncu(tmp_path):
     problem = root / "problems" / "001_allreduce.py"
     asked = RunRequest(problem=1, path=problem, world_size=2, device="cpu", sandbox="process", timeout_s=120)
     run = Run(asked)
-    request = run.launch("outputs", problem, [7])
+    request = run.launch_request("outputs", problem, [7])
     plan: CounterPlan = {"tool": "ncu", "ncu": str(tool), "metrics": ["nvlrx__bytes.sum"], "max_kernels": 5}
     request.settings["counters"] = plan
     request.cold = True

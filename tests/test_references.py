@@ -157,7 +157,7 @@ def test_a_check_whose_reference_was_run_ahead_without_its_trial_launches_the_tr
     shutil.copyfile(P1.path, good)
     run = run_module.Run(_request(good))
     seeds = [11, 12]
-    made = run.run_one(run.launch("outputs", P1.path, seeds), None)
+    made = run.run_one(run.launch_request("outputs", P1.path, seeds), None)
     assert made.ok
     launches = _launches(monkeypatch)
     with references.STOCK.expecting({str(P1.path): 1}):

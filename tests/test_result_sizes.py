@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 
 from pkb_mcp import problems, service
-from pkb_mcp.frontends.server import Tools, build_server
+from pkb_mcp.frontends.server import ServerState, build_server
 from pkb_mcp.jobs.scheduler import Scheduler
 from pkb_mcp.jobs.store import JobStore
 from pkb_mcp.launches import RankOutcome
@@ -212,7 +212,7 @@ async def test_every_tool_s_largest_result_stays_under_10k_tokens(tmp_path):
     store = JobStore(tmp_path / "jobs.sqlite")
     jobs = _finished_jobs(store)
     scheduler = Scheduler(store, gpus=0)
-    tools = Tools(scheduler, tmp_path / "sources")
+    tools = ServerState(scheduler, tmp_path / "sources")
     sizes: dict[str, int] = {}
     try:
         async with Client(build_server(scheduler, tmp_path / "sources")) as client:

@@ -150,9 +150,9 @@ def _no_launch(*args, **kwargs):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    """Every launch of check, bench and profile is made by Run.launch (its extensions' builds by
+    """Every launch of check, bench and profile is made by Run.launch_request (its extensions' builds by
     Run.prepare_extensions): either one called fails the test."""
-    monkeypatch.setattr(run.Run, "launch", _no_launch)
+    monkeypatch.setattr(run.Run, "launch_request", _no_launch)
     monkeypatch.setattr(run.Run, "prepare_extensions", _no_launch)
 
 

@@ -316,9 +316,9 @@ def test_later_trials_give_a_launch_of_their_own_s_outputs_and_only_to_the_refer
     seeds, later_seeds = [secrets.randbits(62) for _ in range(2)], [secrets.randbits(62)]
     size = {**p.size("pkb"), "rows": p.size("pkb")["rows"] + 8}
     both = run.run_one(
-        run.launch("outputs", p.path, seeds, later=[{"size": size, "seeds": later_seeds}]), None
+        run.launch_request("outputs", p.path, seeds, later=[{"size": size, "seeds": later_seeds}]), None
     )
-    alone = run.run_one(run.launch("outputs", p.path, later_seeds, size=size), None)
+    alone = run.run_one(run.launch_request("outputs", p.path, later_seeds, size=size), None)
     assert both.ok and alone.ok
     first, later = references.split_outcome(both, [len(seeds), len(later_seeds)])
     assert sorted(first.outputs) == [(t, r) for t in range(2) for r in range(2)]
@@ -327,8 +327,8 @@ def test_later_trials_give_a_launch_of_their_own_s_outputs_and_only_to_the_refer
         assert later.outputs[k].meta == alone.outputs[k].meta
         for x, y in zip(later.outputs[k].tensors, alone.outputs[k].tensors, strict=True):
             assert x.equal(y)
-    request = run.launch("outputs", CANDIDATES / "wrong_scale.py", seeds)
-    request.settings["later"] = [{"size": size, "seeds": later_seeds}]  # past Run.launch's own assertion
+    request = run.launch_request("outputs", CANDIDATES / "wrong_scale.py", seeds)
+    request.settings["later"] = [{"size": size, "seeds": later_seeds}]  # past launch_request's assertion
     refused = run.run_one(request, None)
     assert not refused.ok and not refused.outputs
     assert "only the problem's reference runs later trials" in refused.ranks[0].error

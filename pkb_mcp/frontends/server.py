@@ -265,7 +265,7 @@ def compact(result: BaseModel) -> BaseModel:
     return copy
 
 
-class Tools:
+class ServerState:
     """The server's state: the scheduler, where submitted sources are kept, and the folders a `path`
     argument may name (`roots`, default config.mcp_roots(); the state folder, which holds
     `sources_dir`, is always one)."""
@@ -410,19 +410,19 @@ def build_server(scheduler: Scheduler, sources_dir: Path, roots: Sequence[Path] 
     name a file under `roots` (default config.mcp_roots()) or the state folder."""
     from pkb_mcp.frontends.tasks import TasksExtension
 
-    tools = Tools(scheduler, sources_dir, roots)
+    state = ServerState(scheduler, sources_dir, roots)
     mcp = _Server(
         name="pkb",
         title="pkb: multi-GPU kernel problems",
         instructions=INSTRUCTIONS,
         version=__import__("pkb_mcp").__version__,
-        extensions=[TasksExtension(tools)],
+        extensions=[TasksExtension(state)],
         cache_hints=CACHE_HINTS,
     )
     _add_problem_tools(mcp)
-    _add_run_tools(mcp, tools)
-    _add_job_tools(mcp, scheduler, tools)
-    _add_profile(mcp, tools)
+    _add_run_tools(mcp, state)
+    _add_job_tools(mcp, scheduler, state)
+    _add_profile(mcp, state)
     _add_agent_context(mcp)
     if missing := set(VERBS) - set(mcp.verb_tools):
         raise RuntimeError(f"no MCP tool runs the verbs {sorted(missing)} (service.VERBS)")
@@ -477,7 +477,7 @@ def _add_problem_tools(mcp: MCPServer) -> None:
         return reply(result, render.roofline(result))
 
 
-def _add_run_tools(mcp: _Server, tools: Tools) -> None:
+def _add_run_tools(mcp: _Server, state: ServerState) -> None:
     """compile_kernel, run_correctness, benchmark: candidate code in the sandbox, as scheduler jobs."""
 
     @mcp.verb_tool("compile")
@@ -494,9 +494,9 @@ def _add_run_tools(mcp: _Server, tools: Tools) -> None:
         """Build CUDA for sm_90a in the sandbox: errors by line, registers/smem/spills per kernel; a
         solution's load_inline extensions are also built for later checks."""
         suffixes = (".cu", ".cuh") if (language == "cuda" and path is None) else (".py", ".cu", ".cuh")
-        file = tools.solution_file(source, path, suffixes)
-        job_id = tools.scheduler.submit("compile", RunRequest(path=str(file)))
-        return await tools.finish(job_id, wait, ctx)
+        file = state.solution_file(source, path, suffixes)
+        job_id = state.scheduler.submit("compile", RunRequest(path=str(file)))
+        return await state.finish(job_id, wait, ctx)
 
     @mcp.verb_tool("check")
     async def run_correctness(
@@ -519,7 +519,7 @@ def _add_run_tools(mcp: _Server, tools: Tools) -> None:
     ) -> Annotated[CallToolResult, OUTPUTS["check"]]:
         """Judge a solution against the problem's reference on every rank over fresh random inputs:
         per-rank verdict, max error, first mismatch."""
-        request = tools.run_request(
+        request = state.run_request(
             problem,
             source,
             path,
@@ -532,8 +532,8 @@ def _add_run_tools(mcp: _Server, tools: Tools) -> None:
             convention=convention,
             **({} if unseen is None else {"unseen": unseen}),
         )
-        job_id = tools.scheduler.submit("check", request)
-        return await tools.finish(job_id, wait, ctx)
+        job_id = state.scheduler.submit("check", request)
+        return await state.finish(job_id, wait, ctx)
 
     @mcp.verb_tool("bench")
     async def benchmark(
@@ -552,7 +552,7 @@ def _add_run_tools(mcp: _Server, tools: Tools) -> None:
     ) -> Annotated[CallToolResult, OUTPUTS["bench"]]:
         """Time a correct solution against the reference on the same inputs: the speedup (or that it
         is within noise, not credited), its spread, % of floor."""
-        request = tools.run_request(
+        request = state.run_request(
             problem,
             source,
             path,
@@ -564,11 +564,11 @@ def _add_run_tools(mcp: _Server, tools: Tools) -> None:
             launches=launches,
             convention=convention,
         )
-        job_id = tools.scheduler.submit("bench", request)
-        return await tools.finish(job_id, wait, ctx)
+        job_id = state.scheduler.submit("bench", request)
+        return await state.finish(job_id, wait, ctx)
 
 
-def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
+def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, state: ServerState) -> None:
     """job_status, job_result, cancel_job and the full-result resource, for calls made with wait=false."""
 
     @mcp.tool(annotations=READ_ONLY)
@@ -585,14 +585,14 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         result_uri)."""
         with tool_errors(job_id):
             record = scheduler.get(job_id)
-        out = tools.output(record)
+        out = state.output(record)
         result = getattr(out, "result", None)
         full = AnyJobOutput(
             kind=record.kind,
             **out.model_dump(exclude={"result"}),
             result=result.model_dump(mode="json") if result is not None else None,
         )
-        return reply(full, tools.text(out, record.kind))
+        return reply(full, state.text(out, record.kind))
 
     @mcp.tool(annotations=CANCELS)
     def cancel_job(job_id: Annotated[str, Arg(description="id from a wait=false call")]) -> JobRecord:
@@ -609,9 +609,9 @@ def _add_job_tools(mcp: MCPServer, scheduler: Scheduler, tools: Tools) -> None:
         return _parse(scheduler.get(job_id).kind, raw).model_dump_json(indent=2)
 
 
-def _add_profile(mcp: _Server, tools: Tools) -> None:
+def _add_profile(mcp: _Server, state: ServerState) -> None:
     """The profile tool, and its trace and timeline as resources (docs/measurement.md, "Profile")."""
-    profiles = tools.sources_dir.parent / "profiles"
+    profiles = state.sources_dir.parent / "profiles"
 
     @mcp.verb_tool("profile")
     async def profile(
@@ -629,14 +629,14 @@ def _add_profile(mcp: _Server, tools: Tools) -> None:
         """Profile a solution beside the reference: each rank's call split into communication,
         compute, overlap and gaps; waits, top kernels; trace and timeline as resources. Use when a
         benchmark disappoints."""
-        request = tools.run_request(
+        request = state.run_request(
             problem, source, path, world_size, size, device, timeout_s, variant, profiles_dir=str(profiles)
         )
-        job_id = tools.scheduler.submit("profile", request)
-        return await tools.finish(job_id, wait, ctx)
+        job_id = state.scheduler.submit("profile", request)
+        return await state.finish(job_id, wait, ctx)
 
     def artifact(job_id: str, name: str) -> Path:
-        raw = tools.scheduler.result(job_id)  # written by the host: its paths are ours, still checked
+        raw = state.scheduler.result(job_id)  # written by the host: its paths are ours, still checked
         entry = raw.get(name) if isinstance(raw, dict) else None
         where = Path(entry["path"]).resolve() if isinstance(entry, dict) and entry.get("path") else None
         allowed = (profiles.resolve(), profiles_root().resolve())

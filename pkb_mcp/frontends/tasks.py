@@ -10,7 +10,7 @@ a poll interval and a time to live; `tasks/cancel` cancels the job. A client tha
 the extension keeps the tools' `wait` argument and the job tools.
 
 This layer only translates: the tools' own code submits the job (the interceptor asks it for
-`wait=false`) and renders the result (`Tools.result_of`).
+`wait=false`) and renders the result (`ServerState.result_of`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class Jobs(Protocol):
-    """What the extension needs of the server's tools (pkb_mcp/frontends/server.py `Tools`)."""
+    """What the extension needs of the server's tools (pkb_mcp/frontends/server.py `ServerState`)."""
 
     scheduler: Scheduler
 
@@ -70,7 +70,7 @@ class TasksExtension(Extension):
     identifier = EXTENSION_ID
 
     def __init__(self, state: Jobs) -> None:
-        self.state = state  # the server's Tools (not `tools`: the Extension method of that name)
+        self.state = state  # the server's ServerState
 
     def methods(self) -> list[MethodBinding]:
         return [

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -68,6 +68,14 @@ def job_request(record: JobRecord) -> RunRequest:
         return RunRequest.model_validate(record.params)
     except ValidationError as exc:
         raise UserError(f"job {record.id} has parameters this version cannot run: {exc}") from exc
+
+
+class Need(NamedTuple):
+    """What a job holds while it runs: `units` of one resource (GPUs, the CPU slot, a compile slot;
+    "ray": nothing here, the cluster's placement groups wait for room)."""
+
+    resource: Literal["gpu", "cpu", "compile", "ray"]
+    units: int
 
 
 @dataclass
@@ -219,26 +227,26 @@ class Scheduler:
             with self._cond:
                 self._cond.notify_all()
 
-    def _needs(self, record: JobRecord) -> tuple[str, int]:
-        """(resource class, units). A benchmark or a profile takes every GPU of the node, so that
+    def _needs(self, record: JobRecord) -> Need:
+        """What a job must hold to run. A benchmark or a profile takes every GPU of the node, so that
         nothing else shares its NVLink, HBM or power budget while it is timed."""
         verb = self.verbs.get(record.kind)
         if verb is not None and not verb.gpus:
-            return "compile", 1
+            return Need("compile", 1)
         if self.cluster is not None:
-            return "ray", 0  # the cluster's placement groups wait for room, not this queue
+            return Need("ray", 0)  # the cluster's placement groups wait for room, not this queue
         try:
             request = job_request(record)
         except UserError:
-            return "cpu", 1  # it fails as soon as it runs, saying why
+            return Need("cpu", 1)  # it fails as soon as it runs, saying why
         if (request.device or service.default_device()) != "cuda":
-            return "cpu", 1
+            return Need("cpu", 1)
         world_size = request.world_size
         whole_node = verb is not None and verb.whole_node
-        return "gpu", max(world_size, self.gpu_count) if whole_node else world_size
+        return Need("gpu", max(world_size, self.gpu_count) if whole_node else world_size)
 
-    def _take(self, need: tuple[str, int]) -> list[int] | None:
-        kind, count = need
+    def _take(self, need: Need) -> list[int] | None:
+        kind, count = need.resource, need.units
         if kind == "gpu" and len(self.free_gpus) >= count:
             taken, self.free_gpus = self.free_gpus[:count], self.free_gpus[count:]
             return taken
@@ -252,13 +260,13 @@ class Scheduler:
             return []
         return None
 
-    def _give(self, need: tuple[str, int], taken: list[int]) -> None:
+    def _give(self, need: Need, taken: list[int]) -> None:
         with self._cond:
-            if need[0] == "gpu":
+            if need.resource == "gpu":
                 self.free_gpus = sorted(self.free_gpus + taken)
-            elif need[0] == "cpu":
+            elif need.resource == "cpu":
                 self.cpu_free = True
-            elif need[0] == "compile":
+            elif need.resource == "compile":
                 self.compile_free += 1
             self._cond.notify_all()
 
@@ -279,27 +287,27 @@ class Scheduler:
                         continue  # no place held in its class while it builds
                     self._building.pop(job_id, None)
                     need = self._needs(record)
-                    if need[0] == "gpu" and need[1] > self.gpu_count:
+                    if need.resource == "gpu" and need.units > self.gpu_count:
                         self._queue.remove(job_id)
                         self.store.finish(
                             job_id,
                             "failed",
-                            error=f"the job needs {need[1]} GPUs and this server "
+                            error=f"the job needs {need.units} GPUs and this server "
                             f"has {self.gpu_count}; ask for a smaller world size",
                         )
                         continue
                     # first come, first served within a resource class: a later job never overtakes a
                     # waiting one, so a large job cannot be starved by a stream of small ones
-                    if need[0] in blocked:
+                    if need.resource in blocked:
                         continue
                     taken = self._take(need)
                     if taken is None:
-                        blocked.add(need[0])
+                        blocked.add(need.resource)
                         continue
                     self._queue.remove(job_id)
                     self.store.started(job_id)  # here, not in the thread: `started` orders dispatches
                     thread = threading.Thread(
-                        target=self._run_remote if need[0] == "ray" else self._run,
+                        target=self._run_remote if need.resource == "ray" else self._run,
                         args=(record, need, taken),
                         name=f"pkb-job-{job_id}",
                         daemon=True,
@@ -310,7 +318,7 @@ class Scheduler:
                 if not started:
                     self._cond.wait(timeout=1.0)
 
-    def _run(self, record: JobRecord, need: tuple[str, int], taken: list[int]) -> None:
+    def _run(self, record: JobRecord, need: Need, taken: list[int]) -> None:
         live = self._live[record.id]
         last = [0.0]
 
@@ -370,7 +378,7 @@ class Scheduler:
         except Exception:
             log.exception("job.then_failed", job=job_id)
 
-    def _run_remote(self, record: JobRecord, need: tuple[str, int], taken: list[int]) -> None:
+    def _run_remote(self, record: JobRecord, need: Need, taken: list[int]) -> None:
         """A job on the Ray cluster: attach to its actor or start one, follow it, store how it ended."""
         from pkb_mcp.jobs.cluster import MAX_NODE_LOSSES, NodeLost
 

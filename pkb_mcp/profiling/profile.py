@@ -393,7 +393,7 @@ def count_side(
     left = BUDGET_FACTOR * run.timeout_s - run.elapsed()
     if left < MIN_COUNTER_S:
         return Counted(None, f"no time left for a counter launch ({left:.0f} s of the profile's budget)")
-    request = run.launch("profile", path, seeds, cfg)
+    request = run.launch_request("profile", path, seeds, cfg)
     request.settings["counters"] = plan
     request.settings["timeout_s"] = min(run.timeout_s, nvlink.COUNTER_TIMEOUT_S, left)
     request.cold = True
@@ -464,7 +464,7 @@ def profile(request: RunRequest, job: JobContext = DIRECT) -> ProfileResult:
 
     def launch(path: Path) -> LaunchOutcome:
         return run_launch(
-            run.launch("profile", path, seeds, cfg),
+            run.launch_request("profile", path, seeds, cfg),
             run.backend,
             cancel,
             collect=lambda launch_dir: traces.read_launch(launch_dir, world_size),

@@ -153,7 +153,7 @@ def _time_sides(
         # each launch's fresh input sets are its own; the reference's launch makes outputs for all of them
         return TimingConfig(**tcfg, fresh_label=f"launch{launch}", fresh_top_up=reference)
 
-    ref_request = run.launch("benchmark", p.path, seeds, launch_timing(0, True))
+    ref_request = run.launch_request("benchmark", p.path, seeds, launch_timing(0, True))
     # every launch gets a sandbox started ahead: none may start while the other side is timed
     ahead = (
         f"starting a sandbox for each of the {2 * launches} launches, then "
@@ -167,7 +167,9 @@ def _time_sides(
             if launch:
                 progress(2 * launch, steps, f"timing the reference{_launch_of(launch, launches)}")
             ref_outcome = run_launch(
-                run.launch("benchmark", p.path, seeds, launch_timing(launch, True)), run.backend, cancel
+                run.launch_request("benchmark", p.path, seeds, launch_timing(launch, True)),
+                run.backend,
+                cancel,
             )
             if not ref_outcome.ok or ref_outcome.timing is None:
                 raise reference_failed(p, ref_outcome, run.timeout_s)
@@ -178,7 +180,7 @@ def _time_sides(
                 steps,
                 f"reference: {so_far:.4g} ms; timing the candidate{_launch_of(launch, launches)}",
             )
-            cand_request = run.launch("benchmark", run.solution, seeds, launch_timing(launch, False))
+            cand_request = run.launch_request("benchmark", run.solution, seeds, launch_timing(launch, False))
             # its files must hold what the reference's launch of the same inputs left, read no further
             cand_request = judge.expecting(cand_request, ref_outcome)
             # the last one may end before its sandbox: nothing is timed after it here

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import NamedTuple
 
 from harness.contracts import LaterTrials
 from pkb_mcp.launches import LaunchOutcome
@@ -37,8 +37,21 @@ log = get(__name__)
 AHEAD = 4  # checks a reference launch prepares for at most, beyond its own
 MAX_BYTES = 256 << 20  # a prepared check's reference outputs kept at most (host memory)
 
-# what a prepared reference must match: its problem's file, and the rest of the run's shape (shape_of)
-Shape = tuple[str, str]
+
+class Shape(NamedTuple):
+    """What a prepared reference must match (shape_of): its problem's file, and the rest of the run's
+    shape as JSON."""
+
+    problem_file: str
+    rest: str
+
+
+class AheadTrial(NamedTuple):
+    """A prepared check's unseen-size trial: where it runs, its seeds, its reference's outcome."""
+
+    placed: unseen.Placement
+    seeds: list[int]
+    reference: LaunchOutcome
 
 
 @dataclass
@@ -49,7 +62,7 @@ class Prepared:
 
     seeds: list[int]
     reference: LaunchOutcome
-    trial: tuple[tuple[int, dict[str, Any]], list[int], LaunchOutcome] | None = None
+    trial: AheadTrial | None = None
 
 
 class Stock:
@@ -116,14 +129,14 @@ def shape_of(run: Run, trials: int, with_trial: bool) -> Shape:
     """What a prepared reference must match: the problem file; the GPUs, the reference launch's
     settings but its seeds, the number of trials, whether the check runs an unseen-size trial, and
     the sandbox backend."""
-    request = run.launch("outputs", run.problem.path, [])
+    request = run.launch_request("outputs", run.problem.path, [])
     settings = {k: v for k, v in request.settings.items() if k not in ("seeds", "later")}
     rest = [request.gpus, settings, trials, with_trial, run.backend.name]
-    return str(request.problem_path), json.dumps(rest, sort_keys=True)
+    return Shape(str(request.problem_path), json.dumps(rest, sort_keys=True))
 
 
 def _bytes(p: Prepared) -> int:
-    outcomes = [p.reference, *([p.trial[2]] if p.trial is not None else [])]
+    outcomes = [p.reference, *([p.trial.reference] if p.trial is not None else [])]
     return sum(t.nbytes for o in outcomes for out in o.outputs.values() for t in out.tensors)
 
 
@@ -147,7 +160,8 @@ def judged_launches(
             ready.seeds,
             ready.reference,
             run.run_one(
-                judge.expecting(run.launch("outputs", run.solution, ready.seeds), ready.reference), cancel
+                judge.expecting(run.launch_request("outputs", run.solution, ready.seeds), ready.reference),
+                cancel,
             ),
         )
     seeds = [secrets.randbits(62) for _ in range(trials)]
@@ -165,8 +179,8 @@ def judged_launches(
     if trial is not None:
         trial.start()
     ref_outcome, cand_outcome = run.launch_pair(
-        run.launch("outputs", p.path, seeds, later=later or None),
-        run.launch("outputs", run.solution, seeds),
+        run.launch_request("outputs", p.path, seeds, later=later or None),
+        run.launch_request("outputs", run.solution, seeds),
         cancel,
     )
     if not later:
@@ -174,7 +188,7 @@ def judged_launches(
     if not ref_outcome.ok:  # told apart from the later parts: the judged trials' reference alone
         if trial is not None:
             trial.reference_lost()
-        return seeds, run.run_one(run.launch("outputs", p.path, seeds), cancel), cand_outcome
+        return seeds, run.run_one(run.launch_request("outputs", p.path, seeds), cancel), cand_outcome
     parts = split_outcome(ref_outcome, [trials, *(len(group["seeds"]) for group in later)])
     ref_outcome, rest = parts[0], iter(parts[1:])
     if trial is not None and own is not None:
@@ -184,7 +198,7 @@ def judged_launches(
         entry = Prepared(ahead_seeds, next(rest))
         if ahead_trial is not None and ahead_trial.later is not None:
             assert ahead_trial.placed is not None
-            entry.trial = (ahead_trial.placed, ahead_trial.seeds, next(rest))
+            entry.trial = AheadTrial(ahead_trial.placed, ahead_trial.seeds, next(rest))
         prepared.append(entry)
     if prepared:
         stock.put(shape, prepared)

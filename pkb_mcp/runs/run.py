@@ -281,7 +281,7 @@ class Run:
         except OSError:
             return ""
 
-    def launch(
+    def launch_request(
         self,
         mode: str,
         solution: Path,

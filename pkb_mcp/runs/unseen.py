@@ -24,7 +24,7 @@ import secrets
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from harness import tensorfile
 from harness.contracts import LaterTrials
@@ -80,15 +80,22 @@ def draw_size(
     return None
 
 
+class Placement(NamedTuple):
+    """Where an unseen-size trial runs: its world size and its size's values."""
+
+    world_size: int
+    size: dict[str, Any]
+
+
 def placement(
     problem: problems.Problem, world_size: int, preset: str, rng: random.Random
-) -> tuple[int, dict[str, Any]] | None:
+) -> Placement | None:
     """Where the unseen trial runs: the largest smaller world size (of at least 2) the problem allows
     at a drawn size, else the run's own; None when no drawn size suits either."""
     for w in [*range(world_size - 1, 1, -1), world_size]:
         size = draw_size(problem, w, preset, rng)
         if size is not None:
-            return w, size
+            return Placement(w, size)
     return None
 
 
@@ -134,7 +141,7 @@ class Trial:
         self._settled = threading.Event()  # that part given (take_reference), lost, or the trial discarded
         self._skip = ""  # why no trial: a note (nothing to judge) or a warning (a problem's fault)
         self._skip_is_warning = False
-        self.placed: tuple[int, dict[str, Any]] | None = None
+        self.placed: Placement | None = None
         self.seeds = [secrets.randbits(62)]
         p = run.problem
         if not declares(p):
@@ -193,7 +200,7 @@ class Trial:
             raise LookupError("the reference's part of the unseen trial was not given")
         return self._reference
 
-    def adopt(self, placed: tuple[int, dict[str, Any]], seeds: list[int], reference: LaunchOutcome) -> None:
+    def adopt(self, placed: Placement, seeds: list[int], reference: LaunchOutcome) -> None:
         """Run where a check's reference run ahead had it drawn (runs/references.py), at its seed, the
         reference's outcome given: only the candidate's launch is left."""
         self.placed, self.seeds, self._reference = placed, seeds, reference
@@ -214,14 +221,16 @@ class Trial:
         assert self.placed is not None
         world_size, size = self.placed
         run = self.run
-        candidate = run.launch("outputs", run.solution, self.seeds, size=size, world_size=world_size)
+        candidate = run.launch_request("outputs", run.solution, self.seeds, size=size, world_size=world_size)
         if not with_reference:
             if self._reference is not None:  # adopted: its outputs are what the candidate's must be
                 candidate = judge.expecting(candidate, self._reference)
             else:  # its reference part runs in the judged trials' reference launch: expected from that
                 candidate = judge.expecting_later(candidate, self._given_reference)
             return None, run.run_one(candidate, self._cancel)
-        reference = run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size)
+        reference = run.launch_request(
+            "outputs", run.problem.path, self.seeds, size=size, world_size=world_size
+        )
         return run.launch_pair(reference, candidate, self._cancel)
 
     def discard(self) -> None:
@@ -241,7 +250,9 @@ class Trial:
         ref, cand = self._future.result() if self._future is not None else self._launch()
         world_size, size = self.placed
         if ref is None:  # its part of the judged trials' reference launch, else a launch of its own now
-            own = run.launch("outputs", run.problem.path, self.seeds, size=size, world_size=world_size)
+            own = run.launch_request(
+                "outputs", run.problem.path, self.seeds, size=size, world_size=world_size
+            )
             ref = self._reference or run.run_one(own, self._cancel)
         where = f"world size {world_size}, size {shown_size(run.problem, size)}"
         if not ref.ok or cand is None:
