@@ -14,11 +14,10 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
@@ -36,9 +35,9 @@ from harness.contracts import (
     TimingRecord,
     ToolRecord,
 )
-from harness.extensions import VIEW
 from pkb_mcp import config
 from pkb_mcp.errors import Cancelled
+from pkb_mcp.extension_view import extension_entries, show_entries, use_extension_cache
 from pkb_mcp.log import get
 from sandbox import cpus
 from sandbox.backend import Backend
@@ -190,7 +189,7 @@ def enable_warm_pool(backend: Backend, first: WarmKey | None = None, batch: bool
     """Start sandboxes ahead of need for this backend (a long-running server or a batch wants this; a
     one-shot CLI command does not), the shape `first` at once when given; a `batch`, whose jobs follow
     each other, keeps spares (config.warm_spare). None when the backend cannot."""
-    _use_extension_cache(backend)
+    use_extension_cache(backend)
     pool = backend.enable_pool(
         new_launch_dir,
         config.HARNESS_ROOT,
@@ -281,7 +280,7 @@ def run_launch(
     directory goes."""
     if cancel is not None and cancel.is_set():
         raise Cancelled("cancelled before it started")
-    _use_extension_cache(backend)
+    use_extension_cache(backend)
     pool = warm_pool(backend)
     key = _request_key(request)
     slot = pool.take(key) if pool is not None and not request.cold else None
@@ -581,7 +580,7 @@ class ToolLaunches:
         """Run the tool in `launch_dir` (which stays for the caller to read and then remove)."""
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("cancelled before it started")
-        _use_extension_cache(self.backend)
+        use_extension_cache(self.backend)
         launch_id = launch_dir.name.removeprefix("pkb-launch-").split("-", 1)[0]
         cfg = {"mode": mode, "launch_dir": str(launch_dir), "timeout_s": timeout_s, **params}
         slot = self._warm(launch_dir)
@@ -658,66 +657,3 @@ def read_result(path: Path, cap: int = TOOL_RESULT_CAP) -> Any:
     """A JSON file a launch wrote, read through the doorway (sandbox/untrusted.py) from its folder:
     None when missing, anything but a plain file, over `cap` bytes, or not JSON."""
     return _json(LaunchFiles(path.parent), path.name, cap)
-
-
-def _use_extension_cache(backend: Backend) -> None:
-    """Every launch finds its own entries of the node's extension cache in its view (show_entries): the
-    backend points PKB_EXTENSIONS there; no launch sees the cache itself."""
-    backend.extensions_dir = config.extensions_dir()  # a capability every Backend declares
-
-
-VIEW_COPY_CAP = 256 << 20  # an entry copied (not linked) into a view: a precompiled header is left out
-
-
-def extension_entries(keys: Iterable[str]) -> list[str]:
-    """The files of these extension cache entries (built or failed, harness/extensions.py), as paths
-    in the cache: what a candidate's launch loads or reports from."""
-    root = config.extensions_dir()
-    found: list[str] = []
-    for key in keys:
-        if not KEY.fullmatch(key):
-            continue
-        with contextlib.suppress(OSError), os.scandir(root / key) as it:
-            found += [f"{key}/{e.name}" for e in it if e.is_file(follow_symlinks=False)]
-    return found
-
-
-KEY = re.compile(r"[0-9a-f]{64}")
-
-
-def show_entries(launch_dir: Path, entries: Iterable[str]) -> int:
-    """Put these files of the node's extension cache (paths in it) into the launch's own view,
-    `launch_dir`/.pkb-cache, in the cache's layout; the number put there. A launch sees no other
-    entry: nobody's kernels can be listed, read or loaded by another's candidate.
-
-    Each is a hard link where the cache and the launch share a file system (else a copy, of at most
-    VIEW_COPY_CAP bytes): the same inode as the cache's, so it must stay unchangeable by the launch.
-    The files are the host's, written once and never writable by others (0444); the view's folders
-    are the host's, 0755, and the hand-over of the launch directory to the sandbox's user leaves the
-    view alone (sandbox/docker.py). The launch may rename the view away, which changes only its own
-    launch: the host never reads the view back."""
-    root = config.extensions_dir()
-    view = launch_dir / VIEW
-    shown = 0
-    for rel in entries:
-        source = root / rel
-        try:
-            st = os.lstat(source)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode) or ".." in Path(rel).parts:
-            continue
-        target = view / rel
-        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        try:
-            os.link(source, target, follow_symlinks=False)
-        except FileExistsError:
-            continue
-        except OSError:
-            if st.st_size > VIEW_COPY_CAP:
-                log.info("view.left_out", entry=rel[:200], bytes=st.st_size)
-                continue
-            shutil.copyfile(source, target, follow_symlinks=False)
-            os.chmod(target, 0o444)
-        shown += 1
-    return shown

@@ -387,7 +387,7 @@ class DockerBackend(Pooled, Backend):
         ]
         if self.extensions_dir is not None:
             # the node's cache is never mounted: each launch sees only its own entries, which the host
-            # links into the launch directory's view before the hand-over (pkb_mcp/launches.py
+            # links into the launch directory's view before the hand-over (pkb_mcp/extension_view.py
             # show_entries), so a warm container, made before its launch is known, finds them too
             env["PKB_EXTENSIONS"] = f"{LAUNCH_MOUNT}/{VIEW}"
         memory, tmp_size, shm_size = memory_limits()

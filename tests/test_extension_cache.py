@@ -323,7 +323,7 @@ def test_a_flag_set_s_header_is_asked_for_once_in_isolated_sandboxes_only(monkey
 def test_a_header_the_cache_has_or_no_launch_could_see_is_not_made(tmp_path, monkeypatch):
     """A later process (a command line's next run) finds the header its cache holds and asks for none;
     nor is one made where launch directories lie on another file system than the cache, whose view
-    could only copy smaller entries (pkb_mcp/launches.py VIEW_COPY_CAP)."""
+    could only copy smaller entries (pkb_mcp/extension_view.py VIEW_COPY_CAP)."""
     from harness import headers as made_headers
     from pkb_mcp.compile import headers
 
@@ -394,7 +394,7 @@ def test_a_build_launchs_steps_are_logged_from_its_record_with_limits() -> None:
 def test_a_launch_is_shown_only_its_own_entries_and_cannot_change_them(tmp_path):
     """show_entries links the entries of the launch's own keys into its view, nothing else; the view
     stays the host's through the hand-over (no chown, no chmod of the cache's inodes)."""
-    from pkb_mcp import launches
+    from pkb_mcp import extension_view
     from sandbox.docker import DockerBackend
 
     own, other = "a" * 64, "b" * 64
@@ -405,7 +405,8 @@ def test_a_launch_is_shown_only_its_own_entries_and_cannot_change_them(tmp_path)
         os.chmod(config.extensions_dir() / key / "ext.so", 0o444)
     launch_dir = tmp_path / "launch"
     launch_dir.mkdir()
-    shown = launches.show_entries(launch_dir, launches.extension_entries([own, "../x", "not-a-key"]))
+    entries = extension_view.extension_entries([own, "../x", "not-a-key"])
+    shown = extension_view.show_entries(launch_dir, entries)
     view = launch_dir / requests.VIEW
     assert shown == 2 and sorted(p.name for p in view.iterdir()) == [own]
     assert (view / own / "ext.so").read_bytes() == own.encode()

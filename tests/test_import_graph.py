@@ -158,3 +158,16 @@ def test_the_checks_see_a_cycle_and_a_forbidden_import(tmp_path):
     table = allowed_imports()
     assert "frontends" not in table["runs"] and "jobs" not in table["service"]
     assert unit("pkb_mcp.runs.judge") == "runs" and unit("pkb_mcp.models") == "root"
+
+
+MAX_MODULE_LINES = 700  # a module a newcomer reads in one sitting (docs/architecture.md)
+
+
+def test_no_module_of_the_product_is_over_the_line_limit():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for side in PRODUCT
+        for path in (ROOT / side).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"split these (at most {MAX_MODULE_LINES} lines a module): {long}"

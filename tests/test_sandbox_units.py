@@ -273,7 +273,7 @@ def test_a_docker_launch_asks_for_a_locked_down_container(docker_backend, tmp_pa
     assert mounts["/launch"]["Source"] == str(launch_dir) and mounts["/launch"]["ReadOnly"] is False
     assert mounts["/usr"]["ReadOnly"] and mounts["/opt/pkb/harness"]["ReadOnly"]
     assert mounts["/opt/pkb/harness"]["Source"] == "/opt/harness-root/harness"
-    # no cache mount: the launch's own entries only, in its own view (pkb_mcp/launches.py show_entries)
+    # no cache mount: the launch's own entries only, in its own view (pkb_mcp/extension_view.py show_entries)
     assert not any("extensions" in target for target in mounts)
     assert env["PKB_EXTENSIONS"] == "/launch/.pkb-cache"
     assert all(m["ReadOnly"] for target, m in mounts.items() if target != "/launch")

@@ -17,7 +17,7 @@ Before a check or benchmark (and in `compile_kernel`) the host:
    under keys the host computed itself for the requests it asked for (harness/extensions.py
    `unit_keys`): whatever else a build launch left is never installed. A build launch sees only the
    object, header and part entries of its own requests' steps; a candidate's launch only the entries
-   of its own requests (pkb_mcp/launches.py `show_entries`); `load_inline` loads from there and builds
+   of its own requests (pkb_mcp/extension_view.py `show_entries`); `load_inline` loads from there and builds
    only what it does not find.
 
 The build launch is treated as candidate code in every respect: its steps run no shell, its flags are
@@ -65,7 +65,8 @@ from pkb_mcp.compile.headers import (
 )
 from pkb_mcp.compile.literal_calls import literal_calls
 from pkb_mcp.compile.parse import first_errors
-from pkb_mcp.launches import read_result, seconds, show_entries
+from pkb_mcp.extension_view import show_entries
+from pkb_mcp.launches import read_result, seconds
 from pkb_mcp.log import get
 from sandbox.toolchain import jit_env
 from sandbox.untrusted import LaunchFiles

@@ -11,7 +11,7 @@ fraction of the time (`check_key`: a check's flags are its build's C++ unit's); 
 as it always did. `pkb serve` asks for the default flags' headers when it starts (`default_sets`); a
 command line waits for the header it asked for before it exits (`finish`), so that its next run has it.
 On every node, CPU or GPU; not where launch directories lie on another file system than the cache,
-whose launches' views could not show a header (pkb_mcp/launches.py VIEW_COPY_CAP).
+whose launches' views could not show a header (pkb_mcp/extension_view.py VIEW_COPY_CAP).
 
 A CUDA unit's part is known only once its build has run `cudafe++`: the build reports its key, and
 where the cache had no such part, the host asks for it in a build launch of its own, in the background,

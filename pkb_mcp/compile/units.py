@@ -26,7 +26,7 @@ from pkb_mcp.compile.extensions import Prepared, ToolRunner, build_requests
 from pkb_mcp.compile.headers import header_files
 from pkb_mcp.compile.parse import demangle, parse_diagnostics, parse_ptxas_resources
 from pkb_mcp.compile.results import CompileUnit, Diagnostic, KernelResources, tool_message
-from pkb_mcp.launches import show_entries
+from pkb_mcp.extension_view import show_entries
 
 _MAX_DIAGNOSTICS_PER_UNIT = 50
 
