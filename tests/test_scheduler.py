@@ -375,7 +375,7 @@ def test_a_gpu_job_that_builds_extensions_is_built_before_it_takes_gpus(node, tm
     assert [name for name, _ in built] == ["k"], "a CPU job builds as it runs"
     # a benchmark after its file's check: its extensions are in the cache, so it does not queue in the
     # build pool behind other files' builds
-    monkeypatch.setattr(service.nvcc.extensions, "built_already", lambda text: True)
+    monkeypatch.setattr(service.extensions, "built_already", lambda text: True)
     release.clear()
     wait_all(s, [job(kernel, "b")])
     assert [name for name, _ in built] == ["k"], "built already: no build"
