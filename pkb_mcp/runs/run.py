@@ -170,7 +170,7 @@ def unrunnable(
 def refuse_unrunnable(
     problem: problems.Problem, path: Path, world_size: int, size: str, convention: str = "auto"
 ) -> None:
-    """A file that cannot run is bad input, refused before any launch in one sentence (issue 51)."""
+    """A file that cannot run is bad input, refused before any launch in one sentence."""
     if (why := unrunnable(problem, path, world_size, size, convention)) is not None:
         raise UserError(why)
 
