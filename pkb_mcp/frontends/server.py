@@ -75,7 +75,7 @@ class _Server(MCPServer):
     """Publishes its tools in our order (frontends/surface.py), with portable, short schemas
     (frontends/schemas.py) and descriptions without the docstrings' indentation; answers a refused
     call in one sentence, with the sentence as structured content too; repeats at most ECHO_CHARS of
-    a resource's URI in an error. `verb_tool` registers the tool of a verb (service.VERBS)."""
+    a resource's URI in an error. `verb_tool` registers the tool of a verb (VERBS)."""
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
@@ -188,15 +188,15 @@ class AnyJobOutput(JobOutput):
 # A result's type as a tool's output schema publishes it: its model, but for the profile's, whose fields
 # are left out of tools/list (their size; docs/measurement.md defines them).
 PUBLISHED_RESULT: dict[str, Any] = {"profile": Annotated[Any, WithJsonSchema(PROFILE_RESULT)]}
-OUTPUTS: dict[str, type[JobOutput]] = {  # a verb's tool's output model, by Kind (service.VERBS)
+OUTPUTS: dict[str, type[JobOutput]] = {  # a verb's tool's output model, by Kind (VERBS)
     kind: create_model(
         f"{kind.title()}Output",
         __base__=JobOutput,
         result=(PUBLISHED_RESULT.get(kind, verb.result | None), None),
     )
-    for kind, verb in service.VERBS.items()
+    for kind, verb in VERBS.items()
 }
-for _verb in service.VERBS.values():  # at import: each verb's tool has its place in tools/list
+for _verb in VERBS.values():  # at import: each verb's tool has its place in tools/list
     if _verb.tool not in TOOL_ORDER:
         raise RuntimeError(f"the tool {_verb.tool} of a verb is not in surface.TOOL_ORDER")
 
@@ -391,7 +391,7 @@ class ServerState:
         head = f"job {out.job_id}: {out.state}"
         result = getattr(out, "result", None)
         if isinstance(result, BaseModel):
-            return f"{head}\n{service.VERBS[kind].text(result, f'pkb://jobs/{out.job_id}')}"
+            return f"{head}\n{VERBS[kind].text(result, f'pkb://jobs/{out.job_id}')}"
         detail = out.error or out.message
         return (
             head
@@ -401,7 +401,7 @@ class ServerState:
 
 
 def _parse(kind: str, raw: dict[str, Any]) -> BaseModel:
-    return service.VERBS[kind].result.model_validate(raw)
+    return VERBS[kind].result.model_validate(raw)
 
 
 def build_server(scheduler: Scheduler, sources_dir: Path, roots: Sequence[Path] | None = None) -> MCPServer:
@@ -425,7 +425,7 @@ def build_server(scheduler: Scheduler, sources_dir: Path, roots: Sequence[Path] 
     _add_profile(mcp, state)
     _add_agent_context(mcp)
     if missing := set(VERBS) - set(mcp.verb_tools):
-        raise RuntimeError(f"no MCP tool runs the verbs {sorted(missing)} (service.VERBS)")
+        raise RuntimeError(f"no MCP tool runs the verbs {sorted(missing)} (VERBS)")
     return mcp
 
 
