@@ -477,9 +477,12 @@ class DockerBackend(Pooled, Backend):
             if end.exit_code is None and not end.clean:
                 with contextlib.suppress(docker.errors.APIError):
                     container.kill()
-            log = container.logs(stdout=True, stderr=True, tail=2000)[-LOG_CAP_BYTES:].decode(
-                "utf-8", "replace"
-            )
+            try:
+                log = container.logs(stdout=True, stderr=True, tail=2000)[-LOG_CAP_BYTES:].decode(
+                    "utf-8", "replace"
+                )
+            except docker.errors.APIError as exc:  # removed under us (a sweep as the server stops)
+                log = f"(its container's log could not be read: {str(exc)[:200]})"
             steps["logs_read"] = round(time.monotonic() - t0, 3)
         finally:
             if end.clean:

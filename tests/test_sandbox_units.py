@@ -458,3 +458,35 @@ def test_every_registered_backend_declares_the_one_interface():
     bare.disable_pool()
     bare.settle_ended()
     assert not bare.isolated and not bare.ends_early
+
+
+def test_a_container_removed_before_its_log_is_read_ends_its_launch_without_raising(docker_backend, tmp_path):
+    """A sweep (the server stopping, `pkb doctor`) may remove a container between its exit and the
+    read of its log: the engine answers 409, and the launch ends with a note, not an exception."""
+    import docker
+
+    backend, client = docker_backend
+
+    class Swept(StubContainer):
+        def logs(self, **_: Any) -> bytes:
+            raise docker.errors.APIError("409 Client Error: Conflict (container marked for removal)")
+
+    def create(image: str, command: list[str], **options: Any) -> StubContainer:
+        client.last = Swept()
+        return client.last
+
+    client.create = create  # type: ignore[method-assign]
+    launch_dir = tmp_path / "pkb-launch-swept"
+    launch_dir.mkdir()
+    launch = base.SandboxLaunch(
+        launch_id="swept",
+        launch_dir=launch_dir,
+        config={"mode": "build", "launch_dir": str(launch_dir)},
+        device="cpu",
+        gpus=[],
+        timeout_s=30,
+        harness_root=Path("/opt/harness-root"),
+        threads=1,
+    )
+    run = backend.run(launch)
+    assert run.exit_code == 0 and "could not be read" in run.launcher_log and "409" in run.launcher_log
