@@ -478,15 +478,7 @@ def test_a_container_removed_before_its_log_is_read_ends_its_launch_without_rais
     client.create = create  # type: ignore[method-assign]
     launch_dir = tmp_path / "pkb-launch-swept"
     launch_dir.mkdir()
-    launch = base.SandboxLaunch(
-        launch_id="swept",
-        launch_dir=launch_dir,
-        config={"mode": "build", "launch_dir": str(launch_dir)},
-        device="cpu",
-        gpus=[],
-        timeout_s=30,
-        harness_root=Path("/opt/harness-root"),
-        threads=1,
-    )
+    cfg = {"mode": "build", "launch_dir": str(launch_dir)}
+    launch = base.SandboxLaunch("swept", launch_dir, cfg, "cpu", [], 30, Path("/opt/h"), 1)
     run = backend.run(launch)
     assert run.exit_code == 0 and "could not be read" in run.launcher_log and "409" in run.launcher_log

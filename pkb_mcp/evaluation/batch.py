@@ -501,7 +501,6 @@ def evaluate(
     from sandbox import SandboxUnavailable, select_backend
 
     t0 = time.monotonic()
-    # the batch's settings held to a request's rules (models.RunRequest) before any file is read
     RunRequest.of(path="", world_size=world_size, device=device, trials=trials, timeout_s=timeout_s)
     RunRequest.of(path="", variant=variant, sandbox=sandbox, convention=convention, timeout_s=bench_timeout_s)
     paths = list(paths)
